@@ -1,0 +1,51 @@
+"""The `toolkit` command. Each subcommand registers its options and calls one module's main(args)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from toolkit import __version__
+    from toolkit.models import add_models_args, models_main
+    from toolkit.tokenmap import build
+
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="toolkit", formatter_class=fmt,
+        description="Speculative-decoding draft heads: token maps, training, serving. "
+                    "Run `toolkit <command> --help` for a command's options.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+
+    p = sub.add_parser("models", formatter_class=fmt, help="list built-in model aliases and their cache state",
+                       description="List built-in model aliases (the embedded default first) and whether "
+                                   "they are converted in $TOOLKIT_CACHE.")
+    add_models_args(p)
+    p.set_defaults(func=models_main)
+
+    p = sub.add_parser("build-token-map", formatter_class=fmt,
+                       help="count tokens and write FR-Spec freq_N.pt + EAGLE-3 vocab_map_N.safetensors",
+                       description=build.__doc__.split("\n\n")[0])
+    build.add_args(p)
+    p.set_defaults(func=build.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        if os.environ.get("TOOLKIT_DEBUG"):
+            raise
+        print(f"toolkit {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"toolkit {args.command}: interrupted; nothing half-written was left behind", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Tokenizers, chat rendering, and assistant-token masks found from the rendered template via offsets.
+
+A tokenizer comes from a model folder (its own chat template and EOS) or a bare tokenizer.json, which has
+neither: then a built-in template is used (named with --chat-template, or inferred from the tokenizer's
+special tokens, e.g. <|eot_id|> -> llama3), and its EOS with it.
+
+Assistant masks need no per-model regex: for assistant message i we render messages[:i] with the
+generation prompt; the full rendering starts with that prefix, so the assistant text starts right after it.
+Tokens whose character offsets overlap the assistant text are masked, plus the special token that closes
+the turn (<|im_end|>, <|eot_id|>, ...), which the draft must learn to predict too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.data.schemas import BadRecord, Conversation
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+
+@dataclass(frozen=True)
+class BuiltinTemplate:
+    name: str
+    eos: str  # end of turn = end of generation for chat
+    bos: str | None
+    markers: tuple[str, ...]  # special tokens whose presence in a vocabulary implies this template
+
+    @property
+    def source(self) -> str:
+        return (TEMPLATES_DIR / f"{self.name}.jinja").read_text().strip()
+
+
+BUILTIN_TEMPLATES = {t.name: t for t in (
+    BuiltinTemplate("llama3", "<|eot_id|>", "<|begin_of_text|>", ("<|start_header_id|>", "<|eot_id|>")),
+    BuiltinTemplate("qwen2", "<|im_end|>", None, ("<|im_start|>", "<|im_end|>", "<|endoftext|>")),
+    BuiltinTemplate("chatml", "<|im_end|>", None, ("<|im_start|>", "<|im_end|>")),
+)}
+
+
+class TokenizerError(ValueError):
+    """A tokenizer we cannot use as asked; the message says what was wrong and what is accepted."""
+
+
+def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_template: str | None = None):
+    """A transformers fast tokenizer with a chat template and an EOS token, or a clear TokenizerError.
+
+    `tokenizer` (a folder or a tokenizer.json) wins over `model` (folder / hub id / alias, default: the
+    embedded SmolLM2). `chat_template` is a built-in name or a .jinja file and overrides the tokenizer's.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if tokenizer is not None:
+        path = Path(tokenizer).expanduser()
+        if path.is_file() and path.suffix == ".json":
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
+        elif path.is_dir():
+            tok = AutoTokenizer.from_pretrained(path)
+        else:
+            raise TokenizerError(f"--tokenizer {tokenizer}: not found; give a tokenizer.json file or a folder "
+                                 f"with tokenizer files")
+        tok.name_or_path = str(path)
+    else:
+        from toolkit.models import resolve_target
+
+        folder = resolve_target(model)
+        tok = AutoTokenizer.from_pretrained(folder)
+        tok.name_or_path = model or folder.name
+    if not getattr(tok, "is_fast", False):
+        raise TokenizerError(f"{tok.name_or_path}: a fast (Rust `tokenizers`) tokenizer is needed for offsets")
+    builtin = None
+    if chat_template is not None:
+        if chat_template in BUILTIN_TEMPLATES:
+            builtin = BUILTIN_TEMPLATES[chat_template]
+            tok.chat_template = builtin.source
+        elif Path(chat_template).is_file():
+            tok.chat_template = Path(chat_template).read_text()
+        else:
+            raise TokenizerError(f"--chat-template {chat_template}: not a file and not one of the built-in "
+                                 f"templates {sorted(BUILTIN_TEMPLATES)}")
+    elif not tok.chat_template:
+        builtin = infer_template(tok)
+        if builtin is not None:
+            tok.chat_template = builtin.source
+    if builtin is not None:
+        if tok.eos_token is None:
+            tok.eos_token = builtin.eos
+        if tok.bos_token is None and builtin.bos is not None:
+            tok.bos_token = builtin.bos
+    tok.template_name = builtin.name if builtin else ("file" if chat_template else "tokenizer")
+    if tok.eos_token_id is None:
+        raise TokenizerError(f"{tok.name_or_path}: the tokenizer has no EOS token; give a model folder whose "
+                             f"tokenizer_config.json names one, or --chat-template "
+                             f"{'|'.join(BUILTIN_TEMPLATES)} to take the template's")
+    return tok
+
+
+def infer_template(tok) -> BuiltinTemplate | None:
+    vocab = tok.get_vocab()
+    for t in BUILTIN_TEMPLATES.values():  # most specific first
+        if all(m in vocab for m in t.markers):
+            return t
+    return None
+
+
+def special_ids(tok) -> set[int]:
+    ids = set(tok.all_special_ids)
+    ids.update(i for i, t in tok.added_tokens_decoder.items() if t.special)
+    return ids
+
+
+def _compile(template: str):
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # a transformers without it: fall back to apply_chat_template
+        return None
+    return _compile_jinja_template(template)
+
+
+class ChatRenderer:
+    """Renders conversations with a tokenizer's chat template and finds assistant character spans."""
+
+    def __init__(self, tok):
+        if not tok.chat_template:
+            raise TokenizerError(f"{tok.name_or_path}: the tokenizer has no chat template; pass "
+                                 f"--chat-template {'|'.join(BUILTIN_TEMPLATES)} or a .jinja file")
+        self.tok = tok
+        self.special = special_ids(tok)
+        self._compiled, self._names = _compile(tok.chat_template), dict(tok.special_tokens_map)
+
+    def render(self, conv: Conversation, add_generation_prompt: bool = False) -> str:
+        if self._compiled is None:
+            return self.tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt)
+        # The template compiled once, rendered with the same variables apply_chat_template passes: 3x faster
+        # than going through apply_chat_template's per-call checks (a test keeps the two equal).
+        return self._compiled.render(messages=conv, add_generation_prompt=add_generation_prompt, **self._names)
+
+    def render_with_spans(self, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
+        """Full text and the [start, end) character span of every assistant message's content in it."""
+        text = self.render(conv)
+        spans, cursor = [], 0
+        for i, msg in enumerate(conv):
+            if msg["role"] != "assistant":
+                continue
+            prefix = self.render(conv[:i], add_generation_prompt=True) if i else ""
+            if not text.startswith(prefix):
+                raise BadRecord("the chat template renders a conversation's prefix differently from the "
+                                "whole; assistant tokens cannot be located")
+            cursor = max(cursor, len(prefix))
+            content = msg["content"]
+            for candidate in (content, content.strip()):  # some templates trim message content
+                start = text.find(candidate, cursor)
+                if start >= 0:
+                    break
+            else:
+                raise BadRecord("the chat template rewrites assistant content; it cannot be located")
+            spans.append((start, start + len(candidate)))
+            cursor = start + len(candidate)
+        return text, spans
+
+    def assistant_mask(self, ids: list[int], offsets: list[tuple[int, int]], spans) -> list[int]:
+        """1 on tokens overlapping an assistant span and on the special token that ends that turn."""
+        mask = [0] * len(ids)
+        j = 0
+        for start, end in spans:
+            while j < len(ids) and offsets[j][1] <= start:
+                j += 1
+            while j < len(ids) and offsets[j][0] < end:
+                mask[j] = 1
+                j += 1
+            while j < len(ids) and offsets[j][0] == offsets[j][1] and ids[j] not in self.special:
+                j += 1  # zero-width tokens between content and the end-of-turn token
+            if j < len(ids) and ids[j] in self.special:
+                mask[j] = 1
+                j += 1
+        return mask
+
+    def template_special_ids(self) -> list[int]:
+        """EOS plus every special token the template emits around a turn (always kept in token maps)."""
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                 {"role": "assistant", "content": "a"}]
+        texts = [self.render(probe), self.render(probe[:2], add_generation_prompt=True)]
+        found = {self.tok.eos_token_id}
+        for t in texts:
+            found.update(i for i in self.tok(t, add_special_tokens=False)["input_ids"] if i in self.special)
+        return sorted(found)

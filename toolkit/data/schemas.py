@@ -1,0 +1,226 @@
+"""Read corpus files of the common schemas into samples: a conversation (list of {role, content}) or plain text.
+
+Files: JSONL, JSON (an array of records, streamed element by element), .txt (one text sample per non-empty
+line), parquet (streamed by row batch), and a `datasets` folder written by `save_to_disk` (memory-mapped).
+Records: see SCHEMAS. Broken lines (bad JSON, non-UTF-8, wrong value types) are counted in ReadStats and
+skipped; a record whose keys match no schema stops the run with the file, line, keys seen and the schemas
+accepted, since it means the whole file is of a kind we do not read.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Union
+
+Conversation = list  # [{"role": "system"|"user"|"assistant", "content": str}, ...]
+Sample = Union[Conversation, str]
+
+SCHEMAS = (
+    "OpenAI chat: {messages: [{role, content}]}",
+    "ShareGPT: {conversations: [{from, value}]}",
+    "Alpaca: {instruction, input?, output} or seed tasks {instruction, instances: [{input, output}]}",
+    "GPTeacher: {instruction, input?, response}",
+    "Q&A: {question, answer}",
+    "MT-bench: {turns: [str, ...]} (user turns only)",
+    "plain text: {text} or a .txt file",
+)
+ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
+         "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant"}
+FILE_KINDS = ".jsonl, .json, .txt, .parquet, or a `datasets` folder saved with save_to_disk"
+
+
+class SchemaError(ValueError):
+    """A file or record of a kind we do not read; the message names the place and what is accepted."""
+
+
+class BadRecord(ValueError):
+    """One record that is broken (counted and skipped)."""
+
+
+@dataclass
+class ReadStats:
+    path: str
+    records: int = 0
+    samples: int = 0
+    bad: int = 0
+    bad_examples: list[str] = field(default_factory=list)
+
+    def add_bad(self, where: str, why: str) -> None:
+        self.bad += 1
+        if len(self.bad_examples) < 5:
+            self.bad_examples.append(f"{where}: {why}")
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise BadRecord(f"{what} should be a string, got {type(value).__name__}")
+    return value
+
+
+def _user_prompt(instruction: Any, extra: Any) -> str:
+    instruction = _text(instruction, "instruction")
+    extra = _text(extra, "input") if extra not in (None, "") else ""
+    return f"{instruction}\n\n{extra}" if extra else instruction
+
+
+def to_samples(rec: Any) -> list[Sample]:
+    """One record -> its samples. Raises SchemaError for unknown key sets, BadRecord for broken values."""
+    if not isinstance(rec, dict):
+        raise BadRecord(f"a record should be a JSON object, got {type(rec).__name__}")
+    if "messages" in rec or "conversations" in rec:
+        turns = rec.get("messages", rec.get("conversations"))
+        if not isinstance(turns, list) or not turns:
+            raise BadRecord("messages/conversations should be a non-empty list")
+        conv = []
+        for t in turns:
+            if not isinstance(t, dict):
+                raise BadRecord("each message should be an object")
+            role = t.get("role", t.get("from"))
+            if role not in ROLES:
+                raise BadRecord(f"unsupported role {role!r}; accepted: {sorted(ROLES)}")
+            conv.append({"role": ROLES[role], "content": _text(t.get("content", t.get("value")), "content")})
+        return [conv]
+    if "instruction" in rec and "instances" in rec:
+        if not isinstance(rec["instances"], list):
+            raise BadRecord("instances should be a list")
+        return [[{"role": "user", "content": _user_prompt(rec["instruction"], i.get("input"))},
+                 {"role": "assistant", "content": _text(i.get("output"), "output")}] for i in rec["instances"]]
+    if "instruction" in rec and ("output" in rec or "response" in rec):
+        answer = rec["output"] if "output" in rec else rec["response"]
+        return [[{"role": "user", "content": _user_prompt(rec["instruction"], rec.get("input"))},
+                 {"role": "assistant", "content": _text(answer, "output/response")}]]
+    if "question" in rec and "answer" in rec:
+        return [[{"role": "user", "content": _text(rec["question"], "question")},
+                 {"role": "assistant", "content": _text(rec["answer"], "answer")}]]
+    if "turns" in rec:
+        if not isinstance(rec["turns"], list):
+            raise BadRecord("turns should be a list of strings")
+        # Questions with no answers: each turn is its own one-message prompt (strict templates refuse
+        # two user messages in a row).
+        return [[{"role": "user", "content": _text(t, "turn")}] for t in rec["turns"]]
+    if "text" in rec:
+        return [_text(rec["text"], "text")]
+    raise SchemaError(f"keys {sorted(rec)} match no schema we read; accepted: " + "; ".join(SCHEMAS))
+
+
+def _json_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                yield f"{path}:{n}", json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                stats.add_bad(f"{path}:{n}", "not UTF-8")
+            except json.JSONDecodeError as e:
+                stats.add_bad(f"{path}:{n}", f"broken JSON ({e.msg})")
+
+
+def _json_array(path: Path, stats: ReadStats, chunk: int = 1 << 20) -> Iterator[tuple[str, Any]]:
+    """Stream the elements of a top-level JSON array without holding the whole file."""
+    dec = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buf, pos, eof, k, started = "", 0, False, 0, False
+
+        def refill() -> None:  # keep the unread part, append the next chunk
+            nonlocal buf, pos, eof
+            more = f.read(chunk)
+            buf, pos, eof = buf[pos:] + more, 0, not more
+
+        try:
+            while True:
+                while True:  # skip whitespace and commas between elements
+                    while pos < len(buf) and buf[pos] in " \t\r\n,":
+                        pos += 1
+                    if pos < len(buf) or eof:
+                        break
+                    refill()
+                if pos >= len(buf):
+                    if started:
+                        stats.add_bad(f"{path}[item {k}]", "the array is not closed with ]")
+                    return
+                if not started:
+                    if buf[pos] != "[":
+                        raise SchemaError(f"{path}: a .json file should hold one array of records or JSON lines")
+                    started, pos = True, pos + 1
+                    continue
+                if buf[pos] == "]":
+                    return
+                while True:  # decode one element, reading more while it may be cut by the chunk end
+                    try:
+                        item, end = dec.raw_decode(buf, pos)
+                        if end < len(buf) or eof:
+                            break
+                    except json.JSONDecodeError as e:
+                        if eof or len(buf) - pos > 64 * chunk:
+                            stats.add_bad(f"{path}[item {k}]", f"broken JSON ({e.msg}); the rest is skipped")
+                            return
+                    refill()
+                yield f"{path}[item {k}]", item
+                pos, k = end, k + 1
+        except UnicodeDecodeError:
+            stats.add_bad(f"{path}[item {k}]", "not UTF-8; the rest of the file is skipped")
+
+
+def _raw_records(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
+    if path.is_dir():
+        import datasets
+
+        ds = datasets.load_from_disk(str(path))
+        splits = ds.values() if isinstance(ds, datasets.DatasetDict) else [ds]
+        for split in splits:
+            for i, row in enumerate(split):
+                yield f"{path} row {i}", row
+        return
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        i = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for row in batch.to_pylist():
+                yield f"{path} row {i}", row
+                i += 1
+    elif suffix == ".txt":
+        for where, line in _text_lines(path, stats):
+            yield where, {"text": line}
+    elif suffix in (".json", ".jsonl"):
+        with open(path, "rb") as f:
+            head = f.read(4096).lstrip()
+        yield from (_json_array if head.startswith(b"[") else _json_lines)(path, stats)
+    else:
+        raise SchemaError(f"{path}: unsupported file type {suffix!r}; accepted: {FILE_KINDS}")
+
+
+def _text_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, str]]:
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError:
+                stats.add_bad(f"{path}:{n}", "not UTF-8")
+                continue
+            if line.strip():
+                yield f"{path}:{n}", line
+
+
+def read_samples(path: str | Path, stats: ReadStats | None = None) -> Iterator[Sample]:
+    """Yield the samples of one file, counting records and bad lines into `stats`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file not found: {path}")
+    stats = stats if stats is not None else ReadStats(str(path))
+    for where, rec in _raw_records(path, stats):
+        stats.records += 1
+        try:
+            samples = to_samples(rec)
+        except BadRecord as e:
+            stats.add_bad(where, str(e))
+            continue
+        except SchemaError as e:
+            raise SchemaError(f"{where}: {e}") from None
+        stats.samples += len(samples)
+        yield from samples
+    if stats.samples == 0 and stats.bad > 0:
+        raise SchemaError(f"{path}: all {stats.bad} records are broken, e.g. " + "; ".join(stats.bad_examples))

@@ -1,0 +1,116 @@
+"""Resolve a target model to a local Hugging Face folder, fingerprint it, and list what is cached.
+
+A target is named one of three ways:
+  * a local HF folder (with config.json),
+  * a built-in alias (`smollm2-135m-instruct`, the default wherever --model is optional),
+  * a hub id `org/name`, downloaded only when online; with HF_HUB_OFFLINE=1 or no network it must already
+    be in the HF cache, else we fail fast naming the id and HF_HUB_OFFLINE.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import struct
+from pathlib import Path
+
+from toolkit.embedded import DEFAULT_MODEL, EMBEDDED, MARKER, cache_dir, ensure_embedded, model_dir
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+class TargetError(ValueError):
+    """A --model value that cannot be resolved; the message says what is accepted."""
+
+
+def resolve_target(name: str | None = None) -> Path:
+    """Return the local HF folder of a target given as a folder, an alias or a hub id."""
+    name = name or DEFAULT_MODEL
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise TargetError(f"--model {name}: the folder has no config.json (expected a Hugging Face model folder)")
+        return path
+    if name in EMBEDDED:
+        return ensure_embedded(name)
+    if path.exists():
+        raise TargetError(f"--model {name}: is a file; give a Hugging Face model folder, a hub id or one of "
+                          f"the built-in aliases {sorted(EMBEDDED)}")
+    if HUB_ID.match(name):
+        return _from_hub(name)
+    raise TargetError(f"--model {name!r} is not a folder, not a hub id (org/name) and not a built-in alias; "
+                      f"built-in aliases: {', '.join(sorted(EMBEDDED))}")
+
+
+def _from_hub(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=offline))
+    except Exception as err:  # huggingface_hub raises several types for "not reachable / not cached"
+        how = ("HF_HUB_OFFLINE is set and it is not in the local HF cache" if offline
+               else "the hub could not be reached and it is not in the local HF cache")
+        raise TargetError(f"--model {repo_id}: {how} ({type(err).__name__}). Download it where the hub is "
+                          f"reachable (unset HF_HUB_OFFLINE), or pass a local folder or a built-in alias "
+                          f"({', '.join(sorted(EMBEDDED))}).") from None
+
+
+def fingerprint(folder: Path) -> str:
+    """A short stable id of a model folder: sha256 over config.json and, per weight file, its name, size,
+    safetensors header (names, dtypes, shapes, offsets) and first/last MiB of data. Cheap on 16 GB models,
+    yet changes when the architecture, shapes or the weights' ends change."""
+    folder = Path(folder)
+    h = hashlib.sha256((folder / "config.json").read_bytes())
+    for f in sorted(folder.glob("*.safetensors")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            h.update(fh.read(n))
+            h.update(fh.read(1 << 20))
+            fh.seek(max(8 + n, size - (1 << 20)))
+            h.update(fh.read())
+    return h.hexdigest()[:16]
+
+
+def describe_models() -> list[dict]:
+    rows = []
+    for alias, spec in sorted(EMBEDDED.items()):
+        folder = model_dir(alias)
+        ready = (folder / MARKER).is_file()
+        size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if ready else 0
+        wheel = (cache_dir() / "wheels" / spec.wheel_name).is_file()
+        rows.append({"alias": alias, "original": spec.hub_id, "source": spec.requirement,
+                     "default": alias == DEFAULT_MODEL, "converted": ready,
+                     "path": str(folder), "size_mb": round(size / 2**20, 1), "wheel_cached": wheel})
+    return rows
+
+
+def add_models_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the listing as JSON")
+    p.add_argument("--prepare", metavar="ALIAS", default=None,
+                   help="convert this built-in alias now (otherwise it is converted on first use)")
+
+
+def models_main(args: argparse.Namespace) -> int:
+    if args.prepare:
+        if args.prepare not in EMBEDDED:
+            raise TargetError(f"--prepare {args.prepare!r}: not a built-in alias; choose from {sorted(EMBEDDED)}")
+        ensure_embedded(args.prepare)
+    rows = describe_models()
+    if args.json:
+        print(json.dumps({"cache": str(cache_dir()), "models": rows}, indent=2))
+        return 0
+    print(f"cache: {cache_dir()}  (set TOOLKIT_CACHE to move it)")
+    print(f"{'alias':<24} {'default':<8} {'state':<28} source")
+    for r in rows:
+        state = f"converted ({r['size_mb']} MB)" if r["converted"] else (
+            "wheel cached, not converted" if r["wheel_cached"] else "not fetched yet")
+        print(f"{r['alias']:<24} {'yes' if r['default'] else '':<8} {state:<28} {r['source']} -> {r['original']}")
+        if r["converted"]:
+            print(f"{'':<24} path: {r['path']}")
+    return 0

@@ -1,0 +1,166 @@
+"""`toolkit build-token-map`: count tokens over a corpus, then write FR-Spec and EAGLE-3 token maps.
+
+    toolkit build-token-map --data train.jsonl --sizes 8192,16384,32768 --out maps/ [--assistant-only]
+    toolkit build-token-map --from-counts maps/token_counts.safetensors --sizes 4096 --out maps/
+
+Nothing is written until counting has finished, and every file is written atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from toolkit.data.chat import BUILTIN_TEMPLATES, ChatRenderer, load_tokenizer
+from toolkit.embedded import DEFAULT_MODEL, sha256_file
+from toolkit.tokenmap.count import count_tokens
+from toolkit.tokenmap.maps import (TokenMapError, check_sizes, freq_list, load_counts, save_counts, save_freq,
+                                   save_vocab_map, vocab_map)
+from toolkit.tokenmap.report import write_coverage
+
+FORMAT_VERSION = "1"
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise TokenMapError(f"--sizes {text!r}: give comma-separated integers, e.g. 8192,16384,32768") from None
+    if not sizes:
+        raise TokenMapError("--sizes: give at least one size, e.g. 8192,16384,32768")
+    return sorted(set(sizes))
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=DEFAULT_MODEL,
+                     help="target whose tokenizer and vocabulary size are used: HF folder, hub id or alias")
+    src.add_argument("--tokenizer", default=None,
+                     help="a tokenizer.json file or tokenizer folder instead of --model (vocab = its size)")
+    p.add_argument("--chat-template", default=None,
+                   help=f"built-in template ({', '.join(BUILTIN_TEMPLATES)}) or a .jinja file; default: the "
+                        f"tokenizer's own, else inferred from its special tokens")
+    p.add_argument("--data", nargs="+", default=None, metavar="FILE",
+                   help="corpus files: .jsonl/.json (messages, conversations, alpaca, gpteacher, "
+                        "question/answer, turns, text), .txt, .parquet, or a datasets folder")
+    p.add_argument("--sizes", default="8192,16384,32768", help="comma-separated draft vocabulary sizes")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--assistant-only", action="store_true",
+                   help="count only assistant tokens (+ end-of-turn), what EAGLE-3 trains on")
+    p.add_argument("--max-tokens", type=int, default=None, help="stop after counting this many tokens")
+    p.add_argument("--num-workers", type=int, default=os.cpu_count(),
+                   help="tokenizer threads (sets RAYON_NUM_THREADS before the tokenizer starts)")
+    p.add_argument("--batch-size", type=int, default=2048, help="samples per tokenizer batch")
+    p.add_argument("--from-counts", default=None, metavar="token_counts.safetensors",
+                   help="re-derive maps from saved counts instead of tokenizing --data again")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def vocab_hash(tok) -> str:
+    items = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def target_vocab_size(args, tok) -> int:
+    """V of t2d: the target config's vocab_size (may be padded beyond the tokenizer) or the tokenizer's."""
+    if args.tokenizer is not None:
+        return len(tok)
+    from toolkit.models import resolve_target
+
+    cfg = json.loads((resolve_target(args.model) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    return max(int(cfg.get("vocab_size", 0)), len(tok))
+
+
+def corpus_sha256(path: Path) -> str:
+    if path.is_file():
+        return sha256_file(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}:{sha256_file(f)}".encode())
+    return h.hexdigest()
+
+
+def _count(args, tok, renderer, vocab_size: int):
+    if not args.data:
+        raise TokenMapError("give --data FILE [FILE ...] (or --from-counts token_counts.safetensors)")
+    missing = [f for f in args.data if not Path(f).exists()]
+    if missing:
+        raise TokenMapError(f"--data: not found: {', '.join(missing)}")
+    if args.max_tokens is not None and args.max_tokens <= 0:
+        raise TokenMapError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
+    mode = "assistant" if args.assistant_only else "all"
+    res = count_tokens(args.data, renderer, vocab_size, mode, args.max_tokens, args.batch_size, not args.quiet)
+    for s in res.files:
+        if s.bad:
+            print(f"warning: {s.path}: {s.bad} bad record(s) skipped, e.g. {s.bad_examples[0]}")
+    if res.skipped_text:
+        print(f"note: {res.skipped_text} plain-text samples have no assistant turn and were not counted")
+    if res.total == 0:
+        read = sum(s.samples for s in res.files)
+        raise TokenMapError(f"empty corpus: no tokens counted in {', '.join(args.data)} ({read} samples read"
+                            f"{', counting only assistant tokens' if args.assistant_only else ''})")
+    print(f"counted {res.total:,} tokens from {sum(s.samples for s in res.files):,} samples in {res.seconds:.1f} s "
+          f"({res.total / max(res.seconds, 1e-9):,.0f} tok/s)")
+    meta = {"format_version": FORMAT_VERSION, "tokenizer": tok.name_or_path, "vocab_hash": vocab_hash(tok),
+            "vocab_size": vocab_size, "chat_template": tok.template_name, "mode": mode,
+            "total_tokens": res.total, "max_tokens": args.max_tokens,
+            "corpus": [{"path": s.path, "sha256": corpus_sha256(Path(s.path)), "records": s.records,
+                        "samples": s.samples, "bad": s.bad} for s in res.files]}
+    return res.counts, meta
+
+
+def _from_counts(args, tok, vocab_size: int):
+    counts, meta = load_counts(args.from_counts)
+    ours = vocab_hash(tok)
+    if meta.get("vocab_hash") != ours or len(counts) != vocab_size:
+        raise TokenMapError(
+            f"--from-counts {args.from_counts} was counted with tokenizer {meta.get('tokenizer')!r} (vocab "
+            f"hash {meta.get('vocab_hash')}, V={len(counts)}), but the tokenizer given is {tok.name_or_path!r} "
+            f"(vocab hash {ours}, V={vocab_size}); pass the same --model/--tokenizer")
+    return counts, meta
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.num_workers is not None:
+        if args.num_workers <= 0:
+            raise TokenMapError(f"--num-workers {args.num_workers}: must be >= 1")
+        os.environ["RAYON_NUM_THREADS"] = str(args.num_workers)  # read once, when the thread pool starts
+    sizes = parse_sizes(args.sizes)
+    tok = load_tokenizer(args.model if args.tokenizer is None else None, args.tokenizer, args.chat_template)
+    vocab_size = target_vocab_size(args, tok)
+    check_sizes(sizes, vocab_size)
+    renderer = ChatRenderer(tok)
+    forced = renderer.template_special_ids()
+    if args.from_counts:
+        if args.data:
+            raise TokenMapError("give either --data (count now) or --from-counts (reuse counts), not both")
+        counts, meta = _from_counts(args, tok, vocab_size)
+    else:
+        counts, meta = _count(args, tok, renderer, vocab_size)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    maps = {n: freq_list(counts, n, forced) for n in sizes}
+    map_meta = {"tokenizer": str(meta.get("tokenizer")), "vocab_hash": str(meta.get("vocab_hash")),
+                "mode": str(meta.get("mode")), "total_tokens": str(meta.get("total_tokens")),
+                "forced_ids": json.dumps(forced)}
+    for n, ids in maps.items():
+        save_freq(out / f"freq_{n}.pt", ids)
+        d2t, t2d = vocab_map(ids, vocab_size)
+        save_vocab_map(out / f"vocab_map_{n}.safetensors", d2t, t2d, {**map_meta, "size": str(n)})
+    counts_path = out / "token_counts.safetensors"
+    if not args.from_counts:
+        save_counts(counts_path, counts, meta)
+    elif not counts_path.exists() or not counts_path.samefile(args.from_counts):
+        shutil.copyfile(args.from_counts, counts_path)
+    title = f"{meta.get('tokenizer')} - {int(meta['total_tokens']):,} tokens ({meta.get('mode')})"
+    cov = write_coverage(out, counts, maps, title)
+    print(f"{'size':>8}  {'coverage':>9}  files")
+    for n in sizes:
+        print(f"{n:>8}  {cov['sizes'][str(n)] * 100:>8.2f}%  freq_{n}.pt  vocab_map_{n}.safetensors")
+    print(f"wrote {out}/ (token_counts.safetensors, coverage.json, coverage.png)")
+    return 0
