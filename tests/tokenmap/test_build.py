@@ -1,0 +1,145 @@
+"""The real `toolkit build-token-map` CLI: a run on GSM8K with the Llama-3 tokenizer, --from-counts, and
+every rejected input."""
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from toolkit.cli import build_parser, main
+from toolkit.tokenmap.maps import freq_list, load_counts, load_vocab_map
+
+SIZES = (8192, 16384, 32768)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def llama3_maps(shared, tmp_path_factory):
+    out = tmp_path_factory.mktemp("maps")
+    data = shared / "data/train/gsm8k_train.jsonl"
+    done = run_cli("build-token-map", "--tokenizer", shared / "tokenizers/llama3/tokenizer.json",
+                   "--data", data, "--sizes", ",".join(map(str, SIZES)), "--out", out, "--quiet")
+    assert done.returncode == 0, done.stderr
+    return out, data, done.stdout
+
+
+def test_real_run_writes_every_artifact_with_its_invariants(llama3_maps):
+    out, data, stdout = llama3_maps
+    counts, meta = load_counts(out / "token_counts.safetensors")
+    assert counts.dtype == np.int64 and counts.shape == (128256,)
+    assert int(meta["total_tokens"]) == int(counts.sum()) > 500_000
+    assert meta["mode"] == "all" and meta["chat_template"] == "llama3"
+    corpus = json.loads(meta["corpus"])
+    assert corpus[0]["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert corpus[0]["samples"] == 7473 and corpus[0]["bad"] == 0
+    cov = json.loads((out / "coverage.json").read_text())
+    shares = [cov["sizes"][str(n)] for n in SIZES]
+    assert shares == sorted(shares) and 0.9 < shares[0] <= 1.0
+    assert (out / "coverage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for n in SIZES:
+        ids = torch.load(out / f"freq_{n}.pt", weights_only=True)
+        assert isinstance(ids, list) and len(ids) == n == len(set(ids))
+        assert {128000, 128006, 128007, 128009} <= set(ids)  # BOS, header tokens, <|eot_id|> (EOS)
+        assert ids[:n - 4] == freq_list(counts, n)[:n - 4]  # most frequent first, ties by id
+        d2t, t2d = load_vocab_map(out / f"vocab_map_{n}.safetensors")
+        assert d2t.dtype == torch.int64 and d2t.shape == (n,)
+        assert t2d.dtype == torch.bool and t2d.shape == (128256,) and int(t2d.sum()) == n
+        assert (torch.arange(n) + d2t).tolist() == sorted(ids)
+        assert f"{cov['sizes'][str(n)] * 100:.2f}%" in stdout
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_from_counts_rederives_without_tokenizing(llama3_maps, shared, tmp_path):
+    out, _, _ = llama3_maps
+    tok = shared / "tokenizers/llama3/tokenizer.json"
+    done = run_cli("build-token-map", "--tokenizer", tok, "--from-counts", out / "token_counts.safetensors",
+                   "--sizes", "8192,4096", "--out", tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "freq_8192.pt").read_bytes() == (out / "freq_8192.pt").read_bytes()
+    counts, _ = load_counts(tmp_path / "token_counts.safetensors")
+    assert torch.load(tmp_path / "freq_4096.pt") == freq_list(counts, 4096, [128000, 128006, 128007, 128009])
+
+
+def test_from_counts_with_another_vocab_is_refused(llama3_maps, shared, tmp_path):
+    out, _, _ = llama3_maps
+    done = run_cli("build-token-map", "--tokenizer", shared / "tokenizers/qwen2/tokenizer.json",
+                   "--from-counts", out / "token_counts.safetensors", "--sizes", "8192", "--out", tmp_path)
+    assert done.returncode == 2
+    assert "vocab hash" in done.stderr and "tokenizer.json" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_model_is_the_embedded_smollm2(shared, tmp_path, smollm2_dir):
+    done = run_cli("build-token-map", "--data", shared / "data/eval/mt_bench.jsonl", "--sizes", "1024",
+                   "--out", tmp_path, "--quiet", "--num-workers", "1")
+    assert done.returncode == 0, done.stderr
+    ids = torch.load(tmp_path / "freq_1024.pt", weights_only=True)
+    assert {1, 2} <= set(ids)  # <|im_start|>, <|im_end|> (EOS)
+    _, t2d = load_vocab_map(tmp_path / "vocab_map_1024.safetensors")
+    assert t2d.shape == (49152,)
+    with safe_open(str(tmp_path / "token_counts.safetensors"), "pt") as f:
+        assert f.metadata()["tokenizer"] == "smollm2-135m-instruct"
+
+
+@pytest.fixture()
+def no_eos_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    t = Tokenizer(models.BPE(unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.train_from_iterator(["hello world"] * 5, trainers.BpeTrainer(vocab_size=40, special_tokens=["[UNK]"]))
+    t.save(str(tmp_path / "tokenizer.json"))
+    return tmp_path / "tokenizer.json"
+
+
+@pytest.mark.parametrize("case, extra, message", [
+    ("size zero", ["--sizes", "0"], "1..128256"),
+    ("size above vocab", ["--sizes", "8192,200000"], "1..128256"),
+    ("size not a number", ["--sizes", "8k"], "comma-separated integers"),
+    ("missing file", ["--data", "MISSING"], "not found"),
+    ("empty corpus", ["--data", "EMPTY"], "empty corpus"),
+    ("all lines broken", ["--data", "BROKEN"], "all 2 records are broken"),
+    ("unknown schema", ["--data", "ODD"], "match no schema"),
+    ("no eos", ["--tokenizer", "NOEOS"], "no EOS"),
+    ("no data", ["--data"], "expected at least one argument"),
+])
+def test_bad_input_is_refused_clearly_and_writes_nothing(case, extra, message, shared, tmp_path, capsys,
+                                                         no_eos_tokenizer):
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    (tmp_path / "broken.jsonl").write_text("{oops\nnope\n")
+    (tmp_path / "odd.jsonl").write_text('{"prompt": "p", "completion": "c"}\n')
+    subst = {"MISSING": tmp_path / "missing.jsonl", "EMPTY": tmp_path / "empty.jsonl", "NOEOS": no_eos_tokenizer,
+             "BROKEN": tmp_path / "broken.jsonl", "ODD": tmp_path / "odd.jsonl"}
+    args = {"--tokenizer": shared / "tokenizers/llama3/tokenizer.json", "--data": tmp_path / "empty.jsonl"}
+    args = {**{k: [v] for k, v in args.items()}, "--sizes": ["8192"]}
+    for i in range(0, len(extra), 2):
+        args[extra[i]] = [subst.get(extra[i + 1], extra[i + 1])] if i + 1 < len(extra) else []
+    argv = ["build-token-map", "--out", str(tmp_path / "out"), "--quiet"]
+    for k, v in args.items():
+        argv += [k, *map(str, v)]
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own usage errors
+        code = e.code
+    assert code == 2, case
+    assert message in capsys.readouterr().err, case
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_every_option_is_listed_with_its_default():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        text = p.format_help()
+        for action in p._actions:
+            if action.dest == "help":
+                continue
+            assert action.option_strings[0] in text, (name, action.dest)
+        assert text.count("(default:") >= len(p._actions) - 1, name

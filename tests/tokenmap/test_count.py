@@ -1,0 +1,76 @@
+"""Counts equal a naive reference (per-sample render + encode + Counter) for every schema and both modes."""
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from toolkit.data.chat import ChatRenderer
+from toolkit.data.schemas import read_samples
+from toolkit.tokenmap.count import count_tokens
+
+RECORDS = {
+    "messages.jsonl": [{"messages": [{"role": "user", "content": "Name a fruit."},
+                                     {"role": "assistant", "content": "Apple."},
+                                     {"role": "user", "content": "Another?"},
+                                     {"role": "assistant", "content": "Banana, then cherry."}]}],
+    "sharegpt.jsonl": [{"conversations": [{"from": "human", "value": "Hello there"},
+                                          {"from": "gpt", "value": "General Kenobi!"}]}],
+    "alpaca.json": [{"instruction": "Translate", "input": "chat", "output": "cat"},
+                    {"instruction": "List primes", "input": "", "output": "2, 3, 5, 7"}],
+    "gpteacher.json": [{"instruction": "Write code", "input": "", "response": "print('hi')"}],
+    "qa.jsonl": [{"question": "What is 6*7?", "answer": "6*7 = 42.\n#### 42"}] * 3,
+    "mtbench.jsonl": [{"question_id": 81, "turns": ["Write a poem.", "Now shorter."]}],
+    "text.jsonl": [{"text": "Just some plain text, 123."}],
+}
+
+
+def write_corpus(folder):
+    paths = []
+    for name, recs in RECORDS.items():
+        p = folder / name
+        p.write_text(json.dumps(recs) if name.endswith(".json") else "\n".join(json.dumps(r) for r in recs))
+        paths.append(p)
+    (folder / "plain.txt").write_text("A line of text.\nAnother line.\n")
+    return paths + [folder / "plain.txt"]
+
+
+def naive_counts(tok, paths, mode):
+    c = Counter()
+    eot = tok.eos_token_id
+    for p in paths:
+        for s in read_samples(p):
+            if isinstance(s, str):
+                if mode == "all":
+                    c.update(tok.encode(s, add_special_tokens=False))
+                continue
+            if mode == "all":
+                c.update(tok.encode(tok.apply_chat_template(s, tokenize=False), add_special_tokens=False))
+            else:
+                for m in s:
+                    if m["role"] == "assistant":
+                        c.update(tok.encode(m["content"], add_special_tokens=False) + [eot])
+    return c
+
+
+@pytest.mark.parametrize("name", ["smollm2", "llama3", "qwen2"])
+@pytest.mark.parametrize("mode", ["all", "assistant"])
+def test_counts_equal_naive_reference(tmp_path, request, name, mode):
+    tok = request.getfixturevalue(f"{name}_tokenizer")
+    paths = write_corpus(tmp_path)
+    res = count_tokens(paths, ChatRenderer(tok), len(tok), mode, batch_size=3, progress=False)
+    ref = naive_counts(tok, paths, mode)
+    assert res.total == sum(ref.values()) > 0
+    got = {i: int(n) for i, n in enumerate(res.counts) if n}
+    assert got == dict(ref)
+    assert res.skipped_text == (3 if mode == "assistant" else 0)
+    assert [s.samples for s in res.files] == [1, 1, 2, 1, 3, 2, 1, 2]
+
+
+def test_max_tokens_stops_exactly(tmp_path, smollm2_tokenizer):
+    paths = write_corpus(tmp_path)
+    full = count_tokens(paths, ChatRenderer(smollm2_tokenizer), len(smollm2_tokenizer), progress=False)
+    part = count_tokens(paths, ChatRenderer(smollm2_tokenizer), len(smollm2_tokenizer), max_tokens=57,
+                        batch_size=2, progress=False)
+    assert part.total == 57 and int(part.counts.sum()) == 57
+    assert np.all(part.counts <= full.counts)
