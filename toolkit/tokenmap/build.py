@@ -12,8 +12,10 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
+from toolkit.atomic import atomic_path
 from toolkit.data.chat import BUILTIN_TEMPLATES, ChatRenderer, load_tokenizer
 from toolkit.embedded import DEFAULT_MODEL, sha256_file
 from toolkit.tokenmap.count import count_tokens
@@ -124,23 +126,27 @@ def _from_counts(args, tok, vocab_size: int):
     return counts, meta
 
 
-def main(args: argparse.Namespace) -> int:
+def build(args: argparse.Namespace) -> dict:
+    """Do the work of `toolkit build-token-map`; returns what was written, coverage and phase timings."""
     if args.num_workers is not None:
         if args.num_workers <= 0:
             raise TokenMapError(f"--num-workers {args.num_workers}: must be >= 1")
         os.environ["RAYON_NUM_THREADS"] = str(args.num_workers)  # read once, when the thread pool starts
+    if args.from_counts and args.data:
+        raise TokenMapError("give either --data (count now) or --from-counts (reuse counts), not both")
     sizes = parse_sizes(args.sizes)
+    t0 = time.perf_counter()
     tok = load_tokenizer(args.model if args.tokenizer is None else None, args.tokenizer, args.chat_template)
     vocab_size = target_vocab_size(args, tok)
     check_sizes(sizes, vocab_size)
     renderer = ChatRenderer(tok)
     forced = renderer.template_special_ids()
+    t1 = time.perf_counter()
     if args.from_counts:
-        if args.data:
-            raise TokenMapError("give either --data (count now) or --from-counts (reuse counts), not both")
         counts, meta = _from_counts(args, tok, vocab_size)
     else:
         counts, meta = _count(args, tok, renderer, vocab_size)
+    t2 = time.perf_counter()
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -156,11 +162,19 @@ def main(args: argparse.Namespace) -> int:
     if not args.from_counts:
         save_counts(counts_path, counts, meta)
     elif not counts_path.exists() or not counts_path.samefile(args.from_counts):
-        shutil.copyfile(args.from_counts, counts_path)
+        with atomic_path(counts_path) as tmp:
+            shutil.copyfile(args.from_counts, tmp)
     title = f"{meta.get('tokenizer')} - {int(meta['total_tokens']):,} tokens ({meta.get('mode')})"
     cov = write_coverage(out, counts, maps, title)
+    t3 = time.perf_counter()
+    return {"out": str(out), "sizes": sizes, "coverage": cov, "forced_ids": forced,
+            "seconds": {"tokenizer": t1 - t0, "count": t2 - t1, "write": t3 - t2, "total": t3 - t0}}
+
+
+def main(args: argparse.Namespace) -> int:
+    res = build(args)
     print(f"{'size':>8}  {'coverage':>9}  files")
-    for n in sizes:
-        print(f"{n:>8}  {cov['sizes'][str(n)] * 100:>8.2f}%  freq_{n}.pt  vocab_map_{n}.safetensors")
-    print(f"wrote {out}/ (token_counts.safetensors, coverage.json, coverage.png)")
+    for n in res["sizes"]:
+        print(f"{n:>8}  {res['coverage']['sizes'][str(n)] * 100:>8.2f}%  freq_{n}.pt  vocab_map_{n}.safetensors")
+    print(f"wrote {res['out']}/ (token_counts.safetensors, coverage.json, coverage.png)")
     return 0
