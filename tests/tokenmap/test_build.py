@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from toolkit.cli import build_parser, main
+from toolkit.models import fingerprint
 from toolkit.tokenmap.maps import freq_list, load_counts, load_vocab_map
 
 SIZES = (8192, 16384, 32768)
@@ -85,7 +86,9 @@ def test_default_model_is_the_embedded_smollm2(shared, tmp_path, smollm2_dir):
     _, t2d = load_vocab_map(tmp_path / "vocab_map_1024.safetensors")
     assert t2d.shape == (49152,)
     with safe_open(str(tmp_path / "token_counts.safetensors"), "pt") as f:
-        assert f.metadata()["tokenizer"] == "smollm2-135m-instruct"
+        meta = f.metadata()
+    assert meta["tokenizer"] == "smollm2-135m-instruct"
+    assert meta["target_fingerprint"] == fingerprint(smollm2_dir)
 
 
 @pytest.fixture()

@@ -18,6 +18,7 @@ from pathlib import Path
 from toolkit.atomic import atomic_path
 from toolkit.data.chat import BUILTIN_TEMPLATES, ChatRenderer, load_tokenizer
 from toolkit.embedded import DEFAULT_MODEL, sha256_file
+from toolkit.models import fingerprint, resolve_target
 from toolkit.tokenmap.count import count_tokens
 from toolkit.tokenmap.maps import (TokenMapError, check_sizes, freq_list, load_counts, save_counts, save_freq,
                                    save_vocab_map, vocab_map)
@@ -70,8 +71,6 @@ def target_vocab_size(args, tok) -> int:
     """V of t2d: the target config's vocab_size (may be padded beyond the tokenizer) or the tokenizer's."""
     if args.tokenizer is not None:
         return len(tok)
-    from toolkit.models import resolve_target
-
     cfg = json.loads((resolve_target(args.model) / "config.json").read_text())
     cfg = cfg.get("text_config", cfg)
     return max(int(cfg.get("vocab_size", 0)), len(tok))
@@ -110,6 +109,7 @@ def _count(args, tok, renderer, vocab_size: int):
     meta = {"format_version": FORMAT_VERSION, "tokenizer": tok.name_or_path, "vocab_hash": vocab_hash(tok),
             "vocab_size": vocab_size, "chat_template": tok.template_name, "mode": mode,
             "total_tokens": res.total, "max_tokens": args.max_tokens,
+            "target_fingerprint": None if args.tokenizer else fingerprint(resolve_target(args.model)),
             "corpus": [{"path": s.path, "sha256": corpus_sha256(Path(s.path)), "records": s.records,
                         "samples": s.samples, "bad": s.bad} for s in res.files]}
     return res.counts, meta
