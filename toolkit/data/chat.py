@@ -109,12 +109,24 @@ def special_ids(tok) -> set[int]:
     return ids
 
 
-def _compile(template: str):
-    try:
+class TemplateRenderer:
+    """A chat template compiled once and rendered with the variables apply_chat_template passes; 3x faster
+    than apply_chat_template's per-call checks (a test keeps the two equal). Pickles as its source."""
+
+    def __init__(self, template: str, names: dict[str, str]):
         from transformers.utils.chat_template_utils import _compile_jinja_template
-    except ImportError:  # a transformers without it: fall back to apply_chat_template
-        return None
-    return _compile_jinja_template(template)
+
+        self.template, self.names = template, names
+        self.compiled = _compile_jinja_template(template)
+
+    def __call__(self, conv: Conversation, add_generation_prompt: bool = False) -> str:
+        return self.compiled.render(messages=conv, add_generation_prompt=add_generation_prompt, **self.names)
+
+    def __getstate__(self):
+        return {"template": self.template, "names": self.names}
+
+    def __setstate__(self, state):
+        self.__init__(state["template"], state["names"])
 
 
 class ChatRenderer:
@@ -126,14 +138,7 @@ class ChatRenderer:
                                  f"--chat-template {'|'.join(BUILTIN_TEMPLATES)} or a .jinja file")
         self.tok = tok
         self.special = special_ids(tok)
-        self._compiled, self._names = _compile(tok.chat_template), dict(tok.special_tokens_map)
-
-    def render(self, conv: Conversation, add_generation_prompt: bool = False) -> str:
-        if self._compiled is None:
-            return self.tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=add_generation_prompt)
-        # The template compiled once, rendered with the same variables apply_chat_template passes: 3x faster
-        # than going through apply_chat_template's per-call checks (a test keeps the two equal).
-        return self._compiled.render(messages=conv, add_generation_prompt=add_generation_prompt, **self._names)
+        self.render = TemplateRenderer(tok.chat_template, dict(tok.special_tokens_map))
 
     def render_with_spans(self, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
         """Full text and the [start, end) character span of every assistant message's content in it."""

@@ -55,7 +55,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="count only assistant tokens (+ end-of-turn), what EAGLE-3 trains on")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after counting this many tokens")
     p.add_argument("--num-workers", type=int, default=os.cpu_count(),
-                   help="tokenizer threads (sets RAYON_NUM_THREADS before the tokenizer starts)")
+                   help="tokenizer threads (sets RAYON_NUM_THREADS before the tokenizer starts) and "
+                        "piece-counting processes")
+    p.add_argument("--no-piece-cache", action="store_true",
+                   help="tokenize every text even where counting by distinct pieces is exact (byte-level BPE)")
     p.add_argument("--batch-size", type=int, default=2048, help="samples per tokenizer batch")
     p.add_argument("--from-counts", default=None, metavar="token_counts.safetensors",
                    help="re-derive maps from saved counts instead of tokenizing --data again")
@@ -94,7 +97,8 @@ def _count(args, tok, renderer, vocab_size: int):
     if args.max_tokens is not None and args.max_tokens <= 0:
         raise TokenMapError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
     mode = "assistant" if args.assistant_only else "all"
-    res = count_tokens(args.data, renderer, vocab_size, mode, args.max_tokens, args.batch_size, not args.quiet)
+    res = count_tokens(args.data, renderer, vocab_size, mode, args.max_tokens, args.batch_size, not args.quiet,
+                       args.num_workers, pieces=not args.no_piece_cache)
     for s in res.files:
         if s.bad:
             print(f"warning: {s.path}: {s.bad} bad record(s) skipped, e.g. {s.bad_examples[0]}")
@@ -108,7 +112,7 @@ def _count(args, tok, renderer, vocab_size: int):
           f"({res.total / max(res.seconds, 1e-9):,.0f} tok/s)")
     meta = {"format_version": FORMAT_VERSION, "tokenizer": tok.name_or_path, "vocab_hash": vocab_hash(tok),
             "vocab_size": vocab_size, "chat_template": tok.template_name, "mode": mode,
-            "total_tokens": res.total, "max_tokens": args.max_tokens,
+            "total_tokens": res.total, "max_tokens": args.max_tokens, "method": res.method,
             "target_fingerprint": None if args.tokenizer else fingerprint(resolve_target(args.model)),
             "corpus": [{"path": s.path, "sha256": corpus_sha256(Path(s.path)), "records": s.records,
                         "samples": s.samples, "bad": s.bad} for s in res.files]}
