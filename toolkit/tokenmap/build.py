@@ -67,7 +67,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def vocab_hash(tok) -> str:
     items = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
-    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in items).encode()).hexdigest()[:16]
 
 
 def target_vocab_size(args, tok) -> int:

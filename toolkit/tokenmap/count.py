@@ -12,6 +12,8 @@ end-of-turn token), what EAGLE-3 trains on; plain-text samples have no assistant
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import multiprocessing
 import os
 import sys
@@ -125,6 +127,16 @@ def _pool(workers: int, counter: PieceCounter, renderer: ChatRenderer, vocab_siz
                                    initializer=_init_worker, initargs=initargs)
 
 
+@contextlib.contextmanager
+def _frozen_gc():
+    """Children's garbage collector would otherwise walk (and so copy, page by page) the parent's heap."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def count_tokens(files: list[str | Path], renderer: ChatRenderer, vocab_size: int, mode: str = "all",
                  max_tokens: int | None = None, batch_size: int = 2048, progress: bool = True,
                  num_workers: int | None = None, pieces: bool = True) -> CountResult:
@@ -162,7 +174,7 @@ def count_tokens(files: list[str | Path], renderer: ChatRenderer, vocab_size: in
         if np.array_equal(counter.token_counts(*counter.splitter.count_pieces(texts), vocab_size), exact):
             result.method = "pieces"
             workers = max(1, num_workers or os.cpu_count() or 1)
-            with _pool(workers, counter, renderer, vocab_size) as pool:
+            with _frozen_gc(), _pool(workers, counter, renderer, vocab_size) as pool:
                 pending: deque[Future] = deque()
                 for batch in batches:
                     pending.append(pool.submit(_piece_job, batch))

@@ -31,9 +31,10 @@ def write_coverage(out: Path, counts: np.ndarray, maps: dict[int, list[int]], ti
     cov = coverage(counts, maps)
     write_text(out / "coverage.json", json.dumps(cov, indent=2) + "\n")
     curve = coverage_curve(counts)
+    ks = np.unique(np.geomspace(1, len(curve), 2000).astype(np.int64))  # log-spaced: same picture, 60x fewer points
     fig = Figure(figsize=(7, 4.2))
     ax = fig.subplots()
-    ax.plot(np.arange(1, len(curve) + 1), curve * 100, lw=1.8)
+    ax.plot(ks, curve[ks - 1] * 100, lw=1.8)
     for k, n in enumerate(sorted(maps)):
         share = cov["sizes"][str(n)] * 100
         ax.axvline(n, color=f"C{k + 1}", ls="--", lw=0.8)
@@ -44,7 +45,7 @@ def write_coverage(out: Path, counts: np.ndarray, maps: dict[int, list[int]], ti
     ax.set_ylabel("share of counted tokens covered (%)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.1, right=0.97, top=0.92, bottom=0.13)  # fixed: tight_layout costs 0.25 s
     with atomic_path(out / "coverage.png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     return cov
