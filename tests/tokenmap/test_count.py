@@ -74,3 +74,23 @@ def test_max_tokens_stops_exactly(tmp_path, smollm2_tokenizer):
                         batch_size=2, progress=False)
     assert part.total == 57 and int(part.counts.sum()) == 57
     assert np.all(part.counts <= full.counts)
+
+
+@pytest.mark.parametrize("pieces", [True, False])
+def test_memory_stays_bounded_as_the_corpus_grows(tmp_path, smollm2_tokenizer, pieces):
+    """Streaming: the counting process's peak Python memory does not grow with the corpus."""
+    import tracemalloc
+
+    rec = {"question": "How many apples are left? " * 20, "answer": "There are 42 apples left. " * 40}
+    line = json.dumps(rec) + "\n"
+    peaks = []
+    for megabytes in (3, 18):
+        n = megabytes * 1_000_000 // len(line)
+        (tmp_path / "big.jsonl").write_text(line * n)
+        tracemalloc.start()
+        res = count_tokens([tmp_path / "big.jsonl"], ChatRenderer(smollm2_tokenizer), len(smollm2_tokenizer),
+                           batch_size=256, progress=False, num_workers=2, pieces=pieces)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert res.files[0].samples == n and res.method == ("pieces" if pieces else "tokenizer")
+    assert peaks[1] < 1.25 * peaks[0] + 1_000_000, peaks  # 6x the corpus, about the same peak
