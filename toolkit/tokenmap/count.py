@@ -137,6 +137,18 @@ def _frozen_gc():
         gc.unfreeze()
 
 
+def _count_by_pieces(batches, counter: PieceCounter, renderer: ChatRenderer, vocab_size: int, add,
+                     workers: int) -> None:
+    with _frozen_gc(), _pool(workers, counter, renderer, vocab_size) as pool:
+        pending: deque[Future] = deque()
+        for batch in batches:
+            pending.append(pool.submit(_piece_job, batch))
+            if len(pending) > workers:  # bounded: at most workers + 1 batches alive
+                add(*pending.popleft().result())
+        while pending:
+            add(*pending.popleft().result())
+
+
 def count_tokens(files: list[str | Path], renderer: ChatRenderer, vocab_size: int, mode: str = "all",
                  max_tokens: int | None = None, batch_size: int = 2048, progress: bool = True,
                  num_workers: int | None = None, pieces: bool = True) -> CountResult:
@@ -173,15 +185,7 @@ def count_tokens(files: list[str | Path], renderer: ChatRenderer, vocab_size: in
         add(exact, errors)
         if np.array_equal(counter.token_counts(*counter.splitter.count_pieces(texts), vocab_size), exact):
             result.method = "pieces"
-            workers = max(1, num_workers or os.cpu_count() or 1)
-            with _frozen_gc(), _pool(workers, counter, renderer, vocab_size) as pool:
-                pending: deque[Future] = deque()
-                for batch in batches:
-                    pending.append(pool.submit(_piece_job, batch))
-                    if len(pending) > workers:  # bounded: at most workers + 1 batches alive
-                        add(*pending.popleft().result())
-                while pending:
-                    add(*pending.popleft().result())
+            _count_by_pieces(batches, counter, renderer, vocab_size, add, max(1, num_workers or os.cpu_count() or 1))
         else:
             print("note: counting by pieces disagrees with the tokenizer on this corpus; tokenizing every "
                   "text instead", file=sys.stderr)
