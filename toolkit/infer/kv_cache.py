@@ -1,0 +1,23 @@
+"""KV cache allocated once: k/v [layers, batch, kv heads, max_len, head dim]; tokens are written to the
+slots the caller gives (per sequence), so tree tokens can be written and later overwritten."""
+from __future__ import annotations
+
+import torch
+
+from toolkit.infer.config import ModelConfig
+
+
+class KVCache:
+    def __init__(self, config: ModelConfig, batch: int, max_len: int, dtype=torch.float32, device="cpu"):
+        if batch <= 0 or max_len <= 0:
+            raise ValueError(f"KV cache needs batch >= 1 and max_len >= 1, got {batch}, {max_len}")
+        shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """k/v [B, Hkv, T, D] go to slots [B, T] of sequences 0..B-1."""
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]          # [B, 1]
+        self.k[layer][rows, :, slots] = k.transpose(1, 2).to(self.k.dtype)  # indexed view: [B, T, Hkv, D]
+        self.v[layer][rows, :, slots] = v.transpose(1, 2).to(self.v.dtype)

@@ -1,0 +1,161 @@
+"""Target transformer (Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, SmolLM2), gpt-fast style.
+
+One forward serves prefill, decode and tree verification: each token has a rope position and a cache slot
+it is written to, and attends to the cache slots its mask allows. It returns logits and the hidden states
+of chosen layers (EAGLE-3 takes three): the OUTPUT of layer l, i.e. the residual stream before any final
+norm, which is transformers' `hidden_states[l + 1]` (index 0 is the embedding) and the tensor SGLang
+captures as the input of layer l + 1.
+Shapes: B batch, T new tokens, S cache slots, H hidden, D head dim, Hq/Hkv query/key-value heads, V vocab.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the HF (half-split, not interleaved) layout. x [B, h, T, D], cos/sin [B, 1, T, D]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
+        if c.qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps), RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots, kv_len: int):
+        B, T, _ = x.shape
+        c = self.c
+        q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim)          # [B, T, Hq, D]
+        k = self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim)       # [B, T, Hkv, D]
+        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)  # [B, h, T, D]
+        if cache is not None:
+            cache.write(layer, k, v, slots)
+            k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]  # [B, Hkv, S, D]
+        # mask None = plain causal over the T new tokens (no cache): the fused causal kernel
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                             enable_gqa=c.num_heads != c.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.self_attn, self.mlp = Attention(c), MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, h, cos, sin, mask, cache, layer, slots, kv_len):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, mask, cache, layer, slots, kv_len)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(Block(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: KVCache | None = None, slots: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None, aux_layers: list[int] = ()):
+        """input_ids/positions/slots [B, T]; mask bool [B, T, S] over cache slots (or over the T new tokens
+        without a cache), default causal by position. Returns logits [B, T, V] and [aux hidden [B, T, H]]."""
+        B, T = input_ids.shape
+        if positions is None:
+            positions = torch.arange(T, device=input_ids.device).expand(B, T)
+        slots = positions if slots is None else slots
+        kv_len = int(slots.max()) + 1 if cache is not None else T
+        if cache is not None and kv_len > cache.max_len:
+            raise ValueError(f"sequence needs {kv_len} cache slots but the KV cache holds {cache.max_len}; "
+                             f"raise --max-seq-len or shorten the prompt")
+        causal = mask is None and cache is None and T > 1
+        if mask is None:  # causal by position over the slots that hold them (slot == position here)
+            mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
+        h = self.embed_tokens(input_ids)                                   # [B, T, H]
+        angles = positions[:, None, :, None].float() * self.inv_freq       # [B, 1, T, D/2]
+        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = angles.cos().to(h.dtype), angles.sin().to(h.dtype)
+        # additive float mask (a bool mask and an additive one differ across kernels; see docs) [B, 1, T, S]
+        bias = None if causal else torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(
+            ~mask, float("-inf"))[:, None]
+        aux = []
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, bias, cache, i, slots, kv_len)
+            if i in aux_layers:
+                aux.append(h)
+        return self.lm_head(self.norm(h)), aux
+
+
+def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
+    """Build the model from config.json and load every weight from *.safetensors; a missing or unexpected
+    tensor is an error naming it (no weight is ever left random)."""
+    folder = Path(folder)
+    config = ModelConfig.from_folder(folder)
+    with torch.device("meta"):
+        model = Transformer(config)
+    expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), "pt", device="cpu") as sf:
+            for name in sf.keys():
+                ours = name.removeprefix("model.")
+                if ours.endswith("rotary_emb.inv_freq"):
+                    continue
+                tensors[ours] = sf.get_tensor(name).to(dtype)
+    if config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    missing, unexpected = expected - tensors.keys(), tensors.keys() - expected
+    if missing or unexpected:
+        raise ValueError(f"{folder}: weights do not match the {config.model_type} config: missing "
+                         f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
+    model.load_state_dict(tensors, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.inv_freq = config.inv_freq().to(device)
+    return model.to(device).eval()
