@@ -1,0 +1,69 @@
+"""Verification of a draft tree against the target, as plain tensor functions.
+
+A tree of one sequence has N + 1 nodes: node 0 is the root (the last token already accepted), nodes 1..N are
+draft tokens; `parents[i]` is the node that token i follows (parents[0] = -1). `probs[i]` is the target's
+distribution for the token after node i (one verify forward gives all N + 1 at once). A chain is the tree
+with parents = [-1, 0, 1, 2, ...].
+
+Both functions walk from the root: at each node they either accept one child, or stop and emit a token of
+their own (the "bonus" token), so a verify step always yields accepted + 1 tokens.
+  * greedy: accept the child whose token is the target argmax (output == plain greedy decoding);
+  * sampling: recursive rejection with the draft treated as choosing its candidates deterministically (EAGLE
+    top-k trees): try the children in order, accept child c with probability r(c) where r is the current
+    residual distribution (at first the target's), else remove c from r and renormalize; when no child is
+    accepted, sample the bonus token from r. The emitted token is distributed exactly as r, i.e. as the
+    target's distribution (SpecInfer; SGLang's tree_speculative_sampling_target_only does the same).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _children(parents: list[int]) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            kids[parent].append(node)
+    return kids
+
+
+def greedy_verify(tokens: torch.Tensor, parents: torch.Tensor, logits: torch.Tensor):
+    """tokens/parents [N+1], logits [N+1, V] -> (accepted node path incl. root, emitted tokens)."""
+    target = logits.argmax(-1).tolist()
+    toks, kids = tokens.tolist(), _children(parents.tolist())
+    path, out, node = [0], [], 0
+    while True:
+        nxt = next((c for c in kids[node] if toks[c] == target[node]), None)
+        out.append(target[node])
+        if nxt is None:
+            return path, out
+        path.append(nxt)
+        node = nxt
+
+
+def sample_verify(tokens: torch.Tensor, parents: torch.Tensor, probs: torch.Tensor,
+                  generator: torch.Generator | None = None):
+    """tokens/parents [N+1], probs [N+1, V] (target_probs of each node) -> (path, emitted tokens).
+    Children are tried in their node order (the draft's ranking)."""
+    toks, kids = tokens.tolist(), _children(parents.tolist())
+    path, out, node = [0], [], 0
+    while True:
+        residual = probs[node].double().clone()
+        accepted = None
+        for c in kids[node]:
+            t = toks[c]
+            total = residual.sum()
+            if total <= 0:
+                break
+            if torch.rand((), generator=generator, dtype=torch.float64) * total < residual[t]:
+                accepted = c
+                break
+            residual[t] = 0.0  # rejected: the token can no longer be emitted at this node
+        if accepted is None:
+            if residual.sum() <= 0:  # every possible token was a rejected candidate: cannot happen with
+                residual = probs[node].double()  # exact arithmetic; fall back to the target itself
+            out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+            return path, out
+        out.append(toks[accepted])
+        path.append(accepted)
+        node = accepted
