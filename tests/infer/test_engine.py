@@ -1,0 +1,107 @@
+"""Lossless greedy: speculative output == plain output of the same engine == transformers greedy, on the
+real SmolLM2, for chains and trees; and EOS / max_new_tokens stop exactly where plain decoding stops."""
+import pytest
+import torch
+from torch import nn
+
+from toolkit.infer.drafts import random_head
+from toolkit.infer.engine import Engine
+from toolkit.infer.kv_cache import KVCache
+from toolkit.infer.model import load_target
+from toolkit.infer.sampling import SamplingParams
+from toolkit.infer.tree import TreeConfig
+
+PROMPTS = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+           "<|im_start|>user\nWrite a Python function that adds two numbers.<|im_end|>\n<|im_start|>assistant\n",
+           "The three primary colors are"]
+
+
+class OracleHead(nn.Module):
+    """A stand-in draft that knows the plain greedy continuation `seq`: the pair at position p proposes
+    seq[p + 2] first, except at every 4th position, where it proposes a wrong token first and the right one
+    second. So chains accept runs and get rejected; trees must pick non-first children."""
+
+    def __init__(self, seq, vocab, hidden, aux_layers):
+        super().__init__()
+        self.seq, self.vocab, self.hidden, self.aux_layers = seq, vocab, hidden, aux_layers
+        self.d2t = torch.zeros(vocab, dtype=torch.long)
+
+    def new_cache(self, max_len, dtype=torch.float32, device="cpu"):
+        return None
+
+    def to_target(self, ids):
+        return ids
+
+    def forward(self, emb, hidden, positions, cache, slots=None, mask=None):
+        B, T = positions.shape
+        scores = torch.zeros(B, T, self.vocab)
+        for b in range(B):
+            for t in range(T):
+                p = int(positions[b, t]) + 2
+                right = self.seq[p] if p < len(self.seq) else 0
+                wrong = (right + 1) % self.vocab
+                first, second = (wrong, right) if p % 4 == 0 else (right, wrong)
+                scores[b, t, first], scores[b, t, second] = 10.0, 9.0
+        return scores.log_softmax(-1), torch.zeros(B, T, self.hidden)
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_dir, smollm2_tokenizer):
+    return load_target(smollm2_dir), smollm2_tokenizer
+
+
+def plain(model, ids, n):
+    return Engine(model, max_len=512).generate(ids, SamplingParams(max_new_tokens=n)).tokens
+
+
+def test_plain_engine_equals_transformers_greedy(smollm2, smollm2_dir):
+    from transformers import AutoModelForCausalLM
+
+    model, tok = smollm2
+    ref = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    for prompt in PROMPTS:
+        ids = tok(prompt, add_special_tokens=False).input_ids
+        hf = ref.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                          pad_token_id=tok.eos_token_id)[0, len(ids):].tolist()
+        assert plain(model, ids, 24) == hf
+
+
+@pytest.mark.parametrize("tree", [TreeConfig(5, 1, 6), TreeConfig(3, 2, 6), TreeConfig(4, 3, 10)],
+                         ids=["chain5", "tree-s3-k2-n6", "tree-s4-k3-n10"])
+def test_speculative_greedy_equals_plain_greedy(smollm2, tree):
+    model, tok = smollm2
+    c = model.config
+    for prompt in PROMPTS:
+        ids = tok(prompt, add_special_tokens=False).input_ids
+        want = plain(model, ids, 40)
+        oracle = OracleHead(ids + want + [0] * 16, c.vocab_size, c.hidden_size, c.default_aux_layers())
+        res = Engine(model, oracle, tree, max_len=512).generate(ids, SamplingParams(max_new_tokens=40))
+        assert res.tokens == want
+        assert res.tau > 1.5 and res.verify_steps < 39  # drafts were accepted, paths compacted
+        real = Engine(model, random_head(c, seed=1), tree, max_len=512)
+        assert real.generate(ids, SamplingParams(max_new_tokens=12)).tokens == want[:12]
+
+
+def test_stops_exactly_where_plain_decoding_stops(smollm2):
+    model, tok = smollm2
+    ids = tok(PROMPTS[0], add_special_tokens=False).input_ids
+    want = plain(model, ids, 60)
+    stop = want[7]  # a token that first occurs at some index: both must stop right after it
+    first = want.index(stop)
+    c = model.config
+    oracle = OracleHead(ids + want + [0] * 16, c.vocab_size, c.hidden_size, c.default_aux_layers())
+    for head, tree in ((None, None), (oracle, TreeConfig(5, 1, 6)), (oracle, TreeConfig(3, 2, 6))):
+        eng = Engine(model, head, tree, max_len=512)
+        assert eng.generate(ids, SamplingParams(max_new_tokens=60), stop_ids={stop}).tokens == want[:first + 1]
+        for n in (1, 2, 9, 13):
+            assert eng.generate(ids, SamplingParams(max_new_tokens=n)).tokens == want[:n]
+
+
+def test_bad_tree_and_length_are_refused(smollm2):
+    model, _ = smollm2
+    with pytest.raises(ValueError, match="num_steps \\+ 1"):
+        TreeConfig(5, 1, 4)
+    with pytest.raises(ValueError, match="2..7"):
+        TreeConfig(2, 2, 9)
+    with pytest.raises(ValueError, match="max length"):
+        Engine(model, max_len=16).generate(list(range(10)), SamplingParams(max_new_tokens=10))

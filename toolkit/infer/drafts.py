@@ -1,0 +1,125 @@
+"""EAGLE-3 draft head in the docs/formats.md checkpoint layout (SGLang's LlamaForCausalLMEagle3 names).
+
+Step 0 fuses the target's three aux hidden states with `fc`; later steps feed the head its own output.
+The draft input at position t is the pair (embedding of token t+1, hidden state of position t): the head
+predicts token t+2. Layer: residual = h; x = cat[input_layernorm(emb), hidden_norm(h)] (2H) -> attention ->
++ residual -> post_attention_layernorm -> MLP -> + ; out = that sum (fed to the next step, pre-norm);
+logits = lm_head(norm(out)) over the draft vocabulary, mapped to target ids by d2t.
+Shapes: B batch, T tokens, H draft hidden, Ht target hidden, N draft vocab.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.kv_cache import KVCache
+from toolkit.infer.model import MLP, Attention, RMSNorm
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(c, in_features=2 * c.hidden_size)
+        self.mlp = MLP(c)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, emb, h, cos, sin, mask, cache, slots, kv_len):
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(h)], dim=-1)     # [B, T, 2H]
+        h = h + self.self_attn(x, cos, sin, mask, cache, 0, slots, kv_len)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, c: ModelConfig, target_hidden: int, d2t: torch.Tensor, aux_layers: list[int]):
+        super().__init__()
+        self.config, self.aux_layers = c, list(aux_layers)
+        self.fc = nn.Linear(3 * target_hidden, c.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, len(d2t), bias=False)
+        self.register_buffer("d2t", d2t.long())
+        self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
+
+    def new_cache(self, max_len: int, dtype=torch.float32, device="cpu") -> KVCache:
+        return KVCache(replace(self.config, num_layers=1), 1, max_len, dtype, device)
+
+    def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None):
+        """emb [B, T, H] token embeddings; hidden [B, T, 3Ht] (aux, step 0) or [B, T, H] (own output).
+        Returns (target-id log-probs over the draft vocab [B, T, N], draft ids -> target ids via .d2t,
+        output hidden [B, T, H])."""
+        if hidden.shape[-1] != self.config.hidden_size:
+            hidden = self.fc(hidden)
+        slots = positions if slots is None else slots
+        kv_len = int(slots.max()) + 1
+        if kv_len > cache.max_len:
+            raise ValueError(f"draft needs {kv_len} cache slots but its KV cache holds {cache.max_len}")
+        if mask is None:
+            mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
+        angles = positions[:, None, :, None].float() * self.inv_freq
+        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = angles.cos().to(emb.dtype), angles.sin().to(emb.dtype)
+        bias = torch.zeros(mask.shape, dtype=emb.dtype, device=emb.device).masked_fill_(~mask, float("-inf"))
+        out = self.midlayer(emb, hidden, cos, sin, bias[:, None], cache, slots, kv_len)
+        return self.lm_head(self.norm(out)).float().log_softmax(-1), out
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+
+def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
+    return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
+                   attention_bias=False, tie_word_embeddings=False)
+
+
+def random_head(target: ModelConfig, vocab_ids: list[int] | None = None, seed: int = 0) -> Eagle3Head:
+    """A randomly initialised head over `vocab_ids` (default: the whole target vocabulary), for tests."""
+    ids = torch.tensor(sorted(vocab_ids) if vocab_ids is not None else range(target.vocab_size))
+    torch.manual_seed(seed)
+    head = Eagle3Head(draft_config(target), target.hidden_size, ids - torch.arange(len(ids)),
+                      target.default_aux_layers())
+    for m in head.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+    return head.eval()
+
+
+def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, device="cpu") -> Eagle3Head:
+    """Load a draft folder (config.json + model.safetensors, docs/formats.md section 7) for `target`;
+    a head that does not fit the target is refused with the mismatch named."""
+    folder = Path(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    if cfg.get("num_hidden_layers", 1) != 1:
+        raise ValueError(f"{folder}: only 1-layer EAGLE-3 heads are served yet, got {cfg['num_hidden_layers']}")
+    c = ModelConfig.from_hf({**cfg, "model_type": "llama"})
+    target_hidden = cfg.get("target_hidden_size", cfg["hidden_size"])
+    aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or target.default_aux_layers()
+    problems = []
+    if target_hidden != target.hidden_size:
+        problems.append(f"target_hidden_size {target_hidden} != target hidden_size {target.hidden_size}")
+    if cfg.get("vocab_size", target.vocab_size) != target.vocab_size:
+        problems.append(f"vocab_size {cfg['vocab_size']} != target vocab_size {target.vocab_size}")
+    if max(aux) >= target.num_layers or min(aux) < 0:
+        problems.append(f"aux layers {aux} outside the target's 0..{target.num_layers - 1}")
+    w = load_file(str(folder / "model.safetensors"))
+    n = cfg.get("draft_vocab_size") or target.vocab_size
+    d2t = w.pop("d2t", torch.zeros(n, dtype=torch.long))  # absent d2t = identity (zeros), never arange
+    w.pop("t2d", None)
+    w.pop("embed_tokens.weight", None)  # the target's embedding is used
+    if int((torch.arange(len(d2t)) + d2t).max()) >= target.vocab_size:
+        problems.append("d2t maps draft ids beyond the target vocabulary")
+    if problems:
+        raise ValueError(f"draft {folder} does not fit the target: " + "; ".join(problems))
+    head = Eagle3Head(c, target_hidden, d2t, aux)
+    missing, unexpected = head.load_state_dict(w, strict=False)
+    missing = [k for k in missing if k != "d2t"]
+    if missing or unexpected:
+        raise ValueError(f"draft {folder}: missing weights {missing[:8]}, unexpected {unexpected[:8]}")
+    return head.to(device=device, dtype=dtype).eval()
