@@ -125,12 +125,12 @@ class Transformer(nn.Module):
         # additive float mask (a bool mask and an additive one differ across kernels; see docs) [B, 1, T, S]
         bias = None if causal else torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(
             ~mask, float("-inf"))[:, None]
-        aux = []
+        kept = {}
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, bias, cache, i, slots, kv_len)
             if i in aux_layers:
-                aux.append(h)
-        return self.lm_head(self.norm(h)), aux
+                kept[i] = h
+        return self.lm_head(self.norm(h)), [kept[i] for i in aux_layers]
 
 
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
