@@ -1,0 +1,71 @@
+"""EAGLE-3 draft folders in the docs/formats.md layout load; ones that do not fit the target are refused."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.drafts import load_eagle3, random_head
+
+TARGET = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=8,
+                     num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
+
+
+def write_draft(folder, n=100, **overrides):
+    """A draft folder exactly as docs/formats.md section 7 describes it."""
+    H, D = 64, 16
+    ids = torch.arange(0, 300, 3)[:n]
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": H,
+           "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": D,
+           "num_hidden_layers": 1, "vocab_size": 300, "draft_vocab_size": n, "target_hidden_size": H,
+           "max_position_embeddings": 4096, "rope_theta": 10000.0, "tie_word_embeddings": False,
+           "rms_norm_eps": 1e-6, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]},
+           "eagle_aux_hidden_state_layer_ids": [2, 4, 5], **overrides}
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.05  # noqa: E731
+    w = {"fc.weight": r(H, 3 * H), "norm.weight": torch.ones(H), "lm_head.weight": r(n, H),
+         "midlayer.input_layernorm.weight": torch.ones(H), "midlayer.hidden_norm.weight": torch.ones(H),
+         "midlayer.post_attention_layernorm.weight": torch.ones(H),
+         "midlayer.self_attn.q_proj.weight": r(4 * D, 2 * H), "midlayer.self_attn.k_proj.weight": r(2 * D, 2 * H),
+         "midlayer.self_attn.v_proj.weight": r(2 * D, 2 * H), "midlayer.self_attn.o_proj.weight": r(H, 4 * D),
+         "midlayer.mlp.gate_proj.weight": r(96, H), "midlayer.mlp.up_proj.weight": r(96, H),
+         "midlayer.mlp.down_proj.weight": r(H, 96),
+         "d2t": ids - torch.arange(n), "t2d": torch.zeros(300, dtype=torch.bool).index_fill_(0, ids, True)}
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file(w, str(folder / "model.safetensors"))
+    return w
+
+
+def test_formats_layout_loads_and_maps_ids(tmp_path):
+    w = write_draft(tmp_path)
+    head = load_eagle3(tmp_path, TARGET)
+    assert head.aux_layers == [1, 3, 4]
+    assert torch.equal(head.fc.weight, w["fc.weight"])
+    assert head.to_target(torch.tensor([0, 1, 99])).tolist() == [0, 3, 297]
+    cache = head.new_cache(32)
+    logp, out = head(torch.randn(1, 5, 64), torch.randn(1, 5, 192), torch.arange(5)[None], cache)
+    assert logp.shape == (1, 5, 100) and out.shape == (1, 5, 64)
+    assert torch.allclose(logp.exp().sum(-1), torch.ones(1, 5))
+
+
+def test_cached_steps_equal_a_full_forward():
+    head = random_head(TARGET, list(range(0, 300, 2)))
+    emb, hid = torch.randn(1, 9, 64), torch.randn(1, 9, 192)
+    full, _ = head(emb, hid, torch.arange(9)[None], head.new_cache(16))
+    cache = head.new_cache(16)
+    a, _ = head(emb[:, :6], hid[:, :6], torch.arange(6)[None], cache)
+    b, _ = head(emb[:, 6:], hid[:, 6:], torch.arange(6, 9)[None], cache)
+    assert (torch.cat([a, b], 1) - full).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"target_hidden_size": 32}, "target_hidden_size 32"),
+    ({"vocab_size": 500}, "vocab_size 500"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 9]}}, "aux layers"),
+])
+def test_drafts_that_do_not_fit_the_target_are_refused(tmp_path, override, message):
+    write_draft(tmp_path, **override)
+    with pytest.raises(ValueError, match=message):
+        load_eagle3(tmp_path, TARGET)
