@@ -30,6 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description=build.__doc__.split("\n\n")[0])
     build.add_args(p)
     p.set_defaults(func=build.main)
+
+    from toolkit.infer import bench
+
+    p = sub.add_parser("bench", formatter_class=fmt, help="acceptance length and speed of a draft on prompts",
+                       description=bench.__doc__.split("\n\n")[0])
+    bench.add_args(p)
+    p.set_defaults(func=bench.main)
     return parser
 
 

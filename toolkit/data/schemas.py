@@ -163,7 +163,7 @@ def _json_array(path: Path, stats: ReadStats, chunk: int = 1 << 20) -> Iterator[
             stats.add_bad(f"{path}[item {k}]", "not UTF-8; the rest of the file is skipped")
 
 
-def _raw_records(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
+def raw_records(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
     if path.is_dir():
         import datasets
 
@@ -211,7 +211,7 @@ def read_samples(path: str | Path, stats: ReadStats | None = None) -> Iterator[S
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
     stats = stats if stats is not None else ReadStats(str(path))
-    for where, rec in _raw_records(path, stats):
+    for where, rec in raw_records(path, stats):
         stats.records += 1
         try:
             samples = to_samples(rec)

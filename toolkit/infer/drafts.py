@@ -123,3 +123,37 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     if missing or unexpected:
         raise ValueError(f"draft {folder}: missing weights {missing[:8]}, unexpected {unexpected[:8]}")
     return head.to(device=device, dtype=dtype).eval()
+
+
+def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, target: str,
+                target_fingerprint: str, extra: dict | None = None) -> None:
+    """Write a draft folder in the docs/formats.md section 7 layout (bf16 weights), atomically per file."""
+    from safetensors.torch import save_file
+
+    from toolkit.atomic import atomic_path, write_text
+
+    t = target_hf_config.get("text_config", target_hf_config)
+    c, n = head.config, len(head.d2t)
+    rope = {k: t[k] for k in ("rope_theta", "rope_scaling", "rope_parameters") if k in t}
+    cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
+           "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
+           "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
+           "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": 1, "vocab_size": t["vocab_size"],
+           "draft_vocab_size": n, "target_hidden_size": head.fc.in_features // 3,
+           "max_position_embeddings": t.get("max_position_embeddings", c.max_position_embeddings),
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope,
+           **{k: t[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in t},
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": head.aux_layers, "use_aux_hidden_state": True},
+           "eagle_aux_hidden_state_layer_ids": [i + 1 for i in head.aux_layers],
+           "toolkit": {"format_version": 1, "head": "eagle3", "target": target,
+                       "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
+                       "aux_layer_ids": head.aux_layers, **(extra or {})}}
+    weights = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items() if k != "d2t"}
+    ids = torch.arange(n) + head.d2t.cpu()
+    weights["d2t"] = head.d2t.cpu().long().contiguous()
+    weights["t2d"] = torch.zeros(t["vocab_size"], dtype=torch.bool).index_fill_(0, ids, True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(folder / "model.safetensors") as tmp:
+        save_file(weights, str(tmp), metadata={"format": "pt"})
+    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")

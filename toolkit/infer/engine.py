@@ -24,6 +24,7 @@ class Result:
     verify_steps: int = 0               # target forwards after prefill
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per verify step
     seconds: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
+    category: str = "all"               # the caller's label (bench groups τ by it)
 
     @property
     def tau(self) -> float:

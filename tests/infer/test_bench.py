@@ -1,0 +1,70 @@
+"""`toolkit bench` end to end on SmolLM2 with a random EAGLE-3 head written in the checkpoint format."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from toolkit.infer.drafts import load_eagle3, random_head, save_eagle3
+from toolkit.infer.model import load_target
+from toolkit.models import fingerprint
+
+
+@pytest.fixture(scope="module")
+def draft_dir(smollm2_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("draft")
+    target = load_target(smollm2_dir)
+    head = random_head(target.config, list(range(0, 49152, 3)), seed=4)
+    cfg = json.loads((smollm2_dir / "config.json").read_text())
+    save_eagle3(head, folder, cfg, "smollm2-135m-instruct", fingerprint(smollm2_dir))
+    return folder, head, target
+
+
+def test_saved_head_follows_the_format_and_loads_back(draft_dir):
+    folder, head, target = draft_dir
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 16384
+    assert cfg["max_position_embeddings"] == 8192 and cfg["tie_word_embeddings"] is False
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    loaded = load_eagle3(folder, target.config)
+    assert torch.equal(loaded.d2t, head.d2t)
+    assert torch.equal(loaded.fc.weight, head.fc.weight.to(torch.bfloat16).float())
+
+
+def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
+    folder, _, _ = draft_dir
+    out = tmp_path / "b.json"
+    done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(folder), "--prompts",
+                           str(shared / "data/eval/mt_bench.jsonl"), "--limit", "2", "--max-new-tokens", "6",
+                           "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5", "--baseline",
+                           "--compare-hf", "--sweep", "2,1,3", "--threads", "1", "--out", str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    s = r["speculative"]
+    assert r["prompts"] == 2 and s["requests"] == 4  # two MT-bench questions, two turns each
+    assert s["tau"] >= 1.0 and s["verify_steps"] > 0 and len(s["accepted_length_histogram"]) >= 1
+    assert set(r["per_category"]) == {"writing"}
+    assert r["greedy_identical_to_baseline"] is True and r["greedy_identical_to_hf"] is True
+    assert r["speedup_vs_baseline"] > 0 and r["speedup_vs_hf"] > 0 and len(r["sweep"]) == 1
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert "tau" in done.stdout and "best of sweep" in done.stdout
+
+
+def test_bench_refuses_a_target_the_draft_was_not_trained_for(draft_dir, tmp_path, shared):
+    import transformers
+
+    folder, _, _ = draft_dir
+    cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=64, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3)
+    other = tmp_path / "other"
+    transformers.LlamaConfig.save_pretrained(cfg, other)
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(1)}, str(other / "model.safetensors"))
+    done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(folder), "--model",
+                           str(other), "--prompts", str(shared / "data/eval/mt_bench.jsonl")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "not the target the draft was trained for" in done.stderr

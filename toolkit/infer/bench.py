@@ -1,0 +1,199 @@
+"""`toolkit bench`: acceptance length and speed of a draft on a prompt set, against the same engine without
+speculation and against transformers `generate`, all in one run.
+
+    toolkit bench --draft ./ckpt --prompts mt_bench.jsonl --limit 10 --baseline --compare-hf --out bench.json
+
+Multi-turn prompts (MT-bench `turns`) are answered turn by turn: turn 2 sees the model's own turn-1 answer.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from toolkit.atomic import atomic_path, write_text
+from toolkit.data.schemas import ReadStats, raw_records, to_samples
+from toolkit.embedded import DEFAULT_MODEL
+from toolkit.infer.tree import TreeConfig
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", required=True, help="EAGLE-3 draft folder (docs/formats.md section 7)")
+    p.add_argument("--model", default=None, help="target (default: the one the draft records, else "
+                                                 f"{DEFAULT_MODEL})")
+    p.add_argument("--prompts", required=True, help="JSONL/JSON prompts: MT-bench turns or any corpus schema")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="per turn")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-steps", type=int, default=5, help="draft depth per round")
+    p.add_argument("--topk", type=int, default=1, help="candidates per node (1 = chain)")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="tokens verified per round, root "
+                                                                      "included (default: num_steps + 1)")
+    p.add_argument("--baseline", action="store_true", help="also run the engine without speculation")
+    p.add_argument("--compare-hf", action="store_true", help="also run transformers generate")
+    p.add_argument("--sweep", default=None, metavar="S,K,N;S,K,N", help="grid of num_steps,topk,num_draft_tokens")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--max-len", type=int, default=4096, help="KV cache length per sequence")
+    p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
+
+
+def read_prompts(path: str, limit: int | None) -> list[dict]:
+    """[{id, category, system, turns: [user texts]}] from MT-bench `turns` records or any corpus schema."""
+    out, stats = [], ReadStats(path)
+    for where, rec in raw_records(Path(path), stats):
+        if isinstance(rec, dict) and isinstance(rec.get("turns"), list):
+            item = {"id": rec.get("question_id", len(out)), "category": rec.get("category", "all"),
+                    "system": None, "turns": list(rec["turns"])}
+        else:
+            conv = to_samples(rec)[0]
+            if isinstance(conv, str):
+                raise ValueError(f"{where}: plain text is not a prompt; give chat records")
+            system = next((m["content"] for m in conv if m["role"] == "system"), None)
+            item = {"id": len(out), "category": rec.get("category", "all") if isinstance(rec, dict) else "all",
+                    "system": system, "turns": [m["content"] for m in conv if m["role"] == "user"]}
+        out.append(item)
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise ValueError(f"--prompts {path}: no prompts read")
+    return out
+
+
+def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]], float]:
+    """Answer every prompt turn by turn; returns results, answers per prompt, wall seconds."""
+    results, answers, start = [], [], time.perf_counter()
+    g = torch.Generator().manual_seed(seed)
+    for p in prompts:
+        messages = [{"role": "system", "content": p["system"]}] if p["system"] else []
+        texts = []
+        for turn in p["turns"]:
+            messages.append({"role": "user", "content": turn})
+            ids = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            res = engine.generate(tok(ids, add_special_tokens=False).input_ids, params, {tok.eos_token_id}, g)
+            res.category = str(p["category"])
+            text = tok.decode(res.tokens, skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": text})
+            results.append(res)
+            texts.append(text)
+        answers.append(texts)
+    return results, answers, time.perf_counter() - start
+
+
+def run_hf(folder, tok, prompts, params, seed) -> tuple[list[list[str]], int, float]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    torch.manual_seed(seed)
+    answers, tokens, start = [], 0, time.perf_counter()
+    for p in prompts:
+        messages = [{"role": "system", "content": p["system"]}] if p["system"] else []
+        texts = []
+        for turn in p["turns"]:
+            messages.append({"role": "user", "content": turn})
+            ids = tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                      add_special_tokens=False, return_tensors="pt").input_ids
+            kw = dict(do_sample=False) if params.greedy else dict(do_sample=True, temperature=params.temperature,
+                                                                   top_p=params.top_p, top_k=params.top_k)
+            out = model.generate(ids, max_new_tokens=params.max_new_tokens, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.eos_token_id, **kw)[0, ids.shape[1]:]
+            tokens += len(out)
+            text = tok.decode(out, skip_special_tokens=True)
+            messages.append({"role": "assistant", "content": text})
+            texts.append(text)
+        answers.append(texts)
+    return answers, tokens, time.perf_counter() - start
+
+
+def write_png(path: Path, summary: dict) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 3.6))
+    a, b = fig.subplots(1, 2)
+    rates = summary["accept_rate_by_position"]
+    a.bar(range(1, len(rates) + 1), [r * 100 for r in rates])
+    a.set(xlabel="draft position", ylabel="steps accepting it (%)", title=f"acceptance, tau = {summary['tau']:.2f}")
+    hist = summary["accepted_length_histogram"]
+    b.bar(range(len(hist)), hist)
+    b.set(xlabel="draft tokens accepted per verify step", ylabel="verify steps", title="accepted length")
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.88, wspace=0.3)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+
+
+def parse_sweep(text: str) -> list[TreeConfig]:
+    try:
+        return [TreeConfig(*(int(x) for x in item.split(","))) for item in text.split(";") if item.strip()]
+    except TypeError:
+        raise ValueError(f"--sweep {text!r}: give num_steps,topk,num_draft_tokens triples separated by ';'") \
+            from None
+
+
+def main(args: argparse.Namespace) -> int:
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.drafts import load_eagle3
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.metrics import summarize
+    from toolkit.infer.model import load_target
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.models import fingerprint, resolve_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    draft_cfg = json.loads((Path(args.draft) / "config.json").read_text())
+    recorded = draft_cfg.get("toolkit", {})
+    folder = resolve_target(args.model or recorded.get("target") or DEFAULT_MODEL)
+    if args.model and recorded.get("target_fingerprint") and recorded["target_fingerprint"] != fingerprint(folder):
+        raise ValueError(f"--model {args.model} is not the target the draft was trained for "
+                         f"({recorded.get('target')}, fingerprint {recorded['target_fingerprint']})")
+    tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
+    params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
+    tok, target = load_tokenizer(model=str(folder)), load_target(folder)
+    head = load_eagle3(args.draft, target.config)
+    prompts = read_prompts(args.prompts, args.limit)
+    max_len = min(args.max_len, target.config.max_position_embeddings)
+
+    results, spec_answers, wall = run_engine(Engine(target, head, tree, max_len), tok, prompts, params, args.seed)
+    report = {"draft": args.draft, "target": str(folder), "tree": vars(tree), "sampling": vars(params),
+              "prompts": len(prompts), "speculative": summarize(results, wall), "per_category": {}}
+    for cat in sorted({r.category for r in results}):
+        report["per_category"][cat] = summarize([r for r in results if r.category == cat])["tau"]
+    spec_tps = report["speculative"]["tokens_per_second"]
+    if args.baseline:
+        base, base_answers, base_wall = run_engine(Engine(target, None, None, max_len), tok, prompts, params,
+                                                   args.seed)
+        report["baseline"] = summarize(base, base_wall)
+        report["speedup_vs_baseline"] = spec_tps / report["baseline"]["tokens_per_second"]
+        if params.greedy:
+            report["greedy_identical_to_baseline"] = base_answers == spec_answers
+    if args.compare_hf:
+        hf_answers, hf_tokens, hf_wall = run_hf(folder, tok, prompts, params, args.seed)
+        report["hf_generate"] = {"tokens": hf_tokens, "wall_seconds": hf_wall, "tokens_per_second": hf_tokens / hf_wall}
+        report["speedup_vs_hf"] = spec_tps / report["hf_generate"]["tokens_per_second"]
+        if params.greedy:
+            report["greedy_identical_to_hf"] = hf_answers == spec_answers
+    if args.sweep:
+        report["sweep"] = []
+        for cfg in parse_sweep(args.sweep):
+            res, _, w = run_engine(Engine(target, head, cfg, max_len), tok, prompts, params, args.seed)
+            s = summarize(res, w)
+            report["sweep"].append({**vars(cfg), "tau": s["tau"], "tokens_per_second": s["tokens_per_second"]})
+        best = max(report["sweep"], key=lambda r: r["tokens_per_second"])
+        print(f"best of sweep: num_steps {best['num_steps']} topk {best['topk']} num_draft_tokens "
+              f"{best['num_draft_tokens']}: tau {best['tau']:.2f}, {best['tokens_per_second']:.1f} tok/s")
+    out = Path(args.out)
+    write_text(out, json.dumps(report, indent=2) + "\n")
+    write_png(out.with_suffix(".png"), report["speculative"])
+    s = report["speculative"]
+    print(f"tau {s['tau']:.2f} over {s['verify_steps']} verify steps, {spec_tps:.1f} tok/s; per position "
+          f"{[round(r, 2) for r in s['accept_rate_by_position']]}")
+    for key in ("speedup_vs_baseline", "speedup_vs_hf", "greedy_identical_to_baseline", "greedy_identical_to_hf"):
+        if key in report:
+            print(f"{key}: {report[key]:.2f}" if isinstance(report[key], float) else f"{key}: {report[key]}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
