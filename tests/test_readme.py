@@ -37,9 +37,18 @@ def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.Table.from_pylist([{"text": "plain words"}]), tmp_path / "more.parquet")
-    subst = {"path/to/tokenizer.json": str(shared / "tokenizers/llama3/tokenizer.json")}
+    from toolkit.infer.drafts import random_head, save_eagle3
+    from toolkit.infer.config import ModelConfig
+    from toolkit.models import fingerprint
+
+    save_eagle3(random_head(ModelConfig.from_folder(smollm2_dir), list(range(0, 49152, 7))), tmp_path / "ckpt",
+                json.loads((smollm2_dir / "config.json").read_text()), "smollm2-135m-instruct",
+                fingerprint(smollm2_dir))
+    subst = {"path/to/tokenizer.json": str(shared / "tokenizers/llama3/tokenizer.json"),
+             "prompts.jsonl": str(shared / "data/eval/mt_bench.jsonl"),
+             "--limit 10": "--limit 1 --max-new-tokens 4 --threads 1"}  # the same command, CI-sized
     cmds = readme_commands()
-    assert len(cmds) >= 4
+    assert len(cmds) >= 5
     for cmd in cmds:
         for k, v in subst.items():
             cmd = cmd.replace(k, v)
@@ -48,3 +57,4 @@ def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir):
                               capture_output=True, text=True)
         assert done.returncode == 0, (cmd, done.stderr[-2000:])
     assert (tmp_path / "out/maps/freq_2048.pt").is_file() and (tmp_path / "out/llama3-maps/freq_32768.pt").is_file()
+    assert json.loads((tmp_path / "out/bench.json").read_text())["greedy_identical_to_hf"] is True
