@@ -69,3 +69,40 @@ def test_drafts_that_do_not_fit_the_target_are_refused(tmp_path, override, messa
     write_draft(tmp_path, **override)
     with pytest.raises(ValueError, match=message):
         load_eagle3(tmp_path, TARGET)
+
+
+def test_agreement_probe_lines_up_draft_and_target_positions(tmp_path):
+    """A draft that predicts exactly the target's choice for position t + 2 from the pair at t scores 1.0;
+    the same draft off by one position scores near 0."""
+    import transformers
+    from torch import nn
+
+    from toolkit.infer.drafts import agreement
+    from toolkit.infer.model import load_target
+
+    cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=6,
+                                   num_attention_heads=2, num_key_value_heads=1)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    target = load_target(tmp_path)
+    ids = torch.randint(0, 50, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        choice = target(torch.tensor([ids]))[0][0].argmax(-1).tolist()  # choice[t] = target's token t + 1
+
+    class Oracle(nn.Module):
+        def __init__(self, shift):
+            super().__init__()
+            self.shift, self.aux_layers = shift, [1, 2, 3]
+
+        def new_cache(self, *a):
+            return None
+
+        def to_target(self, ids):
+            return ids
+
+        def forward(self, emb, hidden, positions, cache):
+            picks = [choice[min(int(p) + 1 + self.shift, len(choice) - 1)] for p in positions[0]]
+            return torch.nn.functional.one_hot(torch.tensor([picks]), 50).float().log(), None
+
+    assert agreement(Oracle(0), target, ids) == 1.0
+    assert agreement(Oracle(1), target, ids) < 0.3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def parse_sweep(text: str) -> list[TreeConfig]:
 
 def main(args: argparse.Namespace) -> int:
     from toolkit.data.chat import load_tokenizer
-    from toolkit.infer.drafts import load_eagle3
+    from toolkit.infer.drafts import agreement, load_eagle3
     from toolkit.infer.engine import Engine
     from toolkit.infer.metrics import summarize
     from toolkit.infer.model import load_target
@@ -157,9 +158,17 @@ def main(args: argparse.Namespace) -> int:
     head = load_eagle3(args.draft, target.config)
     prompts = read_prompts(args.prompts, args.limit)
     max_len = min(args.max_len, target.config.max_position_embeddings)
+    probe = tok.apply_chat_template([{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False,
+                                    add_generation_prompt=True)
+    agree = agreement(head, target, tok(probe, add_special_tokens=False).input_ids[:256])
+    print(f"draft/target top-1 agreement on the first prompt: {agree:.1%}")
+    if agree < 0.02:
+        print("WARNING: the draft almost never agrees with the target: check that it was trained for this "
+              "target (aux layers, d2t, lm_head); expect tau close to 1", file=sys.stderr)
 
     results, spec_answers, wall = run_engine(Engine(target, head, tree, max_len), tok, prompts, params, args.seed)
     report = {"draft": args.draft, "target": str(folder), "tree": vars(tree), "sampling": vars(params),
+              "probe_agreement": agree,
               "prompts": len(prompts), "speculative": summarize(results, wall), "per_category": {}}
     for cat in sorted({r.category for r in results}):
         report["per_category"][cat] = summarize([r for r in results if r.category == cat])["tau"]

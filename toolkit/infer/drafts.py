@@ -157,3 +157,17 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, ta
     with atomic_path(folder / "model.safetensors") as tmp:
         save_file(weights, str(tmp), metadata={"format": "pt"})
     write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
+
+
+@torch.no_grad()
+def agreement(head: Eagle3Head, target, ids: list[int]) -> float:
+    """Load-time sanity probe: share of positions where the draft's top-1 (from the target's own hidden
+    states) equals the target's top-1. Near zero means a wrong d2t, wrong aux layers or a missing lm_head."""
+    x = torch.tensor([ids], device=target.embed_tokens.weight.device)
+    logits, aux = target(x, aux_layers=head.aux_layers)
+    want = logits[0].argmax(-1)                            # target's token for position t + 1
+    pairs = target.embed_tokens(x[:, 1:])                  # (token t + 1, hidden t) -> predicts t + 2
+    logp, _ = head(pairs, torch.cat(aux, -1)[:, :-1], torch.arange(len(ids) - 1, device=x.device)[None],
+                   head.new_cache(len(ids), pairs.dtype, x.device))
+    got = head.to_target(logp[0].argmax(-1))
+    return float((got == want[1:]).float().mean())
