@@ -67,7 +67,7 @@ class Eagle3Head(nn.Module):
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos().to(emb.dtype), angles.sin().to(emb.dtype)
         bias = torch.zeros(mask.shape, dtype=emb.dtype, device=emb.device).masked_fill_(~mask, float("-inf"))
-        out = self.midlayer(emb, hidden, cos, sin, bias[:, None], cache, slots, kv_len)
+        out = self.midlayer(emb, hidden, cos, sin, (bias[:, None], mask), cache, slots, kv_len)
         return self.lm_head(self.norm(out)).float().log_softmax(-1), out
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,10 @@ class Attention(nn.Module):
         if c.qk_norm:
             self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps), RMSNorm(c.head_dim, c.rms_norm_eps)
 
+    backend = "torch"  # per instance: Transformer.set_attention_backend
+
     def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots, kv_len: int):
+        """mask: (additive float [B, 1, T, S], bool [B, T, S]) or None for plain causal attention."""
         B, T, _ = x.shape
         c = self.c
         q = self.q_proj(x).view(B, T, c.num_heads, c.head_dim)          # [B, T, Hq, D]
@@ -61,9 +64,13 @@ class Attention(nn.Module):
         if cache is not None:
             cache.write(layer, k, v, slots)
             k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]  # [B, Hkv, S, D]
-        # mask None = plain causal over the T new tokens (no cache): the fused causal kernel
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                             enable_gqa=c.num_heads != c.num_kv_heads)
+        if mask is not None and self.backend == "triton":
+            from toolkit.infer.kernels.tree_attention import tree_attention
+
+            out = tree_attention(q, k, v, mask[1])
+        else:  # mask None = plain causal over the T new tokens (no cache): the fused causal kernel
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[0],
+                                                 is_causal=mask is None, enable_gqa=c.num_heads != c.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
 
@@ -102,6 +109,13 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
 
+    def set_attention_backend(self, backend: str) -> None:
+        """"torch" (SDPA) or "triton" (kernels/tree_attention.py) for masked attention over the cache."""
+        if backend not in ("torch", "triton"):
+            raise ValueError(f"attention backend {backend!r}; accepted: torch, triton")
+        for layer in self.layers:
+            layer.self_attn.backend = backend
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, slots: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, aux_layers: list[int] = ()):
@@ -122,9 +136,9 @@ class Transformer(nn.Module):
         angles = positions[:, None, :, None].float() * self.inv_freq       # [B, 1, T, D/2]
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos().to(h.dtype), angles.sin().to(h.dtype)
-        # additive float mask (a bool mask and an additive one differ across kernels; see docs) [B, 1, T, S]
-        bias = None if causal else torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(
-            ~mask, float("-inf"))[:, None]
+        # additive float mask [B, 1, T, S] for SDPA, and the bool one for the Triton kernel
+        bias = None if causal else (torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(
+            ~mask, float("-inf"))[:, None], mask)
         kept = {}
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, bias, cache, i, slots, kv_len)
