@@ -23,10 +23,11 @@ class OracleHead(nn.Module):
 
     def __init__(self, seq, vocab, hidden, aux_layers):
         super().__init__()
-        self.seq, self.vocab, self.hidden, self.aux_layers = seq, vocab, hidden, aux_layers
+        self.seqs = seq if isinstance(seq[0], list) else [seq]  # one continuation per batch row
+        self.vocab, self.hidden, self.aux_layers = vocab, hidden, aux_layers
         self.d2t = torch.zeros(vocab, dtype=torch.long)
 
-    def new_cache(self, max_len, dtype=torch.float32, device="cpu"):
+    def new_cache(self, max_len, dtype=torch.float32, device="cpu", batch=1):
         return None
 
     def to_target(self, ids):
@@ -37,8 +38,8 @@ class OracleHead(nn.Module):
         scores = torch.zeros(B, T, self.vocab)
         for b in range(B):
             for t in range(T):
-                p = int(positions[b, t]) + 2
-                right = self.seq[p] if p < len(self.seq) else 0
+                p, seq = int(positions[b, t]) + 2, self.seqs[b]
+                right = seq[p] if p < len(seq) else 0
                 wrong = (right + 1) % self.vocab
                 first, second = (wrong, right) if p % 4 == 0 else (right, wrong)
                 scores[b, t, first], scores[b, t, second] = 10.0, 9.0
@@ -80,6 +81,25 @@ def test_speculative_greedy_equals_plain_greedy(smollm2, tree):
         assert res.tau > 1.5 and res.verify_steps < 39  # drafts were accepted, paths compacted
         real = Engine(model, random_head(c, seed=1), tree, max_len=512)
         assert real.generate(ids, SamplingParams(max_new_tokens=12)).tokens == want[:12]
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(5, 1, 6), TreeConfig(3, 2, 6)], ids=["plain", "chain", "tree"])
+def test_batch_of_four_prompts_of_different_lengths_equals_each_alone(smollm2, tree):
+    model, tok = smollm2
+    c = model.config
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS] + [[504, 3575, 282]]
+    want = [plain(model, ids, 20) for ids in prompts]
+    head = None if tree is None else OracleHead([ids + w + [0] * 16 for ids, w in zip(prompts, want)],
+                                                c.vocab_size, c.hidden_size, c.default_aux_layers())
+    eng = Engine(model, head, tree, max_len=256, max_batch=4)
+    stop = want[1][5]  # one sequence stops early; the others go on
+    got = eng.generate_batch(prompts, SamplingParams(max_new_tokens=20), stop_ids={stop})
+    for ids, w, r in zip(prompts, want, got):
+        cut = w.index(stop) + 1 if stop in w else len(w)
+        assert r.tokens == w[:cut]
+    real = Engine(model, None if tree is None else random_head(c, seed=1), tree, max_len=256, max_batch=4)
+    assert [r.tokens for r in real.generate_batch(prompts, SamplingParams(max_new_tokens=8))] == \
+        [w[:8] for w in want]
 
 
 def test_stops_exactly_where_plain_decoding_stops(smollm2):

@@ -48,8 +48,8 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", d2t.long())
         self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
 
-    def new_cache(self, max_len: int, dtype=torch.float32, device="cpu") -> KVCache:
-        return KVCache(replace(self.config, num_layers=1), 1, max_len, dtype, device)
+    def new_cache(self, max_len: int, dtype=torch.float32, device="cpu", batch: int = 1) -> KVCache:
+        return KVCache(replace(self.config, num_layers=1), batch, max_len, dtype, device)
 
     def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None):
         """emb [B, T, H] token embeddings; hidden [B, T, 3Ht] (aux, step 0) or [B, T, H] (own output).

@@ -1,7 +1,10 @@
-"""The speculative step loop (one sequence): prefill, then rounds of draft tree -> one target verify forward
--> accept a path -> compact the target KV cache -> extend the draft over what was accepted.
+"""The speculative step loop over a batch of sequences of different lengths: prefill, then rounds of draft
+trees -> one target verify forward for the whole batch -> accept a path per sequence -> compact each
+sequence's KV cache -> extend the draft over what was accepted.
 
 Without a draft head every round verifies the root alone, which is plain decoding with the same code.
+Sequences are right-padded where lengths differ: a pad writes to cache slots past its sequence's end, which
+no mask lets anyone read and which the next round overwrites.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from toolkit.infer.drafts import Eagle3Head
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.model import Transformer
 from toolkit.infer.sampling import SamplingParams, target_probs
-from toolkit.infer.tree import Tree, TreeConfig, draft_tree
+from toolkit.infer.tree import Tree, TreeConfig, draft_trees
 from toolkit.infer.verify import greedy_verify, sample_verify
 
 
@@ -32,88 +35,128 @@ class Result:
         return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
 
 
+def _pad(rows: list[list], value) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows])
+
+
 class Engine:
     def __init__(self, target: Transformer, head: Eagle3Head | None = None, tree: TreeConfig | None = None,
-                 max_len: int = 2048):
+                 max_len: int = 2048, max_batch: int = 1):
         self.target, self.head = target, head
         self.tree = tree or TreeConfig(num_steps=1, topk=1, num_draft_tokens=2)
         if head is not None and self.tree.topk > len(head.d2t):
             raise ValueError(f"--topk {self.tree.topk} exceeds the draft vocabulary ({len(head.d2t)})")
-        dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
-        self.max_len = max_len
-        self.cache = KVCache(target.config, 1, max_len + self.tree.num_draft_tokens, dtype, device)
+        dtype, self.device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
+        self.max_len, self.max_batch = max_len, max_batch
+        self.cache = KVCache(target.config, max_batch, max_len + self.tree.num_draft_tokens, dtype, self.device)
         if head is not None:
             spare = self.tree.num_steps * self.tree.topk + 1
-            self.draft_cache = head.new_cache(max_len + spare, dtype, device)
+            self.draft_cache = head.new_cache(max_len + spare, dtype, self.device, max_batch)
+
+    def generate(self, prompt: list[int], params: SamplingParams, stop_ids=frozenset(), generator=None) -> Result:
+        return self.generate_batch([prompt], params, stop_ids, generator)[0]
 
     @torch.no_grad()
-    def generate(self, prompt: list[int], params: SamplingParams, stop_ids: set[int] = frozenset(),
-                 generator: torch.Generator | None = None) -> Result:
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if len(prompt) + params.max_new_tokens > self.max_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
-                             f"the engine's max length {self.max_len}")
-        device = self.target.embed_tokens.weight.device
+    def generate_batch(self, prompts: list[list[int]], params: SamplingParams, stop_ids=frozenset(),
+                       generator: torch.Generator | None = None) -> list[Result]:
+        B = len(prompts)
+        if not 1 <= B <= self.max_batch:
+            raise ValueError(f"batch of {B} prompts; this engine takes 1..{self.max_batch}")
+        for p in prompts:
+            if not p:
+                raise ValueError("a prompt is empty")
+            if len(p) + params.max_new_tokens > self.max_len:
+                raise ValueError(f"prompt ({len(p)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                                 f"the engine's max length {self.max_len}")
         aux_layers = self.head.aux_layers if self.head is not None else ()
-        res, t0 = Result([]), time.perf_counter()
-        ids = torch.tensor([prompt], device=device)
-        logits, aux = self.target(ids, cache=self.cache, aux_layers=aux_layers)   # positions 0..P-1
-        root = self._pick(logits[0, -1], params, generator)
-        res.tokens.append(root)
-        prefix = len(prompt)
-        if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..P-1
-            nxt = torch.tensor([prompt[1:] + [root]], device=device)
-            logp, hout = self.head(self.target.embed_tokens(nxt), torch.cat(aux, -1), ids.new_tensor(
-                [list(range(prefix))]), self.draft_cache)
-            root_logp, root_out = logp[0, -1], hout[0, -1]
-        res.seconds["prefill"] = time.perf_counter() - t0
-        while root not in stop_ids and len(res.tokens) < params.max_new_tokens:
+        res, t0 = [Result([]) for _ in prompts], time.perf_counter()
+        prefix = [len(p) for p in prompts]
+        ids = _pad(prompts, 0).to(self.device)
+        logits, aux = self.target(ids, cache=self.cache, aux_layers=aux_layers)   # positions 0..len-1
+        roots = [self._pick(logits[b, prefix[b] - 1], params, generator) for b in range(B)]
+        for r, root in zip(res, roots):
+            r.tokens.append(root)
+        if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
+            nxt = _pad([p[1:] + [root] for p, root in zip(prompts, roots)], 0).to(self.device)
+            self._draft_extend(nxt, torch.cat(aux, -1), [0] * B, prefix)
+        for r in res:
+            r.seconds["prefill"] = (time.perf_counter() - t0) / B
+        done = [root in stop_ids or params.max_new_tokens <= 1 for root in roots]
+        while not all(done):
             t1 = time.perf_counter()
             if self.head is not None:
-                tree = draft_tree(self.head, self.target.embed_tokens, self.draft_cache, prefix, root,
-                                  root_out, root_logp, self.tree)
+                trees = draft_trees(self.head, self.target.embed_tokens, self.draft_cache, prefix, roots,
+                                    self.root_out, self.root_logp, self.tree)
             else:
-                tree = Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0]))
+                trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
             t2 = time.perf_counter()
-            path, emitted, aux = self._verify(tree, prefix, params, generator, aux_layers)
-            res.verify_steps += 1
-            res.accepted.append(len(path) - 1)
+            paths, emitted, aux = self._verify(trees, prefix, params, generator, aux_layers)
             t3 = time.perf_counter()
-            for tok in emitted:  # stop exactly where plain decoding would
-                res.tokens.append(tok)
-                if tok in stop_ids or len(res.tokens) >= params.max_new_tokens:
-                    break
-            root = res.tokens[-1]  # == emitted[-1] unless a stop cut the round short (then the loop ends)
-            if self.head is not None and root not in stop_ids and len(res.tokens) < params.max_new_tokens:
-                pos = torch.arange(prefix, prefix + len(path), device=device)[None]
-                logp, hout = self.head(self.target.embed_tokens(torch.tensor([emitted], device=device)),
-                                       torch.cat(aux, -1)[:, path], pos, self.draft_cache)
-                root_logp, root_out = logp[0, -1], hout[0, -1]
-            prefix += len(path)
-            res.seconds["draft"] += (t2 - t1) + (time.perf_counter() - t3)
-            res.seconds["verify"] += t3 - t2
+            grown = [0 if done[b] else len(paths[b]) for b in range(B)]  # finished sequences stay put
+            for b in range(B):
+                if done[b]:
+                    continue
+                res[b].verify_steps += 1
+                res[b].accepted.append(len(paths[b]) - 1)
+                for tok in emitted[b]:  # stop exactly where plain decoding would
+                    res[b].tokens.append(tok)
+                    if tok in stop_ids or len(res[b].tokens) >= params.max_new_tokens:
+                        done[b] = True
+                        break
+            roots = [r.tokens[-1] for r in res]
+            if self.head is not None and not all(done):
+                fused = torch.cat(aux, -1)
+                hidden = [fused[b, paths[b]] for b in range(B)]
+                width = max(len(h) for h in hidden)
+                hidden = torch.stack([torch.cat([h, h[-1:].expand(width - len(h), -1)]) for h in hidden])
+                self._draft_extend(_pad(emitted, 0).to(self.device), hidden, prefix,
+                                   [p + g for p, g in zip(prefix, grown)])
+            prefix = [p + g for p, g in zip(prefix, grown)]
+            t4 = time.perf_counter()
+            for b in range(B):
+                res[b].seconds["draft"] += ((t2 - t1) + (t4 - t3)) / B
+                res[b].seconds["verify"] += (t3 - t2) / B
         return res
+
+    def _draft_extend(self, tokens: torch.Tensor, hidden: torch.Tensor, start: list[int], end: list[int]):
+        """Write draft pairs for positions start[b]..end[b]-1 (tokens/hidden right-padded) and keep each
+        sequence's output at end[b]-1: the draft's prediction after its root."""
+        width = tokens.shape[1]
+        pos = torch.tensor([[s + j for j in range(width)] for s in start], device=self.device)
+        logp, out = self.head(self.target.embed_tokens(tokens), hidden, pos, self.draft_cache)
+        last = torch.tensor([max(e - s - 1, 0) for s, e in zip(start, end)], device=self.device)
+        rows = torch.arange(len(start), device=self.device)
+        self.root_logp, self.root_out = logp[rows, last], out[rows, last]
 
     def _pick(self, logits, params, generator) -> int:
         if params.greedy:
             return int(logits.argmax())
         return int(torch.multinomial(target_probs(logits, params), 1, generator=generator))
 
-    def _verify(self, tree: Tree, prefix: int, params, generator, aux_layers):
-        """One target forward over the tree; returns the accepted path, the emitted tokens and the aux
-        hidden states of the tree nodes. The accepted nodes' KV is moved to contiguous slots."""
-        n, device = len(tree.tokens), self.cache.k.device
-        slots = torch.arange(prefix, prefix + n, device=device)[None]
-        mask = torch.ones(1, n, prefix + n, dtype=torch.bool, device=device)
-        mask[0, :, prefix:] = tree.ancestor_mask()
-        logits, aux = self.target(tree.tokens[None].to(device), (prefix + tree.depth)[None].to(device),
-                                  cache=self.cache, slots=slots, mask=mask, aux_layers=aux_layers)
-        if params.greedy:
-            path, emitted = greedy_verify(tree.tokens, tree.parents, logits[0])
-        else:
-            path, emitted = sample_verify(tree.tokens, tree.parents, target_probs(logits[0], params), generator)
-        src = torch.tensor(path, device=device) + prefix
-        for kv in (self.cache.k, self.cache.v):  # keep only the accepted path, in order
-            kv[:, 0, :, prefix:prefix + len(path)] = kv[:, 0, :, src]
-        return path, emitted, aux
+    def _verify(self, trees: list[Tree], prefix: list[int], params, generator, aux_layers):
+        """One target forward over every sequence's tree; returns per sequence the accepted path and the
+        emitted tokens, and the aux hidden states of the tree nodes. Accepted nodes' KV moves to contiguous
+        slots right after the sequence's prefix."""
+        n, dev = len(trees[0].tokens), self.device
+        slots = torch.tensor([[p + j for j in range(n)] for p in prefix], device=dev)
+        mask = torch.zeros(len(trees), n, max(prefix) + n, dtype=torch.bool, device=dev)
+        for b, (tree, p) in enumerate(zip(trees, prefix)):
+            mask[b, :, :p] = True
+            mask[b, :, p:p + n] = tree.ancestor_mask()
+        tokens = torch.stack([t.tokens for t in trees]).to(dev)
+        positions = torch.stack([p + t.depth for p, t in zip(prefix, trees)]).to(dev)
+        logits, aux = self.target(tokens, positions, cache=self.cache, slots=slots, mask=mask,
+                                  aux_layers=aux_layers)
+        paths, emitted = [], []
+        for b, (tree, p) in enumerate(zip(trees, prefix)):
+            if params.greedy:
+                path, out = greedy_verify(tree.tokens, tree.parents, logits[b])
+            else:
+                path, out = sample_verify(tree.tokens, tree.parents, target_probs(logits[b], params), generator)
+            src = torch.tensor(path, device=dev) + p
+            for kv in (self.cache.k, self.cache.v):  # keep only the accepted path, in order
+                kv[:, b, :, p:p + len(path)] = kv[:, b, :, src]
+            paths.append(path)
+            emitted.append(out)
+        return paths, emitted, aux

@@ -52,49 +52,66 @@ class Tree:
         return mask
 
 
+class _Growth:
+    """One sequence's candidate nodes while its tree grows; index 0 is the root."""
+
+    def __init__(self, root: int, prefix: int, root_out: torch.Tensor):
+        self.prefix = prefix
+        self.parent, self.token, self.score, self.depth = [-1], [root], [0.0], [0]
+        self.out = {0: root_out}  # expanded node -> draft output hidden (fed to its children)
+        self.slot_of: dict[int, int] = {}  # expanded node -> draft cache slot
+        self.frontier: list[int] = []  # candidates not expanded yet
+
+    def add_children(self, node: int, logp: torch.Tensor, head: Eagle3Head, k: int) -> None:
+        top = logp.topk(k)
+        for lp, t in zip(top.values.tolist(), head.to_target(top.indices).tolist()):
+            self.parent.append(node), self.token.append(t), self.depth.append(self.depth[node] + 1)
+            self.score.append(self.score[node] + lp)
+            self.frontier.append(len(self.token) - 1)
+
+    def tree(self, keep_count: int) -> Tree:
+        keep = sorted(range(1, len(self.token)), key=lambda i: (-self.score[i], self.depth[i]))[:keep_count]
+        order = [0] + sorted(keep)  # creation order: parents before children
+        index = {old: new for new, old in enumerate(order)}
+        return Tree(torch.tensor([self.token[i] for i in order]),
+                    torch.tensor([-1] + [index[self.parent[i]] for i in order[1:]]),
+                    torch.tensor([self.depth[i] for i in order]))
+
+
 @torch.no_grad()
-def draft_tree(head: Eagle3Head, embed: torch.nn.Embedding, cache: KVCache, prefix: int, root: int,
-               root_out: torch.Tensor, root_logp: torch.Tensor, cfg: TreeConfig) -> Tree:
-    """Grow a tree after `root` (the last emitted token). The draft cache holds positions 0..prefix-1 (the
-    root's own pair is the last); expanded nodes are written to slots prefix, prefix + 1, ..."""
+def draft_trees(head: Eagle3Head, embed: torch.nn.Embedding, cache: KVCache, prefixes: list[int],
+                roots: list[int], root_out: torch.Tensor, root_logp: torch.Tensor, cfg: TreeConfig) -> list[Tree]:
+    """Grow one tree per sequence after its root (the last emitted token), all sequences in lockstep.
+    root_out [B, H], root_logp [B, N]. Sequence b's draft cache holds positions 0..prefixes[b]-1 (the
+    root's own pair is the last); its expanded nodes go to slots prefixes[b], prefixes[b] + 1, ..."""
     device = root_logp.device
-    # candidate nodes; index 0 is the root. parent / draft token / cumulative score / depth / output hidden
-    parent, token, score, depth = [-1], [root], [0.0], [0]
-    out = {0: root_out}
-    slot_of = {}  # expanded node -> draft cache slot
-    top = root_logp.topk(cfg.topk)
-    frontier = []
-    for lp, t in zip(top.values.tolist(), head.to_target(top.indices).tolist()):
-        parent.append(0), token.append(t), score.append(lp), depth.append(1)
-        frontier.append(len(token) - 1)
+    grow = [_Growth(r, p, root_out[b]) for b, (r, p) in enumerate(zip(roots, prefixes))]
+    for b, g in enumerate(grow):
+        g.add_children(0, root_logp[b], head, cfg.topk)
     for _ in range(1, cfg.num_steps):
-        nodes = sorted(frontier, key=lambda i: -score[i])[: cfg.topk]
-        k0 = len(slot_of)
-        for k, i in enumerate(nodes):
-            slot_of[i] = prefix + k0 + k
-        slots = torch.tensor([[slot_of[i] for i in nodes]], device=device)
-        positions = torch.tensor([[prefix - 1 + depth[i] for i in nodes]], device=device)
+        nodes = [sorted(g.frontier, key=lambda i, g=g: -g.score[i])[: cfg.topk] for g in grow]  # [B][topk]
+        for g, ns in zip(grow, nodes):
+            k0 = len(g.slot_of)
+            for k, i in enumerate(ns):
+                g.slot_of[i] = g.prefix + k0 + k
+        slots = torch.tensor([[g.slot_of[i] for i in ns] for g, ns in zip(grow, nodes)], device=device)
+        positions = torch.tensor([[g.prefix - 1 + g.depth[i] for i in ns] for g, ns in zip(grow, nodes)],
+                                 device=device)
         kv_len = int(slots.max()) + 1
-        mask = torch.zeros(1, len(nodes), kv_len, dtype=torch.bool, device=device)
-        mask[..., :prefix] = True
-        for r, i in enumerate(nodes):  # the node and its expanded ancestors
-            j = i
-            while j > 0:
-                mask[0, r, slot_of[j]] = True
-                j = parent[j]
-        emb = embed(torch.tensor([[token[i] for i in nodes]], device=device))
-        hid = torch.stack([out[parent[i]] for i in nodes])[None]
+        mask = torch.zeros(len(grow), cfg.topk, kv_len, dtype=torch.bool, device=device)
+        for b, (g, ns) in enumerate(zip(grow, nodes)):
+            mask[b, :, :g.prefix] = True
+            for r, i in enumerate(ns):  # the node and its expanded ancestors
+                j = i
+                while j > 0:
+                    mask[b, r, g.slot_of[j]] = True
+                    j = g.parent[j]
+        emb = embed(torch.tensor([[g.token[i] for i in ns] for g, ns in zip(grow, nodes)], device=device))
+        hid = torch.stack([torch.stack([g.out[g.parent[i]] for i in ns]) for g, ns in zip(grow, nodes)])
         logp, h = head(emb, hid, positions, cache, slots=slots, mask=mask)
-        frontier = []
-        for r, i in enumerate(nodes):
-            out[i] = h[0, r]
-            top = logp[0, r].topk(cfg.topk)
-            for lp, t in zip(top.values.tolist(), head.to_target(top.indices).tolist()):
-                parent.append(i), token.append(t), score.append(score[i] + lp), depth.append(depth[i] + 1)
-                frontier.append(len(token) - 1)
-    keep = sorted(range(1, len(token)), key=lambda i: (-score[i], depth[i]))[: cfg.num_draft_tokens - 1]
-    order = [0] + sorted(keep)  # creation order: parents before children
-    index = {old: new for new, old in enumerate(order)}
-    return Tree(torch.tensor([token[i] for i in order]),
-                torch.tensor([-1] + [index[parent[i]] for i in order[1:]]),
-                torch.tensor([depth[i] for i in order]))
+        for b, (g, ns) in enumerate(zip(grow, nodes)):
+            g.frontier = []
+            for r, i in enumerate(ns):
+                g.out[i] = h[b, r]
+                g.add_children(i, logp[b, r], head, cfg.topk)
+    return [g.tree(cfg.num_draft_tokens - 1) for g in grow]
