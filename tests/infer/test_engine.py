@@ -117,6 +117,26 @@ def test_stops_exactly_where_plain_decoding_stops(smollm2):
             assert eng.generate(ids, SamplingParams(max_new_tokens=n)).tokens == want[:n]
 
 
+def test_stop_strings_stop_where_plain_decoding_stops(smollm2):
+    from toolkit.infer.engine import StopStrings
+
+    model, tok = smollm2
+    ids = tok(PROMPTS[1], add_special_tokens=False).input_ids
+    want = plain(model, ids, 40)
+    text = tok.decode(want)
+    needle = text[len(text) // 2: len(text) // 2 + 3]  # a string that first completes mid-generation
+    stop = StopStrings(tok, [needle, "never appears \u2603"])
+    cut = next(i for i in range(1, len(want) + 1) if needle in tok.decode(want[:i]))
+    c = model.config
+    oracle = OracleHead(ids + want + [0] * 16, c.vocab_size, c.hidden_size, c.default_aux_layers())
+    for head, tree in ((None, None), (oracle, TreeConfig(5, 1, 6)), (oracle, TreeConfig(3, 2, 6))):
+        got = Engine(model, head, tree, max_len=512).generate(ids, SamplingParams(max_new_tokens=40),
+                                                              stop_strings=stop)
+        assert got.tokens == want[:cut]
+    with pytest.raises(ValueError):
+        StopStrings(tok, [""])
+
+
 def test_bad_tree_and_length_are_refused(smollm2):
     model, _ = smollm2
     with pytest.raises(ValueError, match="num_steps \\+ 1"):

@@ -35,6 +35,23 @@ class Result:
         return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
 
 
+class StopStrings:
+    """True once the decoded generation contains one of `strings` (checked on a tail of tokens, so the cost
+    per token stays constant). Generation stops at the token that completes the string, as plain decoding
+    does; callers cut the text at the string."""
+
+    def __init__(self, tokenizer, strings: list[str]):
+        if not strings or any(not s for s in strings):
+            raise ValueError("stop strings must be non-empty")
+        self.tok, self.strings = tokenizer, list(strings)
+        self.tail = max(len(s) for s in strings) + 8  # tokens: each covers at least one character
+
+    def __call__(self, tokens: list[int]) -> bool:
+        # called after every new token, so a string found now was completed by the newest token
+        text = self.tok.decode(tokens[-self.tail:])
+        return any(s in text for s in self.strings)
+
+
 def _pad(rows: list[list], value) -> torch.Tensor:
     width = max(len(r) for r in rows)
     return torch.tensor([r + [value] * (width - len(r)) for r in rows])
@@ -54,12 +71,14 @@ class Engine:
             spare = self.tree.num_steps * self.tree.topk + 1
             self.draft_cache = head.new_cache(max_len + spare, dtype, self.device, max_batch)
 
-    def generate(self, prompt: list[int], params: SamplingParams, stop_ids=frozenset(), generator=None) -> Result:
-        return self.generate_batch([prompt], params, stop_ids, generator)[0]
+    def generate(self, prompt: list[int], params: SamplingParams, stop_ids=frozenset(), generator=None,
+                 stop_strings: "StopStrings | None" = None) -> Result:
+        return self.generate_batch([prompt], params, stop_ids, generator, stop_strings)[0]
 
     @torch.no_grad()
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams, stop_ids=frozenset(),
-                       generator: torch.Generator | None = None) -> list[Result]:
+                       generator: torch.Generator | None = None, stop_strings: "StopStrings | None" = None
+                       ) -> list[Result]:
         B = len(prompts)
         if not 1 <= B <= self.max_batch:
             raise ValueError(f"batch of {B} prompts; this engine takes 1..{self.max_batch}")
@@ -82,7 +101,9 @@ class Engine:
             self._draft_extend(nxt, torch.cat(aux, -1), [0] * B, prefix)
         for r in res:
             r.seconds["prefill"] = (time.perf_counter() - t0) / B
-        done = [root in stop_ids or params.max_new_tokens <= 1 for root in roots]
+        stops = lambda toks: toks[-1] in stop_ids or len(toks) >= params.max_new_tokens or (  # noqa: E731
+            stop_strings is not None and stop_strings(toks))
+        done = [stops(r.tokens) for r in res]
         while not all(done):
             t1 = time.perf_counter()
             if self.head is not None:
@@ -101,7 +122,7 @@ class Engine:
                 res[b].accepted.append(len(paths[b]) - 1)
                 for tok in emitted[b]:  # stop exactly where plain decoding would
                     res[b].tokens.append(tok)
-                    if tok in stop_ids or len(res[b].tokens) >= params.max_new_tokens:
+                    if stops(res[b].tokens):
                         done[b] = True
                         break
             roots = [r.tokens[-1] for r in res]
