@@ -1,0 +1,101 @@
+"""Engine step costs on a GPU with random weights of a real shape (speed does not depend on trained weights).
+
+    python benchmarks/bench_gpu.py                       # Llama-3.1-8B shape, bf16, CUDA, 1k context
+    python benchmarks/bench_gpu.py --config tiny --device cpu --dtype float32 --iters 3   # CPU smoke run
+
+Figures (batch 1, KV cache filled to --context): plain decode step and tok/s against the roofline (weight
+bytes / measured device copy bandwidth; goal >= 90%), target verify step for 2..64 tree tokens against the
+decode step (goal: 8 tokens <= 1.10x), EAGLE-3 draft step against the target step (goal <= 5%), and the
+batch-1 speedup they predict for a chain at tau = 2, 3, 4: tau * t_decode / (t_verify(k+1) + k * t_draft).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.drafts import random_head
+from toolkit.infer.kv_cache import KVCache
+from toolkit.infer.model import Transformer
+
+CONFIGS = {
+    "llama3.1-8b": ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                               num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                               rope_theta=500000.0, max_position_embeddings=131072,
+                               rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "tiny": ModelConfig(model_type="llama", vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=4,
+                        num_heads=4, num_kv_heads=2, head_dim=32, max_position_embeddings=4096),
+}
+
+
+def timed(fn, iters: int, device: str) -> float:
+    fn()  # warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="llama3.1-8b")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--attention", choices=["torch", "triton"], default="torch")
+    args = ap.parse_args()
+    dev, dtype, c = args.device, getattr(torch, args.dtype), CONFIGS[args.config]
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = Transformer(c).to(dtype).eval()
+        head = random_head(c, list(range(min(32000, c.vocab_size)))).to(dtype)  # a 32k draft vocab
+    model.set_attention_backend(args.attention)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    buf = torch.empty(max(weight_bytes // 8, 1 << 20), dtype=torch.uint8, device=dev)
+    copy_s = timed(lambda: buf.clone(), args.iters, dev)
+    bandwidth = 2 * buf.numel() / copy_s  # read + write
+    ctx = args.context
+    cache = KVCache(c, 1, ctx + 80, dtype, dev)
+    cache.k.normal_()
+    cache.v.normal_()
+
+    def step(n: int):
+        tokens = torch.randint(0, c.vocab_size, (1, n), device=dev)
+        positions = torch.arange(ctx, ctx + n, device=dev)[None]
+        mask = torch.ones(1, n, ctx + n, dtype=torch.bool, device=dev).tril(diagonal=ctx)
+        return lambda: model(tokens, positions, cache=cache, mask=mask)
+
+    with torch.no_grad():
+        decode = timed(step(1), args.iters, dev)
+        verify = {n: timed(step(n), args.iters, dev) for n in (2, 4, 8, 16, 32, 64)}
+        dcache = head.new_cache(ctx + 80, dtype, dev)
+        emb = torch.randn(1, 1, c.hidden_size, device=dev, dtype=dtype)
+        hid = torch.randn(1, 1, c.hidden_size, device=dev, dtype=dtype)
+        pos = torch.tensor([[ctx]], device=dev)
+        draft = timed(lambda: head(emb, hid, pos, dcache), args.iters, dev)
+    roofline = weight_bytes / bandwidth
+    predicted = {f"tau={tau}, chain k={k}": round(tau * decode / (verify.get(k + 1, verify[8]) + k * draft), 2)
+                 for tau in (2, 3, 4) for k in (3, 7) if k + 1 in verify}
+    out = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
+           "dtype": args.dtype, "context": ctx, "attention": args.attention, "weight_gb": round(weight_bytes / 1e9, 3),
+           "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "decode_ms": round(decode * 1e3, 3),
+           "decode_tok_s": round(1 / decode, 1), "roofline_ms": round(roofline * 1e3, 3),
+           "decode_vs_roofline": round(roofline / decode, 3),
+           "verify_ms": {n: round(t * 1e3, 3) for n, t in verify.items()},
+           "verify_vs_decode": {n: round(t / decode, 3) for n, t in verify.items()},
+           "draft_step_ms": round(draft * 1e3, 3), "draft_vs_decode": round(draft / decode, 3),
+           "predicted_bs1_speedup": predicted}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
