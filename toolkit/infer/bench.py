@@ -22,7 +22,10 @@ from toolkit.infer.tree import TreeConfig
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", required=True, help="EAGLE-3 draft folder (docs/formats.md section 7)")
+    p.add_argument("--draft", required=True, help="EAGLE-3 folder (docs/formats.md section 7) or an EAGLE-1/2 "
+                                                  "folder (SafeAILab layout)")
+    p.add_argument("--token-map", default=None, help="FR-Spec freq_N.pt for an EAGLE-1/2 head (EAGLE-3 heads "
+                                                     "carry their vocabulary)")
     p.add_argument("--model", default=None, help="target (default: the one the draft records, else "
                                                  f"{DEFAULT_MODEL})")
     p.add_argument("--prompts", required=True, help="JSONL/JSON prompts: MT-bench turns or any corpus schema")
@@ -127,6 +130,19 @@ def write_png(path: Path, summary: dict) -> None:
         fig.savefig(tmp, format="png", dpi=100)
 
 
+def load_draft(folder: str, target, token_map: str | None):
+    """An EAGLE-3 head (architectures LlamaForCausalLMEagle3) or an EAGLE-1/2 head, for `target`."""
+    from toolkit.infer.drafts import load_eagle3
+    from toolkit.infer.eagle2 import load_eagle2
+
+    arch = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or []
+    if "LlamaForCausalLMEagle3" in arch:
+        if token_map is not None:
+            raise ValueError("--token-map applies to EAGLE-1/2 heads; an EAGLE-3 head carries its own d2t")
+        return load_eagle3(folder, target.config)
+    return load_eagle2(folder, target, token_map)
+
+
 def parse_sweep(text: str) -> list[TreeConfig]:
     try:
         return [TreeConfig(*(int(x) for x in item.split(","))) for item in text.split(";") if item.strip()]
@@ -137,7 +153,7 @@ def parse_sweep(text: str) -> list[TreeConfig]:
 
 def main(args: argparse.Namespace) -> int:
     from toolkit.data.chat import load_tokenizer
-    from toolkit.infer.drafts import agreement, load_eagle3
+    from toolkit.infer.drafts import agreement
     from toolkit.infer.engine import Engine
     from toolkit.infer.metrics import summarize
     from toolkit.infer.model import load_target
@@ -155,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     tok, target = load_tokenizer(model=str(folder)), load_target(folder)
-    head = load_eagle3(args.draft, target.config)
+    head = load_draft(args.draft, target, args.token_map)
     prompts = read_prompts(args.prompts, args.limit)
     max_len = min(args.max_len, target.config.max_position_embeddings)
     probe = tok.apply_chat_template([{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False,

@@ -53,10 +53,12 @@ class Eagle3Head(nn.Module):
 
     def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None):
         """emb [B, T, H] token embeddings; hidden [B, T, 3Ht] (aux, step 0) or [B, T, H] (own output).
-        Returns (target-id log-probs over the draft vocab [B, T, N], draft ids -> target ids via .d2t,
-        output hidden [B, T, H])."""
+        Returns (log-probs over the draft vocab [B, T, N] (target ids via to_target), output hidden [B, T, H])."""
         if hidden.shape[-1] != self.config.hidden_size:
             hidden = self.fc(hidden)
+        return self._layer(hidden, emb, positions, cache, slots, mask)
+
+    def _layer(self, hidden, emb, positions, cache, slots, mask, final_norm: bool = True):
         slots = positions if slots is None else slots
         kv_len = int(slots.max()) + 1
         if kv_len > cache.max_len:
@@ -68,7 +70,8 @@ class Eagle3Head(nn.Module):
         cos, sin = angles.cos().to(emb.dtype), angles.sin().to(emb.dtype)
         bias = torch.zeros(mask.shape, dtype=emb.dtype, device=emb.device).masked_fill_(~mask, float("-inf"))
         out = self.midlayer(emb, hidden, cos, sin, (bias[:, None], mask), cache, slots, kv_len)
-        return self.lm_head(self.norm(out)).float().log_softmax(-1), out
+        logits = self.lm_head(self.norm(out) if final_norm else out)
+        return logits.float().log_softmax(-1), out
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

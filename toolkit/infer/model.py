@@ -120,7 +120,8 @@ class Transformer(nn.Module):
                 cache: KVCache | None = None, slots: torch.Tensor | None = None,
                 mask: torch.Tensor | None = None, aux_layers: list[int] = ()):
         """input_ids/positions/slots [B, T]; mask bool [B, T, S] over cache slots (or over the T new tokens
-        without a cache), default causal by position. Returns logits [B, T, V] and [aux hidden [B, T, H]]."""
+        without a cache), default causal by position. Returns logits [B, T, V] and [aux hidden [B, T, H]]
+        for each id in aux_layers (a layer's output; -1 = after the final norm)."""
         B, T = input_ids.shape
         if positions is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
@@ -144,7 +145,8 @@ class Transformer(nn.Module):
             h = layer(h, cos, sin, bias, cache, i, slots, kv_len)
             if i in aux_layers:
                 kept[i] = h
-        return self.lm_head(self.norm(h)), [kept[i] for i in aux_layers]
+        kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
+        return self.lm_head(kept[-1]), [kept[i] for i in aux_layers]
 
 
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:

@@ -1,0 +1,95 @@
+"""EAGLE-1/2 heads (SafeAILab layout), alone and over an FR-Spec vocabulary, in the same engine."""
+import json
+
+import pytest
+import torch
+
+from toolkit.infer.eagle2 import load_eagle2
+from toolkit.infer.engine import Engine
+from toolkit.infer.model import load_target
+from toolkit.infer.sampling import SamplingParams
+from toolkit.infer.tree import TreeConfig
+from toolkit.tokenmap.maps import save_freq
+
+
+def write_eagle1(folder, H=576, I=1536, heads=9, kv=3, bin_file=True, drop=None):
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1, "vocab_size": 49152,
+           "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192, "bias": True}
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.02  # noqa: E731
+    D = H // heads
+    w = {"fc.weight": r(H, 2 * H), "fc.bias": r(H), "embed_tokens.weight": r(10, H),
+         "layers.0.input_layernorm.weight": torch.ones(H), "layers.0.post_attention_layernorm.weight": torch.ones(H),
+         "layers.0.self_attn.q_proj.weight": r(heads * D, H), "layers.0.self_attn.k_proj.weight": r(kv * D, H),
+         "layers.0.self_attn.v_proj.weight": r(kv * D, H), "layers.0.self_attn.o_proj.weight": r(H, heads * D),
+         "layers.0.mlp.gate_proj.weight": r(I, H), "layers.0.mlp.up_proj.weight": r(I, H),
+         "layers.0.mlp.down_proj.weight": r(H, I)}
+    if drop:
+        w.pop(drop)
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    if bin_file:
+        torch.save(w, folder / "pytorch_model.bin")
+    else:
+        from safetensors.torch import save_file
+
+        save_file(w, str(folder / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_dir):
+    return load_target(smollm2_dir)
+
+
+def test_fr_spec_vocab_truncates_the_lm_head_and_maps_ids_back(target, tmp_path):
+    write_eagle1(tmp_path / "d")
+    ids = [9, 2, 1, 40000, 7, 123, 5000]
+    save_freq(tmp_path / "freq_7.pt", ids)
+    full = load_eagle2(tmp_path / "d", target)
+    small = load_eagle2(tmp_path / "d", target, tmp_path / "freq_7.pt")
+    assert small.lm_head.weight.shape == (7, 576) and small.aux_layers == [-1]
+    assert small.to_target(torch.arange(7)).tolist() == sorted(ids)
+    emb, hid = torch.randn(1, 4, 576), torch.randn(1, 4, 576)
+    a, ha = full(emb, hid, torch.arange(4)[None], full.new_cache(8))
+    b, hb = small(emb, hid, torch.arange(4)[None], small.new_cache(8))
+    assert torch.allclose(ha, hb)
+    raw_full, raw_small = full.lm_head(ha), small.lm_head(hb)
+    assert torch.allclose(raw_small, raw_full[..., sorted(ids)])
+
+
+def test_both_file_kinds_load_and_misfits_are_refused(target, tmp_path):
+    write_eagle1(tmp_path / "st", bin_file=False)
+    load_eagle2(tmp_path / "st", target)
+    write_eagle1(tmp_path / "missing", drop="layers.0.mlp.up_proj.weight")
+    with pytest.raises(ValueError, match="up_proj"):
+        load_eagle2(tmp_path / "missing", target)
+    write_eagle1(tmp_path / "wide", H=640, heads=10, kv=5)
+    with pytest.raises(ValueError, match="hidden_size 640"):
+        load_eagle2(tmp_path / "wide", target)
+
+
+@pytest.mark.parametrize("tree", [TreeConfig(4, 1, 5), TreeConfig(3, 3, 8)], ids=["chain", "tree"])
+def test_greedy_with_an_eagle2_head_and_fr_spec_equals_plain(target, smollm2_tokenizer, tmp_path, tree):
+    write_eagle1(tmp_path / "d")
+    save_freq(tmp_path / "freq.pt", list(range(0, 49152, 4)))
+    head = load_eagle2(tmp_path / "d", target, tmp_path / "freq.pt")
+    ids = smollm2_tokenizer("The three primary colors are", add_special_tokens=False).input_ids
+    want = Engine(target, max_len=128).generate(ids, SamplingParams(max_new_tokens=10)).tokens
+    got = Engine(target, head, tree, max_len=128).generate(ids, SamplingParams(max_new_tokens=10)).tokens
+    assert got == want
+
+
+def test_bench_serves_an_eagle2_head_with_a_token_map(smollm2_dir, shared, tmp_path):
+    import subprocess
+    import sys
+
+    write_eagle1(tmp_path / "d")
+    save_freq(tmp_path / "freq.pt", list(range(0, 49152, 2)))
+    out = tmp_path / "b.json"
+    done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(tmp_path / "d"),
+                           "--token-map", str(tmp_path / "freq.pt"), "--prompts",
+                           str(shared / "data/eval/gsm8k.jsonl"), "--limit", "1", "--max-new-tokens", "5",
+                           "--baseline", "--threads", "1", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(out.read_text())["greedy_identical_to_baseline"] is True

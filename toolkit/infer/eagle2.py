@@ -1,0 +1,78 @@
+"""EAGLE-1/2 draft heads (SafeAILab layout) served with the same engine, optionally over an FR-Spec vocab.
+
+The head takes the target's final (normed) hidden state: at position t the pair (embedding of token t+1,
+hidden t) goes through fc (2H -> H, with bias) and one Llama decoder layer whose input_layernorm is skipped
+(EAGLE's layer 0); its output is a predicted hidden state, read out by the target's own lm_head. With an
+FR-Spec `freq_N.pt` the lm_head keeps only those N rows (ids sorted, mapped back through d2t).
+Checkpoint: config.json (LlamaConfig, 1 layer) + model.safetensors or pytorch_model.bin with fc.weight
+[H, 2H], fc.bias, layers.0.{self_attn,mlp,post_attention_layernorm}.* (embed_tokens ignored).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.drafts import Eagle3Head
+from toolkit.infer.model import MLP, Attention, RMSNorm
+
+
+class Eagle2Layer(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.self_attn, self.mlp = Attention(c), MLP(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, emb, h, cos, sin, mask, cache, slots, kv_len):  # emb is already fused into h by fc
+        h = h + self.self_attn(h, cos, sin, mask, cache, 0, slots, kv_len)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle2Head(Eagle3Head):
+    """Same interface as Eagle3Head (the engine and tree builder use either); aux layer -1 = final hidden."""
+
+    def __init__(self, c: ModelConfig, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None = None):
+        ids = torch.arange(lm_head.shape[0]) if vocab_ids is None else vocab_ids.sort().values
+        super().__init__(c, c.hidden_size, ids - torch.arange(len(ids)), [-1])
+        self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
+        self.midlayer = Eagle2Layer(c)
+        del self.norm
+        self.lm_head = nn.Linear(c.hidden_size, len(ids), bias=False)
+        self.lm_head.weight = nn.Parameter(lm_head[ids].clone(), requires_grad=False)
+
+    def forward(self, emb, hidden, positions, cache, slots=None, mask=None):
+        fused = self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))              # [B, T, H]
+        return self._layer(fused, emb, positions, cache, slots, mask, final_norm=False)
+
+
+def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None, dtype=torch.float32) -> Eagle2Head:
+    """Load an EAGLE-1/2 folder for `target` (a Transformer: its lm_head is shared), with an optional FR-Spec
+    freq_N.pt. Misfits are refused with the mismatch named."""
+    from toolkit.tokenmap.maps import load_freq
+
+    folder = Path(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    c = ModelConfig.from_hf({**cfg, "model_type": "llama"})
+    if c.hidden_size != target.config.hidden_size:
+        raise ValueError(f"draft {folder}: hidden_size {c.hidden_size} != target's {target.config.hidden_size}")
+    if (folder / "model.safetensors").exists():
+        w = load_file(str(folder / "model.safetensors"))
+    else:
+        w = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    w = {k.removeprefix("model."): v for k, v in w.items() if not k.endswith(("embed_tokens.weight", "inv_freq"))}
+    w = {k.replace("layers.0.", "midlayer."): v for k, v in w.items() if "input_layernorm" not in k}
+    ids = None
+    if token_map is not None:
+        ids = torch.tensor(load_freq(token_map))
+        if int(ids.max()) >= target.config.vocab_size:
+            raise ValueError(f"token map {token_map} has ids beyond the target vocabulary")
+    head = Eagle2Head(c, target.lm_head.weight.detach().float().cpu(), ids)
+    missing, unexpected = head.load_state_dict(w, strict=False)
+    missing = [k for k in missing if k not in ("d2t", "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"draft {folder}: missing weights {missing[:8]}, unexpected {unexpected[:8]}")
+    return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()
