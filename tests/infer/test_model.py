@@ -91,3 +91,16 @@ def test_bad_configs_and_weights_are_refused(tmp_path):
     save_file(weights, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="layers.3.mlp.up_proj.weight"):
         load_target(tmp_path)
+
+
+def test_cache_sized_from_memory(tmp_path):
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.kv_cache import max_len_for_memory
+
+    tiny_hf("llama", tmp_path)
+    model = load_target(tmp_path)
+    c = model.config  # 6 layers x 2 kv heads x 16 dims x k+v x 4 bytes = 1536 bytes per slot
+    assert max_len_for_memory(c, 1536 * 1000, batch=2) == 500
+    eng = Engine(model, max_len=None, max_batch=2)
+    assert eng.max_len == c.max_position_embeddings  # plenty of RAM: capped by the model
+    assert eng.cache.k.shape[3] >= eng.max_len

@@ -43,6 +43,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-hf", action="store_true", help="also run transformers generate")
     p.add_argument("--sweep", default=None, metavar="S,K,N;S,K,N", help="grid of num_steps,topk,num_draft_tokens")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--max-len", type=int, default=4096, help="KV cache length per sequence")
     p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
 
@@ -89,10 +92,10 @@ def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]
     return results, answers, time.perf_counter() - start
 
 
-def run_hf(folder, tok, prompts, params, seed) -> tuple[list[list[str]], int, float]:
+def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32) -> tuple[list, int, float]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     torch.manual_seed(seed)
     answers, tokens, start = [], 0, time.perf_counter()
     for p in prompts:
@@ -101,7 +104,7 @@ def run_hf(folder, tok, prompts, params, seed) -> tuple[list[list[str]], int, fl
         for turn in p["turns"]:
             messages.append({"role": "user", "content": turn})
             ids = tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
-                      add_special_tokens=False, return_tensors="pt").input_ids
+                      add_special_tokens=False, return_tensors="pt").input_ids.to(device)
             kw = dict(do_sample=False) if params.greedy else dict(do_sample=True, temperature=params.temperature,
                                                                    top_p=params.top_p, top_k=params.top_k)
             out = model.generate(ids, max_new_tokens=params.max_new_tokens, eos_token_id=tok.eos_token_id,
@@ -136,11 +139,12 @@ def load_draft(folder: str, target, token_map: str | None):
     from toolkit.infer.eagle2 import load_eagle2
 
     arch = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or []
+    if "LlamaForCausalLMEagle3" in arch and token_map is not None:
+        raise ValueError("--token-map applies to EAGLE-1/2 heads; an EAGLE-3 head carries its own d2t")
+    dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
     if "LlamaForCausalLMEagle3" in arch:
-        if token_map is not None:
-            raise ValueError("--token-map applies to EAGLE-1/2 heads; an EAGLE-3 head carries its own d2t")
-        return load_eagle3(folder, target.config)
-    return load_eagle2(folder, target, token_map)
+        return load_eagle3(folder, target.config, dtype, device)
+    return load_eagle2(folder, target, token_map, dtype)
 
 
 def parse_sweep(text: str) -> list[TreeConfig]:
@@ -170,7 +174,12 @@ def main(args: argparse.Namespace) -> int:
                          f"({recorded.get('target')}, fingerprint {recorded['target_fingerprint']})")
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
-    tok, target = load_tokenizer(model=str(folder)), load_target(folder)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible")
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
+        torch.bfloat16 if device == "cuda" else torch.float32)
+    tok, target = load_tokenizer(model=str(folder)), load_target(folder, dtype, device)
     head = load_draft(args.draft, target, args.token_map)
     prompts = read_prompts(args.prompts, args.limit)
     max_len = min(args.max_len, target.config.max_position_embeddings)
@@ -197,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
         if params.greedy:
             report["greedy_identical_to_baseline"] = base_answers == spec_answers
     if args.compare_hf:
-        hf_answers, hf_tokens, hf_wall = run_hf(folder, tok, prompts, params, args.seed)
+        hf_answers, hf_tokens, hf_wall = run_hf(folder, tok, prompts, params, args.seed, device, dtype)
         report["hf_generate"] = {"tokens": hf_tokens, "wall_seconds": hf_wall, "tokens_per_second": hf_tokens / hf_wall}
         report["speedup_vs_hf"] = spec_tps / report["hf_generate"]["tokens_per_second"]
         if params.greedy:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from toolkit.infer.drafts import Eagle3Head
-from toolkit.infer.kv_cache import KVCache
+from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memory
 from toolkit.infer.model import Transformer
 from toolkit.infer.sampling import SamplingParams, target_probs
 from toolkit.infer.tree import Tree, TreeConfig, draft_trees
@@ -59,12 +59,20 @@ def _pad(rows: list[list], value) -> torch.Tensor:
 
 class Engine:
     def __init__(self, target: Transformer, head: Eagle3Head | None = None, tree: TreeConfig | None = None,
-                 max_len: int = 2048, max_batch: int = 1):
+                 max_len: int | None = 2048, max_batch: int = 1, memory_fraction: float = 0.3):
+        """max_len None: size the KV cache from free memory (memory_fraction of it), capped by the
+        target's max_position_embeddings."""
         self.target, self.head = target, head
         self.tree = tree or TreeConfig(num_steps=1, topk=1, num_draft_tokens=2)
         if head is not None and self.tree.topk > len(head.d2t):
             raise ValueError(f"--topk {self.tree.topk} exceeds the draft vocabulary ({len(head.d2t)})")
         dtype, self.device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
+        if max_len is None:
+            budget = int(free_memory_bytes(self.device) * memory_fraction)
+            max_len = min(max_len_for_memory(target.config, budget, max_batch, dtype),
+                          target.config.max_position_embeddings)
+        if max_len < 2:
+            raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
         self.max_len, self.max_batch = max_len, max_batch
         self.cache = KVCache(target.config, max_batch, max_len + self.tree.num_draft_tokens, dtype, self.device)
         if head is not None:

@@ -7,6 +7,22 @@ import torch
 from toolkit.infer.config import ModelConfig
 
 
+def max_len_for_memory(config: ModelConfig, budget_bytes: int, batch: int = 1, dtype=torch.float32) -> int:
+    """The longest per-sequence cache (k and v, all layers) that fits `budget_bytes` for `batch` sequences."""
+    per_slot = 2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.finfo(dtype).bits // 8
+    return int(budget_bytes // (per_slot * batch))
+
+
+def free_memory_bytes(device: torch.device | str) -> int:
+    """Free accelerator memory, or available RAM on CPU (Linux /proc/meminfo)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        info = dict(line.split(":", 1) for line in f)
+    return int(info["MemAvailable"].split()[0]) * 1024
+
+
 class KVCache:
     def __init__(self, config: ModelConfig, batch: int, max_len: int, dtype=torch.float32, device="cpu"):
         if batch <= 0 or max_len <= 0:
