@@ -166,6 +166,10 @@ def main(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit {args.limit}: give at least 1 prompt")
+    if not (Path(args.draft) / "config.json").is_file():
+        raise ValueError(f"--draft {args.draft}: no config.json there (expected a draft checkpoint folder)")
     draft_cfg = json.loads((Path(args.draft) / "config.json").read_text())
     recorded = draft_cfg.get("toolkit", {})
     folder = resolve_target(args.model or recorded.get("target") or DEFAULT_MODEL)
