@@ -53,9 +53,9 @@ def test_fr_spec_vocab_truncates_the_lm_head_and_maps_ids_back(target, tmp_path)
     emb, hid = torch.randn(1, 4, 576), torch.randn(1, 4, 576)
     a, ha = full(emb, hid, torch.arange(4)[None], full.new_cache(8))
     b, hb = small(emb, hid, torch.arange(4)[None], small.new_cache(8))
-    assert torch.allclose(ha, hb)
+    assert torch.allclose(ha, hb, atol=1e-6)
     raw_full, raw_small = full.lm_head(ha), small.lm_head(hb)
-    assert torch.allclose(raw_small, raw_full[..., sorted(ids)])
+    assert torch.allclose(raw_small, raw_full[..., sorted(ids)], atol=1e-5)  # same rows, other GEMM blocking
 
 
 def test_both_file_kinds_load_and_misfits_are_refused(target, tmp_path):
