@@ -46,3 +46,32 @@ def test_step_zero_is_plain_causal_attention():
     q, k, v = (torch.randn(1, 2, 9, 8, generator=g) for _ in range(3))
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert (ttt_attention(q, [k], [v], block=4) - want).abs().max() < 1e-5
+
+
+def test_unrolled_steps_equal_what_the_engine_drafts():
+    """Train == serve: TTT step i at row t gives the logits the engine's draft produces for the depth-i
+    node after prefix t, with the same (teacher-forced) tokens."""
+    from toolkit.infer.config import ModelConfig
+    from toolkit.infer.drafts import random_head
+    from toolkit.train.ttt import unroll
+
+    c = ModelConfig(model_type="llama", vocab_size=80, hidden_size=32, intermediate_size=48, num_layers=6,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+    head = random_head(c, list(range(0, 80, 2)), seed=3)
+    embed = torch.nn.Embedding(80, 32)
+    g = torch.Generator().manual_seed(0)
+    L, steps = 12, 3
+    ids = torch.randint(0, 80, (1, L), generator=g)
+    aux = torch.randn(1, L, 96, generator=g)
+    with torch.no_grad():
+        ttt = unroll(head, embed, aux, ids, steps, block=5)
+        for t in (0, 4, 8):  # the engine: prefill pairs 0..t, then a chain of draft nodes at t+1, t+2, ...
+            cache = head.new_cache(32)
+            pairs = torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], 1)[:, :t + 1]
+            logp, out = head(embed(pairs), aux[:, :t + 1], torch.arange(t + 1)[None], cache)
+            assert torch.allclose(logp[0, t], ttt[0][0, t].log_softmax(-1), atol=1e-5)
+            h = out[:, t:t + 1]
+            for i in range(1, steps):
+                tok = ids[:, t + i + 1:t + i + 2] if t + i + 1 < L else ids.new_zeros(1, 1)
+                logp, h = head(embed(tok), h, torch.tensor([[t + i]]), cache)
+                assert torch.allclose(logp[0, 0], ttt[i][0, t].log_softmax(-1), atol=1e-5), (t, i)

@@ -44,3 +44,41 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
                 acc = acc + pd[..., j:j + 1].to(v.dtype) * v[:, :, r0:r1]
         chunks.append((acc / total.clamp_min(1e-30).to(acc.dtype)).to(q.dtype))
     return torch.cat(chunks, 2)
+
+
+def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """x [B, h, L, D] rotated at positions [L] (HF half-split layout, as the engine does)."""
+    from toolkit.infer.model import rotate
+
+    angles = positions[None, None, :, None].float() * inv_freq
+    angles = torch.cat([angles, angles], -1)
+    return rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+
+
+def unroll(head, embed: torch.nn.Embedding, aux: torch.Tensor, input_ids: torch.Tensor, steps: int,
+           valid: torch.Tensor | None = None, block: int = 128) -> list[torch.Tensor]:
+    """Run an Eagle3Head for `steps` TTT steps over whole sequences; returns each step's draft logits
+    [B, L, N]. Step i at row t predicts token t + i + 2 from (token t + i + 1, hidden): step 0's hidden is
+    fc(aux[t]), step i's is the head's own step i-1 output at row t. The query and key of step i at row t
+    sit at position t + i, where the engine puts a draft node of depth i after prefix t (train == serve).
+    aux [B, L, 3Ht], input_ids [B, L] (positions beyond L read token 0 and are masked by the loss)."""
+    B, L = input_ids.shape
+    c, attn, layer = head.config, head.midlayer.self_attn, head.midlayer
+    h = head.fc(aux)                                                              # [B, L, H]
+    rows = torch.arange(L, device=input_ids.device)
+    padded = torch.cat([input_ids, input_ids.new_zeros(B, steps + 1)], 1)
+    ks, vs, logits = [], [], []
+    for i in range(steps):
+        emb = embed(padded[:, i + 1:i + 1 + L])                                   # token t + i + 1
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], -1)     # [B, L, 2H]
+        q = attn.q_proj(x).view(B, L, c.num_heads, c.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q, k = _rope(q, rows + i, head.inv_freq), _rope(k, rows + i, head.inv_freq)
+        ks.append(k)
+        vs.append(v)
+        a = ttt_attention(q, ks, vs, block=block, valid=valid)                    # [B, Hq, L, D]
+        h = h + attn.o_proj(a.transpose(1, 2).reshape(B, L, c.num_heads * c.head_dim))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits.append(head.lm_head(head.norm(h)))
+    return logits
