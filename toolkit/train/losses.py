@@ -1,0 +1,42 @@
+"""EAGLE-3 training-time-test loss, accuracy and simulated acceptance length.
+
+Step i at row t predicts token t + i + 2. Its target is the target model's distribution at position
+t + i + 1, restricted to the draft vocabulary and renormalized (soft cross-entropy). A row counts when that
+token is an assistant token (loss_mask) and the target's argmax is in the draft vocabulary; step i weighs
+decay ** i. Simulated tau = 1 + sum_k prod_{i <= k} acc_i (the bonus token counts, unlike SpecForge's).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def ttt_loss(step_logits: list[torch.Tensor], target_logits: torch.Tensor, loss_mask: torch.Tensor,
+             t2d: torch.Tensor, decay: float = 0.8):
+    """step_logits: K x [B, L, N]; target_logits [B, L, V]; loss_mask [B, L]; t2d bool [V].
+    Returns (weighted loss, per-step losses [K], per-step accuracies [K], per-step counted rows [K])."""
+    B, L, _ = target_logits.shape
+    draft_ids = torch.nonzero(t2d).flatten()                                   # target id of each draft id
+    restricted = target_logits[..., draft_ids].float()                        # [B, L, N]
+    target_top = target_logits.argmax(-1)                                      # [B, L]
+    total, losses, accs, counts = 0.0, [], [], []
+    for i, logits in enumerate(step_logits):
+        n = L - (i + 2)  # rows t with a token t + i + 2 to predict
+        if n <= 0:
+            break
+        p = restricted[:, i + 1:i + 1 + n].softmax(-1)                        # [B, n, N]
+        logq = logits[:, :n].float().log_softmax(-1)
+        rows = loss_mask[:, i + 2:i + 2 + n].bool() & t2d[target_top[:, i + 1:i + 1 + n]]
+        ce = -(p * logq).sum(-1)                                               # [B, n]
+        count = rows.sum()
+        loss = (ce * rows).sum() / count.clamp_min(1)
+        hit = draft_ids[logits[:, :n].argmax(-1)] == target_top[:, i + 1:i + 1 + n]
+        accs.append(((hit & rows).sum() / count.clamp_min(1)).detach())
+        losses.append(loss)
+        counts.append(count)
+        total = total + decay ** i * loss
+    return total, torch.stack(losses), torch.stack(accs), torch.stack(counts)
+
+
+def simulated_tau(accs: torch.Tensor) -> float:
+    """1 + sum_k prod_{i <= k} acc_i."""
+    return float(1 + torch.cumprod(accs.double(), 0).sum())
