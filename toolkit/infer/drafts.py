@@ -19,7 +19,7 @@ from torch import nn
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import MLP, Attention, RMSNorm
+from toolkit.infer.model import MLP, Attention, RMSNorm, attention_masks, rope_cos_sin
 
 
 class Eagle3Layer(nn.Module):
@@ -65,11 +65,8 @@ class Eagle3Head(nn.Module):
             raise ValueError(f"draft needs {kv_len} cache slots but its KV cache holds {cache.max_len}")
         if mask is None:
             mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
-        angles = positions[:, None, :, None].float() * self.inv_freq
-        angles = torch.cat([angles, angles], dim=-1)
-        cos, sin = angles.cos().to(emb.dtype), angles.sin().to(emb.dtype)
-        bias = torch.zeros(mask.shape, dtype=emb.dtype, device=emb.device).masked_fill_(~mask, float("-inf"))
-        out = self.midlayer(emb, hidden, cos, sin, (bias[:, None], mask), cache, slots, kv_len)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype)
+        out = self.midlayer(emb, hidden, cos, sin, attention_masks(mask, emb.dtype), cache, slots, kv_len)
         logits = self.lm_head(self.norm(out) if final_norm else out)
         return logits.float().log_softmax(-1), out
 

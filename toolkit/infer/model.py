@@ -31,6 +31,19 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, T] -> cos, sin [B, 1, T, D] (angles in float32, as transformers computes them)."""
+    angles = positions[:, None, :, None].float() * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def attention_masks(mask: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """bool [B, T, S] -> (additive float [B, 1, T, S] for SDPA, the bool mask for the Triton kernel)."""
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+    return bias[:, None], mask
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE in the HF (half-split, not interleaved) layout. x [B, h, T, D], cos/sin [B, 1, T, D]."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -134,12 +147,8 @@ class Transformer(nn.Module):
         if mask is None:  # causal by position over the slots that hold them (slot == position here)
             mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
-        angles = positions[:, None, :, None].float() * self.inv_freq       # [B, 1, T, D/2]
-        angles = torch.cat([angles, angles], dim=-1)
-        cos, sin = angles.cos().to(h.dtype), angles.sin().to(h.dtype)
-        # additive float mask [B, 1, T, S] for SDPA, and the bool one for the Triton kernel
-        bias = None if causal else (torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(
-            ~mask, float("-inf"))[:, None], mask)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype)        # [B, 1, T, D]
+        bias = None if causal else attention_masks(mask, h.dtype)
         kept = {}
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, bias, cache, i, slots, kv_len)

@@ -48,11 +48,9 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """x [B, h, L, D] rotated at positions [L] (HF half-split layout, as the engine does)."""
-    from toolkit.infer.model import rotate
+    from toolkit.infer.model import rope_cos_sin, rotate
 
-    angles = positions[None, None, :, None].float() * inv_freq
-    angles = torch.cat([angles, angles], -1)
-    return rotate(x, angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+    return rotate(x, *rope_cos_sin(positions[None], inv_freq, x.dtype))
 
 
 def unroll(head, embed: torch.nn.Embedding, aux: torch.Tensor, input_ids: torch.Tensor, steps: int,
