@@ -72,49 +72,57 @@ def read_prompts(path: str, limit: int | None) -> list[dict]:
     return out
 
 
-def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]], float]:
-    """Answer every prompt turn by turn; returns results, answers per prompt, wall seconds."""
-    results, answers, start = [], [], time.perf_counter()
-    g = torch.Generator().manual_seed(seed)
+def answer_turns(tok, prompts, generate) -> list[list[str]]:
+    """Answer every prompt turn by turn (turn 2 sees the model's own turn-1 answer); `generate(prompt ids,
+    prompt) -> generated ids` is the engine under test."""
+    answers = []
     for p in prompts:
         messages = [{"role": "system", "content": p["system"]}] if p["system"] else []
         texts = []
         for turn in p["turns"]:
             messages.append({"role": "user", "content": turn})
-            ids = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            res = engine.generate(tok(ids, add_special_tokens=False).input_ids, params, {tok.eos_token_id}, g)
-            res.category = str(p["category"])
-            text = tok.decode(res.tokens, skip_special_tokens=True)
-            messages.append({"role": "assistant", "content": text})
-            results.append(res)
-            texts.append(text)
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            out = generate(tok(text, add_special_tokens=False).input_ids, p)
+            texts.append(tok.decode(out, skip_special_tokens=True))
+            messages.append({"role": "assistant", "content": texts[-1]})
         answers.append(texts)
+    return answers
+
+
+def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]], float]:
+    """Our engine on every prompt; returns results, answers per prompt, wall seconds."""
+    results, start = [], time.perf_counter()
+    g = torch.Generator().manual_seed(seed)
+
+    def generate(ids, p):
+        res = engine.generate(ids, params, {tok.eos_token_id}, g)
+        res.category = str(p["category"])
+        results.append(res)
+        return res.tokens
+
+    answers = answer_turns(tok, prompts, generate)
     return results, answers, time.perf_counter() - start
 
 
 def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32) -> tuple[list, int, float]:
+    """transformers `generate` on every prompt; returns answers, generated tokens, wall seconds."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     torch.manual_seed(seed)
-    answers, tokens, start = [], 0, time.perf_counter()
-    for p in prompts:
-        messages = [{"role": "system", "content": p["system"]}] if p["system"] else []
-        texts = []
-        for turn in p["turns"]:
-            messages.append({"role": "user", "content": turn})
-            ids = tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
-                      add_special_tokens=False, return_tensors="pt").input_ids.to(device)
-            kw = dict(do_sample=False) if params.greedy else dict(do_sample=True, temperature=params.temperature,
-                                                                   top_p=params.top_p, top_k=params.top_k)
-            out = model.generate(ids, max_new_tokens=params.max_new_tokens, eos_token_id=tok.eos_token_id,
-                                 pad_token_id=tok.eos_token_id, **kw)[0, ids.shape[1]:]
-            tokens += len(out)
-            text = tok.decode(out, skip_special_tokens=True)
-            messages.append({"role": "assistant", "content": text})
-            texts.append(text)
-        answers.append(texts)
-    return answers, tokens, time.perf_counter() - start
+    kw = dict(do_sample=False) if params.greedy else dict(do_sample=True, temperature=params.temperature,
+                                                           top_p=params.top_p, top_k=params.top_k)
+    counted = []
+
+    def generate(ids, p):
+        out = model.generate(torch.tensor([ids], device=device), max_new_tokens=params.max_new_tokens,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, **kw)[0, len(ids):]
+        counted.append(len(out))
+        return out
+
+    start = time.perf_counter()
+    answers = answer_turns(tok, prompts, generate)
+    return answers, sum(counted), time.perf_counter() - start
 
 
 def write_png(path: Path, summary: dict) -> None:
