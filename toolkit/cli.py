@@ -37,6 +37,30 @@ def build_parser() -> argparse.ArgumentParser:
                        description=bench.__doc__.split("\n\n")[0])
     bench.add_args(p)
     p.set_defaults(func=bench.main)
+
+    from toolkit.data import prepare, regenerate
+
+    p = sub.add_parser("prepare-data", formatter_class=fmt, help="conversations -> input_ids + assistant "
+                       "loss_mask, a datasets folder for training", description=prepare.__doc__.split("\n\n")[0])
+    prepare.add_args(p)
+    p.set_defaults(func=prepare.main)
+
+    p = sub.add_parser("regenerate", formatter_class=fmt, help="replace assistant turns with the target's own "
+                       "answers (on-policy data)", description=regenerate.__doc__.split("\n\n")[0])
+    regenerate.add_args(p)
+    p.set_defaults(func=regenerate.main)
+
+    from toolkit.train import eagle3, hidden_states
+
+    p = sub.add_parser("train", formatter_class=fmt, help="train an EAGLE-3 head (same as toolkit/train/eagle3.py)",
+                       description=eagle3.__doc__.split("\n\n")[0])
+    eagle3.add_args(p)
+    p.set_defaults(func=eagle3.main)
+
+    p = sub.add_parser("dump-hidden-states", formatter_class=fmt, help="write the target's hidden states for "
+                       "offline training", description=hidden_states.__doc__.split("\n\n")[0])
+    hidden_states.add_args(p)
+    p.set_defaults(func=hidden_states.main)
     return parser
 
 

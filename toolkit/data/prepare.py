@@ -1,0 +1,130 @@
+"""`toolkit prepare-data`: conversations -> the target's chat template -> input_ids + loss_mask, saved as a
+`datasets` folder (docs/formats.md section 9) that training reads.
+
+    toolkit prepare-data --data regen.jsonl --out data/prepared --max-len 2048
+
+loss_mask is 1 exactly on assistant tokens and the end-of-turn token that closes each assistant turn, found
+from the rendered template through character offsets (no per-model regex). Multi-turn conversations stay
+whole; longer ones are truncated to --max-len (counted). Samples left with no assistant token are dropped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from toolkit.data.schemas import BadRecord, ReadStats, read_samples
+from toolkit.embedded import DEFAULT_MODEL
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help=f"target whose tokenizer and template are used (default "
+                                                 f"{DEFAULT_MODEL})")
+    p.add_argument("--tokenizer", default=None, help="a tokenizer.json or folder instead of the model's")
+    p.add_argument("--chat-template", default=None, help="built-in name (llama3|qwen2|chatml) or a .jinja file")
+    p.add_argument("--data", nargs="+", required=True, help="conversation files (any corpus schema)")
+    p.add_argument("--out", required=True, help="output datasets folder")
+    p.add_argument("--max-len", type=int, default=2048, help="tokens per sample; longer ones are truncated")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+
+
+def tokenize(renderer, convs: list[list[dict]], max_len: int) -> tuple[list[dict], dict]:
+    """Rendered, tokenized and masked samples (`index` = position in convs) plus counts (truncated,
+    no_assistant, bad)."""
+    counts = {"truncated": 0, "no_assistant": 0, "bad": 0}
+    texts, all_spans, index = [], [], []
+    for i, conv in enumerate(convs):
+        try:
+            text, spans = renderer.render_with_spans(conv)
+        except BadRecord:
+            counts["bad"] += 1
+            continue
+        texts.append(text)
+        all_spans.append(spans)
+        index.append(i)
+    rows = []
+    if not texts:
+        return rows, counts
+    enc = renderer.tok(texts, add_special_tokens=False, return_offsets_mapping=True)
+    for i, ids, offsets, spans in zip(index, enc["input_ids"], enc["offset_mapping"], all_spans):
+        mask = renderer.assistant_mask(ids, offsets, spans)
+        if len(ids) > max_len:
+            counts["truncated"] += 1
+            ids, mask = ids[:max_len], mask[:max_len]
+        if not any(mask):
+            counts["no_assistant"] += 1
+            continue
+        rows.append({"input_ids": ids, "loss_mask": mask, "num_tokens": len(ids), "index": i})
+    return rows, counts
+
+
+def main(args: argparse.Namespace) -> int:
+    import datasets
+
+    from toolkit.atomic import write_text
+    from toolkit.data.chat import ChatRenderer, load_tokenizer
+    from toolkit.models import fingerprint, resolve_target
+
+    if args.max_len < 2:
+        raise ValueError(f"--max-len {args.max_len}: give at least 2 tokens")
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise ValueError(f"--out {out} exists; pass --overwrite to replace it")
+    folder = None if args.tokenizer else resolve_target(args.model or DEFAULT_MODEL)
+    tok = load_tokenizer(model=str(folder) if folder else None, tokenizer=args.tokenizer,
+                         chat_template=args.chat_template)
+    renderer = ChatRenderer(tok)
+    totals = {"samples": 0, "kept": 0, "tokens": 0, "assistant_tokens": 0, "truncated": 0, "no_assistant": 0,
+              "bad": 0, "plain_text": 0}
+
+    def rows():
+        for f in args.data:
+            stats, batch, sources = ReadStats(f), [], []
+            for i, sample in enumerate(read_samples(f, stats)):
+                totals["samples"] += 1
+                if isinstance(sample, str):
+                    totals["plain_text"] += 1
+                    continue
+                batch.append(sample)
+                sources.append(f"{f}:{i}")
+                if len(batch) == 1000:
+                    yield from flush(batch, sources)
+                    batch, sources = [], []
+            yield from flush(batch, sources)
+            totals["bad"] += stats.bad
+
+    def flush(batch, sources):
+        kept, counts = tokenize(renderer, batch, args.max_len)
+        for k, v in counts.items():
+            totals[k] += v
+        for r in kept:
+            totals["kept"] += 1
+            totals["tokens"] += r["num_tokens"]
+            totals["assistant_tokens"] += sum(r["loss_mask"])
+            yield {**r, "source": sources[r.pop("index")]}
+
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
+                                  "loss_mask": datasets.Sequence(datasets.Value("int8")),
+                                  "num_tokens": datasets.Value("int32"), "source": datasets.Value("string")})
+    with tempfile.TemporaryDirectory(prefix="prepare-") as cache:
+        ds = datasets.Dataset.from_generator(rows, features=features, cache_dir=cache)
+        if len(ds) == 0:
+            raise ValueError(f"--data {' '.join(args.data)}: no sample with assistant tokens ({totals}); "
+                             "give conversations with assistant turns")
+        tmp = out.with_name(f".{out.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        ds.save_to_disk(str(tmp))
+    meta = {"format_version": 1, "target": None if args.tokenizer else args.model or DEFAULT_MODEL,
+            "tokenizer": args.tokenizer, "target_fingerprint": fingerprint(folder) if folder else None,
+            "chat_template": tok.chat_template, "max_len": args.max_len, "data": args.data, **totals}
+    write_text(tmp / "toolkit_prepare.json", json.dumps(meta, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    print(f"prepare-data: {totals['kept']} samples, {totals['tokens']} tokens ({totals['assistant_tokens']} "
+          f"assistant) -> {out}; truncated {totals['truncated']}, without assistant tokens "
+          f"{totals['no_assistant'] + totals['plain_text']}, broken {totals['bad']}", file=sys.stderr)
+    return 0

@@ -1,0 +1,192 @@
+"""`toolkit regenerate`: replace every assistant turn of a corpus with the target's own answer, turn by turn
+(on-policy data, as the EAGLE-3 paper trains on). Turn k+1 sees the target's answer to turn k.
+
+    toolkit regenerate --data train.jsonl --out regen.jsonl --max-new-tokens 256
+    toolkit regenerate --data train.jsonl --out regen.jsonl --endpoint http://127.0.0.1:8000/v1 --model NAME
+
+Answers come from our engine (batched, in-process) or from any OpenAI-compatible endpoint (vLLM, SGLang,
+`toolkit serve`). The output is JSONL in the OpenAI chat schema, one line per finished conversation:
+{"id", "source", "messages"}. A line is written only when its conversation is complete, so a killed run
+resumes from the file (a torn last line is cut off) with no duplicate and no gap.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterator
+
+from toolkit.data.schemas import ReadStats, read_samples
+from toolkit.embedded import DEFAULT_MODEL
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help=f"target folder/alias/hub id (default {DEFAULT_MODEL}); with "
+                                                 "--endpoint, the served model name (default: the first listed)")
+    p.add_argument("--data", nargs="+", required=True, help="conversation files (any corpus schema)")
+    p.add_argument("--out", required=True, help="output JSONL; an existing file is resumed")
+    p.add_argument("--endpoint", default=None, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+                                                    "(API key from $OPENAI_API_KEY)")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="per assistant turn")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--num-samples", type=int, default=1, help="answers per conversation (needs temperature > 0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="first N conversations only")
+    p.add_argument("--batch-size", type=int, default=16, help="conversations decoded together (engine)")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight (endpoint)")
+    p.add_argument("--max-len", type=int, default=2048, help="prompt + answer tokens per turn (engine)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def conversations(files: list[str], num_samples: int, limit: int | None) -> Iterator[tuple[str, str, list]]:
+    """(id, source, [system/user messages, with None where an answer goes]) for every chat sample."""
+    n = 0
+    for f in files:
+        stats = ReadStats(f)
+        for i, sample in enumerate(read_samples(f, stats)):
+            if isinstance(sample, str):
+                continue  # plain text has no turns to answer
+            if limit is not None and n >= limit:
+                return
+            n += 1
+            turns = [m for m in sample if m["role"] != "assistant"]
+            skeleton = []
+            for m in turns:
+                skeleton.append(m)
+                if m["role"] == "user":
+                    skeleton.append(None)
+            for k in range(num_samples):
+                yield f"{Path(f).name}:{i}" + (f"/{k}" if num_samples > 1 else ""), f"{f}:{i}", skeleton
+
+
+def done_ids(out: Path) -> set[str]:
+    """Ids already written; a torn last line (killed mid-write) is cut off so appending stays valid JSONL."""
+    if not out.exists():
+        return set()
+    data = out.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        with open(out, "r+b") as fh:
+            fh.truncate(end)
+    return {json.loads(line)["id"] for line in data[:end].splitlines() if line.strip()}
+
+
+def answer_all(skeletons: list[list], answer_batch: Callable[[list[list[dict]]], list[str]]) -> list[list[dict]]:
+    """Fill every None in the skeletons turn by turn: each round answers the next open turn of every
+    conversation in one batch. A conversation whose prompt no longer fits stops at its answered turns."""
+    convs = [[] for _ in skeletons]
+    pos = [0] * len(skeletons)
+    while True:
+        todo = []
+        for j, sk in enumerate(skeletons):
+            while pos[j] < len(sk) and sk[pos[j]] is not None:
+                convs[j].append(sk[pos[j]])
+                pos[j] += 1
+            if pos[j] < len(sk):
+                todo.append(j)
+        if not todo:
+            return convs
+        answers = answer_batch([convs[j] for j in todo])
+        for j, a in zip(todo, answers):
+            if a is None:  # prompt too long: keep what is answered
+                pos[j] = len(skeletons[j])
+                convs[j] = convs[j][:-1] if convs[j] and convs[j][-1]["role"] == "user" else convs[j]
+            else:
+                convs[j].append({"role": "assistant", "content": a})
+                pos[j] += 1
+
+
+def engine_answerer(args) -> tuple[Callable, int]:
+    import torch
+
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.model import load_target
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.models import resolve_target
+
+    folder = resolve_target(args.model or DEFAULT_MODEL)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    tok, target = load_tokenizer(model=str(folder)), load_target(folder, dtype, device)
+    max_len = min(args.max_len, target.config.max_position_embeddings)
+    engine = Engine(target, None, None, max_len, max_batch=args.batch_size)
+    params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
+    gen = torch.Generator().manual_seed(args.seed)
+    stop = {tok.eos_token_id} | ({tok.convert_tokens_to_ids("<|eot_id|>")} if "<|eot_id|>" in tok.get_vocab()
+                                 else set())
+
+    def answer_batch(prompts: list[list[dict]]) -> list[str | None]:
+        ids = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                   add_special_tokens=False).input_ids for m in prompts]
+        fits = [j for j, x in enumerate(ids) if len(x) + args.max_new_tokens <= max_len]
+        out: list[str | None] = [None] * len(prompts)
+        for s in range(0, len(fits), args.batch_size):
+            chunk = fits[s:s + args.batch_size]
+            for j, r in zip(chunk, engine.generate_batch([ids[j] for j in chunk], params, stop, gen)):
+                out[j] = tok.decode(r.tokens, skip_special_tokens=True).strip()
+        return out
+
+    return answer_batch, args.batch_size
+
+
+def endpoint_answerer(args) -> tuple[Callable, int]:
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=args.endpoint, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_retries=5)
+    model = args.model or client.models.list().data[0].id
+    pool = ThreadPoolExecutor(args.concurrency)
+
+    def one(messages: list[dict]) -> str | None:
+        try:
+            r = client.chat.completions.create(model=model, messages=messages, max_tokens=args.max_new_tokens,
+                                               temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+        except BadRequestError:  # the prompt no longer fits the server's context
+            return None
+        return (r.choices[0].message.content or "").strip()
+
+    return (lambda prompts: list(pool.map(one, prompts))), args.concurrency * 4
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.num_samples < 1 or (args.num_samples > 1 and args.temperature <= 0):
+        raise ValueError(f"--num-samples {args.num_samples}: give 1, or more with --temperature > 0 "
+                         f"(greedy answers would be identical)")
+    if args.max_new_tokens < 1 or args.batch_size < 1 or args.concurrency < 1:
+        raise ValueError("--max-new-tokens, --batch-size and --concurrency must be at least 1")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = done_ids(out)
+    todo = [c for c in conversations(args.data, args.num_samples, args.limit) if c[0] not in done]
+    if not todo and not done:
+        raise ValueError(f"--data {' '.join(args.data)}: no conversations with user turns found")
+    print(f"regenerate: {len(done)} conversations already in {out}, {len(todo)} to answer", file=sys.stderr)
+    if not todo:
+        return 0
+    answer_batch, group = endpoint_answerer(args) if args.endpoint else engine_answerer(args)
+    from tqdm import tqdm
+
+    start, written = time.perf_counter(), 0
+    with open(out, "a", encoding="utf-8") as fh, tqdm(total=len(todo), unit="conv", desc="regenerate") as bar:
+        for s in range(0, len(todo), group):
+            chunk = todo[s:s + group]
+            for (cid, source, _), conv in zip(chunk, answer_all([c[2] for c in chunk], answer_batch)):
+                if any(m["role"] == "assistant" for m in conv):
+                    fh.write(json.dumps({"id": cid, "source": source, "messages": conv}, ensure_ascii=False) + "\n")
+                    written += 1
+            fh.flush()
+            os.fsync(fh.fileno())
+            bar.update(len(chunk))
+    print(f"regenerate: wrote {written} conversations to {out} in {time.perf_counter() - start:.0f} s "
+          f"({len(todo) - written} skipped: prompt longer than --max-len)", file=sys.stderr)
+    return 0

@@ -1,0 +1,85 @@
+"""Checkpoints: `checkpoint-{step}/` = accelerate's resumable state (model, optimizer, scheduler, RNG and our
+progress counters) plus an exported draft folder `draft/` (docs/formats.md section 7) that `toolkit bench` and
+`toolkit serve --draft` load directly. Written into a temp folder and renamed, so a folder named
+checkpoint-N is always complete; the newest such folder is where a resumed run starts."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from toolkit.infer.drafts import save_eagle3
+
+
+class Progress:
+    """Counters saved with the accelerate state (register_for_checkpointing needs state_dict/load_state_dict)."""
+
+    def __init__(self):
+        self.step, self.tokens = 0, 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "tokens": self.tokens}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.tokens = int(state["step"]), int(state["tokens"])
+
+
+def latest(output_dir: Path) -> Path | None:
+    done = [(int(m.group(1)), p) for p in output_dir.glob("checkpoint-*")
+            if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and p.is_dir()]
+    return max(done)[1] if done else None
+
+
+def export_draft(accelerator, model, template_head, folder: Path, target_cfg: dict, target: str,
+                 fingerprint: str, extra: dict) -> None:
+    """Gather the full head weights (a collective under ZeRO-3: every rank calls this) and write the draft
+    folder from the main process."""
+    state = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        head = template_head
+        head.load_state_dict({k.removeprefix("head."): v.float() for k, v in state.items() if k.startswith("head.")})
+        save_eagle3(head, folder, target_cfg, target, fingerprint, extra)
+
+
+def save(accelerator, model, template_head, output_dir: Path, step: int, keep: int, export_args: tuple) -> Path:
+    final = output_dir / f"checkpoint-{step}"
+    tmp = output_dir / f".checkpoint-{step}.tmp"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    export_draft(accelerator, model, template_head, tmp / "draft", *export_args)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        (output_dir / "latest").write_text(final.name + "\n")
+        old = sorted((int(p.name.split("-")[1]), p) for p in output_dir.glob("checkpoint-*") if p.is_dir())
+        for _, p in old[:-keep]:
+            shutil.rmtree(p, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def publish_draft(checkpoint: Path, output_dir: Path) -> None:
+    """Copy the final checkpoint's draft to output_dir/draft (atomically, by rename)."""
+    tmp = output_dir / ".draft.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(checkpoint / "draft", tmp)
+    shutil.rmtree(output_dir / "draft", ignore_errors=True)
+    tmp.rename(output_dir / "draft")
+
+
+def read_config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

@@ -1,0 +1,127 @@
+"""Training configuration: a dataclass validated on construction, read from a recipe YAML plus `key=value`
+overrides (torchtune style). Unknown keys and wrong types are errors that list what is accepted."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class TrainConfig:
+    # what to train on
+    model: str = "smollm2-135m-instruct"     # target: folder, alias or hub id
+    data: str = ""                           # prepared dataset folder (toolkit prepare-data)
+    hidden_states: str | None = None         # offline mode: shards folder (toolkit dump-hidden-states)
+    output_dir: str = "runs/eagle3"
+    # the head
+    head: str = "eagle3"
+    num_layers: int = 1
+    aux_layers: list[int] | None = None      # target layer outputs fused by fc (default [1, L//2-1, L-4])
+    token_map: str | None = None             # vocab_map_N.safetensors; else built from the data's assistant tokens
+    draft_vocab_size: int = 32000            # used when token_map is absent (capped at the target vocab)
+    init_lm_head: str = "target"             # "target": rows of the target's lm_head; "random" (SpecForge)
+    # training-time test
+    ttt_steps: int = 7
+    loss_decay: float = 0.8
+    # optimisation
+    max_len: int = 2048
+    batch_size: int = 1                      # sequences per micro-batch per process
+    grad_accum: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.02
+    scheduler: str = "cosine"                # cosine | linear | constant
+    max_grad_norm: float = 0.5
+    max_steps: int | None = None             # optimizer steps; default: epochs over the data
+    epochs: float = 1.0
+    seed: int = 0
+    dtype: str = "auto"                      # target dtype: auto = bf16 on GPU, fp32 on CPU
+    # bookkeeping
+    log_every: int = 10
+    save_every: int = 500
+    keep_checkpoints: int = 2
+    eval_every: int = 0                      # 0 = only at the end
+    eval_samples: int = 8                    # held back from training; engine tau measured on their prompts
+    eval_max_new_tokens: int = 64
+    wandb_project: str | None = None
+    wandb_run: str | None = None
+    threads: int | None = None               # torch CPU threads
+    extra: dict = field(default_factory=dict)  # free-form notes recorded with the run
+
+    def __post_init__(self):
+        problems = []
+        if not self.data:
+            problems.append("data: give the prepared dataset folder (toolkit prepare-data --out)")
+        if self.head != "eagle3":
+            problems.append(f"head {self.head!r}: this trainer takes eagle3")
+        if self.num_layers != 1:
+            problems.append(f"num_layers {self.num_layers}: EAGLE-3 heads have 1 decoder layer here "
+                            "(the layout SGLang and vLLM serve)")
+        if self.aux_layers is not None and len(self.aux_layers) != 3:
+            problems.append(f"aux_layers {self.aux_layers}: give 3 target layer ids (low, mid, high)")
+        if self.init_lm_head not in ("target", "random"):
+            problems.append(f"init_lm_head {self.init_lm_head!r}: accepted target, random")
+        if self.scheduler not in ("cosine", "linear", "constant"):
+            problems.append(f"scheduler {self.scheduler!r}: accepted cosine, linear, constant")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            problems.append(f"dtype {self.dtype!r}: accepted auto, float32, bfloat16, float16")
+        for name in ("ttt_steps", "max_len", "batch_size", "grad_accum", "log_every", "save_every",
+                     "keep_checkpoints", "draft_vocab_size", "eval_max_new_tokens"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} {getattr(self, name)}: must be at least 1")
+        if self.max_steps is not None and self.max_steps < 1:
+            problems.append(f"max_steps {self.max_steps}: must be at least 1")
+        if not (self.lr > 0 and 0 < self.loss_decay <= 1 and self.epochs > 0 and 0 <= self.warmup_ratio < 1):
+            problems.append("lr and epochs must be > 0, loss_decay in (0, 1], warmup_ratio in [0, 1)")
+        if self.eval_samples < 0 or self.eval_every < 0:
+            problems.append("eval_samples and eval_every must be >= 0")
+        if problems:
+            raise ValueError("bad training config: " + "; ".join(problems))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2)
+
+
+def _coerce(name: str, kind, text: str):
+    """Parse an override's text as YAML, then check it against the field's annotated type."""
+    value = yaml.safe_load(text) if isinstance(text, str) else text
+    base = str(kind)
+    if value is None and "None" in base:
+        return None
+    checks = [("list", list), ("dict", dict), ("float", (int, float)), ("int", int), ("bool", bool), ("str", str)]
+    for word, typ in checks:
+        if base.startswith(word) or base.startswith(f"{word} ") or base.startswith(f"{word}["):
+            if word == "str":
+                return str(value) if not isinstance(value, (list, dict)) else value
+            if isinstance(value, typ) and not (word in ("int", "float") and isinstance(value, bool)):
+                return float(value) if word == "float" else value
+            raise ValueError(f"{name}={text!r}: expected {base}")
+    return value
+
+
+def load_config(path: str | None, overrides: list[str] = (), **flags) -> TrainConfig:
+    """Recipe YAML (optional) <- key=value overrides <- flags that are not None."""
+    fields = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+    values = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"--config {path}: no such recipe file")
+        values = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"--config {path}: a recipe is a YAML mapping of key: value")
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r}: write key=value")
+        k, v = item.split("=", 1)
+        values[k.strip()] = v
+    values.update({k: v for k, v in flags.items() if v is not None})
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown config keys {unknown}; accepted: {', '.join(fields)}")
+    typed = {k: _coerce(k, fields[k], v) for k, v in values.items()}
+    return TrainConfig(**typed)

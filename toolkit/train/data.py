@@ -1,0 +1,125 @@
+"""Training data: a prepared dataset (online mode) or hidden-state shards (offline mode), both indexed by the
+prepared dataset's row, and a deterministic length-grouped batch order that can be resumed at any batch.
+
+Batch order for epoch e: rows shuffled with seed + e, cut into mega-batches of 64 micro-batches, each sorted
+by length (little padding) and cut into micro-batches, which are shuffled again. Process r of W takes
+micro-batches r, r + W, ... so ranks never see the same rows. The order depends only on (seed, epoch), so
+skipping the first n micro-batches after a restart gives exactly the batches an uninterrupted run sees.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+
+class PreparedData:
+    """Rows of a `toolkit prepare-data` folder: input_ids, loss_mask (docs/formats.md section 9)."""
+
+    def __init__(self, folder: str | Path, max_len: int):
+        import datasets
+
+        folder = Path(folder)
+        if not (folder / "toolkit_prepare.json").is_file():
+            raise ValueError(f"data {folder}: not a prepared dataset (no toolkit_prepare.json); run "
+                             "`toolkit prepare-data --out` first")
+        self.meta = json.loads((folder / "toolkit_prepare.json").read_text())
+        self.ds = datasets.load_from_disk(str(folder)).with_format("torch", columns=["input_ids", "loss_mask"])
+        self.lengths = [min(n, max_len) for n in datasets.load_from_disk(str(folder))["num_tokens"]]
+        self.max_len = max_len
+        if not self.lengths or sum(self.lengths) == 0:
+            raise ValueError(f"data {folder}: the dataset is empty")
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, row: int) -> dict:
+        r = self.ds[row]
+        return {"input_ids": r["input_ids"][:self.max_len].long(), "loss_mask": r["loss_mask"][:self.max_len].long()}
+
+    def assistant_tokens(self, rows: list[int]) -> torch.Tensor:
+        """Every assistant-token id of `rows` (builds the draft vocabulary from the training data)."""
+        out = []
+        for row in rows:
+            r = self[row]
+            out.append(r["input_ids"][r["loss_mask"].bool()])
+        return torch.cat(out)
+
+
+class HiddenStateShards:
+    """Rows of `toolkit dump-hidden-states` shards (docs/formats.md section 8), read lazily (memory-mapped)."""
+
+    def __init__(self, folder: str | Path, max_len: int):
+        folder = Path(folder)
+        if not (folder / "index.json").is_file():
+            raise ValueError(f"hidden_states {folder}: no index.json (run `toolkit dump-hidden-states` first)")
+        self.index = json.loads((folder / "index.json").read_text())
+        self.where: dict[int, tuple[Path, int, int]] = {}
+        for s in self.index["shards"]:
+            with safe_open(str(folder / s["file"]), "pt") as f:
+                ids, offs = f.get_tensor("sample_ids").tolist(), f.get_tensor("offsets").tolist()
+            for j, row in enumerate(ids):
+                self.where[row] = (folder / s["file"], offs[j], offs[j + 1])
+        self.max_len = max_len
+
+    def covers(self, rows: int) -> bool:
+        return all(r in self.where for r in range(rows))
+
+    def __getitem__(self, row: int) -> dict:
+        f, a, b = self.where[row]
+        b = min(b, a + self.max_len)
+        with safe_open(str(f), "pt") as sf:
+            get = lambda name: sf.get_slice(name)[a:b]  # noqa: E731
+            return {"input_ids": get("input_ids").long(), "loss_mask": get("loss_mask").long(),
+                    "aux": get("aux_hidden_states"), "final_hidden": get("final_hidden")}
+
+
+def batch_order(lengths: list[int], rows: list[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Micro-batches of row ids for one epoch (see the module docstring)."""
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(rows)
+    rng.shuffle(order)
+    mega = 64 * batch_size
+    batches = []
+    for s in range(0, len(order), mega):
+        chunk = sorted(order[s:s + mega], key=lambda r: lengths[r])
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def micro_batches(lengths, rows, batch_size, seed, rank, world, skip: int = 0) -> Iterator[tuple[int, list[int]]]:
+    """(epoch, rows) for this process forever, epoch after epoch, the first `skip` of them skipped."""
+    epoch, seen = 0, 0
+    while True:
+        mine = batch_order(lengths, rows, batch_size, seed, epoch)[rank::world]
+        if not mine:
+            raise ValueError(f"{len(rows)} training rows give process {rank} of {world} no batch; "
+                             "lower batch_size or add data")
+        for b in mine:
+            if seen >= skip:
+                yield epoch, b
+            seen += 1
+        epoch += 1
+
+
+def collate(items: list[dict]) -> dict:
+    """Right-pad to the longest row: input_ids 0, loss_mask 0, valid False (keys never attended)."""
+    L = max(len(x["input_ids"]) for x in items)
+    out = {"input_ids": torch.zeros(len(items), L, dtype=torch.long),
+           "loss_mask": torch.zeros(len(items), L, dtype=torch.long),
+           "valid": torch.zeros(len(items), L, dtype=torch.bool)}
+    for k in ("aux", "final_hidden"):
+        if k in items[0]:
+            out[k] = torch.zeros(len(items), L, items[0][k].shape[-1], dtype=items[0][k].dtype)
+    for i, x in enumerate(items):
+        n = len(x["input_ids"])
+        out["valid"][i, :n] = True
+        for k in out:
+            if k != "valid":
+                out[k][i, :n] = x[k]
+    return out

@@ -1,0 +1,83 @@
+"""Building the EAGLE-3 head to train: the draft vocabulary (given, or the most frequent assistant tokens of
+the training data), the head itself (lm_head rows copied from the target, or random as SpecForge starts it),
+and the module that accelerate / DDP / DeepSpeed wrap: the head plus the target's frozen embedding, whose
+forward is the whole training-time-test unroll (so wrappers see one forward per micro-batch)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.drafts import Eagle3Head, draft_config
+from toolkit.train.ttt import unroll
+
+
+class Eagle3Trainable(nn.Module):
+    def __init__(self, head: Eagle3Head, embed_weight: torch.Tensor, steps: int):
+        super().__init__()
+        self.head, self.steps = head, steps
+        self.embed = nn.Embedding.from_pretrained(embed_weight.float(), freeze=True)  # the target's, frozen
+
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor) -> list[torch.Tensor]:
+        """aux [B, L, 3Ht], input_ids [B, L], valid [B, L] -> `steps` x draft logits [B, L, N]."""
+        return unroll(self.head, self.embed, aux.to(self.embed.weight.dtype), input_ids, self.steps, valid)
+
+
+def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Only the named target weights (embedding, lm_head), read lazily from the safetensors files; a tied
+    lm_head is the embedding."""
+    cfg = ModelConfig.from_folder(folder)
+    found = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as sf:
+            for key in sf.keys():
+                short = key.removeprefix("model.")
+                if short in names:
+                    found[short] = sf.get_tensor(key)
+    if cfg.tie_word_embeddings and "lm_head.weight" in names:
+        found["lm_head.weight"] = found["embed_tokens.weight"]
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValueError(f"target {folder}: weights {missing} not found")
+    return found
+
+
+def draft_vocab(assistant_ids: torch.Tensor, size: int, vocab_size: int, forced: list[int]) -> list[int]:
+    """The `size` most frequent assistant-token ids (FR-Spec's rule), the template's special tokens kept."""
+    from toolkit.tokenmap.maps import freq_list
+
+    counts = np.bincount(assistant_ids.numpy(), minlength=vocab_size).astype(np.int64)
+    return freq_list(counts, min(size, vocab_size), forced)
+
+
+def build_head(target_cfg: ModelConfig, vocab_ids: list[int], aux_layers: list[int], lm_head: torch.Tensor | None,
+               seed: int) -> Eagle3Head:
+    """A fresh head; lm_head rows copied from the target's lm_head [V, H] when given, else torch's default init."""
+    ids = torch.tensor(sorted(vocab_ids))
+    torch.manual_seed(seed)
+    head = Eagle3Head(draft_config(target_cfg), target_cfg.hidden_size, ids - torch.arange(len(ids)), aux_layers)
+    if lm_head is not None:
+        with torch.no_grad():
+            head.lm_head.weight.copy_(lm_head[ids].float())
+    return head
+
+
+def head_signature(head: Eagle3Head, target_fingerprint: str) -> dict:
+    """What a resumed run must share with the saved one."""
+    c = head.config
+    return {"target_fingerprint": target_fingerprint, "aux_layers": head.aux_layers, "hidden_size": c.hidden_size,
+            "draft_vocab_size": len(head.d2t), "d2t_sum": int(head.d2t.sum()), "num_heads": c.num_heads,
+            "num_kv_heads": c.num_kv_heads, "intermediate_size": c.intermediate_size}
+
+
+def check_signature(saved_path: Path, now: dict) -> None:
+    saved = json.loads(saved_path.read_text())
+    diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+    if diff:
+        raise ValueError("cannot resume: the draft/target differ from the saved run: " + "; ".join(
+            f"{k} saved {a} now {b}" for k, (a, b) in diff.items()) + ". Use --overwrite to start afresh.")
