@@ -44,3 +44,26 @@ def smollm2_tokenizer(smollm2_dir):
     from toolkit.data.chat import load_tokenizer
 
     return load_tokenizer(model=str(smollm2_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_target(smollm2_dir, tmp_path_factory) -> Path:
+    """A random 8-layer Llama with SmolLM2's tokenizer and vocabulary: fast stand-in target for training."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-target")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # a peaked next-token distribution (random std 0.02 gives a near-uniform one)
+        model.lm_head.weight.normal_(0.0, 1.0)
+    model.save_pretrained(folder)
+    for f in smollm2_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, folder / f.name)
+    return folder

@@ -109,11 +109,19 @@ def main(args: argparse.Namespace) -> int:
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
                                   "loss_mask": datasets.Sequence(datasets.Value("int8")),
                                   "num_tokens": datasets.Value("int32"), "source": datasets.Value("string")})
+    def no_data() -> ValueError:
+        return ValueError(f"--data {' '.join(args.data)}: no sample with assistant tokens ({totals}); give "
+                          "conversations with assistant turns")
+
     with tempfile.TemporaryDirectory(prefix="prepare-") as cache:
-        ds = datasets.Dataset.from_generator(rows, features=features, cache_dir=cache)
+        try:
+            ds = datasets.Dataset.from_generator(rows, features=features, cache_dir=cache)
+        except ValueError as err:  # datasets refuses a generator that yields nothing
+            if totals["kept"] == 0:
+                raise no_data() from None
+            raise err
         if len(ds) == 0:
-            raise ValueError(f"--data {' '.join(args.data)}: no sample with assistant tokens ({totals}); "
-                             "give conversations with assistant turns")
+            raise no_data()
         tmp = out.with_name(f".{out.name}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         ds.save_to_disk(str(tmp))

@@ -97,6 +97,11 @@ def _coerce(name: str, kind, text: str):
         if base.startswith(word) or base.startswith(f"{word} ") or base.startswith(f"{word}["):
             if word == "str":
                 return str(value) if not isinstance(value, (list, dict)) else value
+            if word == "float" and isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
             if isinstance(value, typ) and not (word in ("int", "float") and isinstance(value, bool)):
                 return float(value) if word == "float" else value
             raise ValueError(f"{name}={text!r}: expected {base}")

@@ -40,7 +40,15 @@ def make_accelerator(cfg):
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not torch.cuda.is_available() else []
     log_with = ["wandb"] if cfg.wandb_project else None
-    return Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers)
+    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers)
+    if acc.state.deepspeed_plugin is not None:  # fill the DeepSpeed config's "auto" values from the recipe
+        ds = acc.state.deepspeed_plugin.deepspeed_config
+        ds["train_micro_batch_size_per_gpu"] = cfg.batch_size
+        ds["gradient_accumulation_steps"] = cfg.grad_accum
+        if ds.get("gradient_clipping", "auto") == "auto":
+            ds["gradient_clipping"] = cfg.max_grad_norm
+        ds.setdefault("bf16", {})["enabled"] = acc.mixed_precision == "bf16"
+    return acc
 
 
 def main(args: argparse.Namespace) -> int:
@@ -64,6 +72,8 @@ def main(args: argparse.Namespace) -> int:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     acc = make_accelerator(cfg)
+    acc.print(f"accelerate: {acc.distributed_type.value}, {acc.num_processes} process(es) on {acc.device}, "
+              f"mixed precision {acc.mixed_precision}")
     out = Path(cfg.output_dir)
     previous = (out / "run.json").exists()
     if previous and not (args.resume or args.overwrite):

@@ -1,0 +1,76 @@
+"""`toolkit prepare-data`: the loss mask covers exactly the assistant texts (plus the end-of-turn token) for
+ChatML (SmolLM2), Llama-3 and Qwen2 templates; truncation is counted; bad input is refused."""
+from __future__ import annotations
+
+import json
+
+import datasets
+import pytest
+
+from toolkit.cli import main
+from toolkit.data.chat import ChatRenderer
+from toolkit.data.prepare import tokenize
+
+CONVS = [
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": "4, since 2 + 2 = 4."}, {"role": "user", "content": "And 3 * 3?"},
+     {"role": "assistant", "content": "9.\n\n```python\nprint(3 * 3)\n```"}],
+    [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": " Blue — «bleu» in French. "}],
+]
+
+
+def runs(mask):
+    """[start, end) of every run of ones."""
+    out, start = [], None
+    for i, m in enumerate(list(mask) + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+@pytest.mark.parametrize("name", ["smollm2_tokenizer", "llama3_tokenizer", "qwen2_tokenizer"])
+def test_masked_tokens_decode_to_exactly_the_assistant_texts(name, request):
+    tok = request.getfixturevalue(name)
+    renderer = ChatRenderer(tok)
+    rows, counts = tokenize(renderer, CONVS, 4096)
+    assert counts == {"truncated": 0, "no_assistant": 0, "bad": 0} and len(rows) == 2
+    for conv, row in zip(CONVS, rows):
+        answers = [m["content"] for m in conv if m["role"] == "assistant"]
+        spans = runs(row["loss_mask"])
+        assert len(spans) == len(answers)
+        for (a, b), answer in zip(spans, answers):
+            ids = row["input_ids"][a:b]
+            end = tok.convert_ids_to_tokens(ids[-1])
+            assert ids[-1] in renderer.special and end in ("<|im_end|>", "<|eot_id|>")
+            text = tok.decode(ids[:-1])
+            assert text in (answer, answer.strip())  # templates that trim content (Llama-3) store it trimmed
+
+
+def test_prepare_data_cli_writes_the_documented_folder(smollm2_dir, tmp_path):
+    src = tmp_path / "chats.jsonl"
+    long = {"messages": [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "one " * 400}]}
+    lines = [json.dumps({"messages": c}) for c in CONVS] + [json.dumps(long), "{broken", json.dumps({"text": "x"})]
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "prepared"
+    assert main(["prepare-data", "--data", str(src), "--out", str(out), "--max-len", "128"]) == 0
+    ds = datasets.load_from_disk(str(out))
+    assert ds.column_names == ["input_ids", "loss_mask", "num_tokens", "source"]
+    assert len(ds) == 3 and ds[2]["num_tokens"] == 128 and sum(ds[2]["loss_mask"]) > 0
+    assert ds[0]["source"].endswith("chats.jsonl:0")
+    meta = json.loads((out / "toolkit_prepare.json").read_text())
+    assert meta["truncated"] == 1 and meta["bad"] == 1 and meta["plain_text"] == 1 and meta["kept"] == 3
+    assert meta["target_fingerprint"]
+    # an existing folder is kept unless --overwrite
+    assert main(["prepare-data", "--data", str(src), "--out", str(out)]) == 2
+    assert main(["prepare-data", "--data", str(src), "--out", str(out), "--overwrite"]) == 0
+
+
+def test_no_assistant_tokens_is_a_clear_error(tmp_path, capsys):
+    src = tmp_path / "q.jsonl"
+    src.write_text(json.dumps({"turns": ["Hello?"]}) + "\n" + json.dumps({"text": "plain"}) + "\n")
+    assert main(["prepare-data", "--data", str(src), "--out", str(tmp_path / "o")]) == 2
+    assert "no sample with assistant tokens" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,103 @@
+"""`toolkit regenerate`: answers turn by turn with the target (engine) or an OpenAI-compatible endpoint, and a
+killed run resumes with no duplicate and no gap."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from toolkit.cli import main
+
+CONVS = [
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                  {"role": "assistant", "content": "OLD"}, {"role": "user", "content": "More?"},
+                  {"role": "assistant", "content": "OLD"}]},
+    {"question": "2+2?", "answer": "OLD"},
+    {"turns": ["Tell me a joke."]},
+    {"instruction": "Sort these", "input": "3 1 2", "output": "OLD"},
+]
+
+
+@pytest.fixture
+def data(tmp_path):
+    f = tmp_path / "convs.jsonl"
+    f.write_text("".join(json.dumps(c) + "\n" for c in CONVS))
+    return f
+
+
+def read(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_engine_answers_every_turn_and_resume_neither_repeats_nor_skips(tiny_target, data, tmp_path):
+    full = tmp_path / "full.jsonl"
+    args = ["regenerate", "--model", str(tiny_target), "--data", str(data), "--max-new-tokens", "6",
+            "--batch-size", "3"]
+    assert main(args + ["--out", str(full)]) == 0
+    recs = read(full)
+    assert [r["id"] for r in recs] == ["convs.jsonl:0", "convs.jsonl:1", "convs.jsonl:2", "convs.jsonl:3"]
+    roles = [m["role"] for m in recs[0]["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant"]
+    assert all(m["content"] != "OLD" for r in recs for m in r["messages"])
+    assert recs[0]["messages"][1]["content"] == "Hi" and recs[0]["messages"][3]["content"] == "More?"
+    # a run killed while writing line 3: two whole lines and a torn one
+    killed = tmp_path / "killed.jsonl"
+    text = full.read_text().splitlines(keepends=True)
+    killed.write_text(text[0] + text[1] + text[2][:17])
+    assert main(args + ["--out", str(killed)]) == 0
+    assert read(killed) == recs  # greedy: the resumed file is the uninterrupted one
+    assert main(args + ["--out", str(killed)]) == 0  # nothing left to do
+    assert read(killed) == recs
+
+
+class FakeServer(BaseHTTPRequestHandler):
+    seen: list = []
+
+    def do_GET(self):  # /v1/models
+        self._send({"object": "list", "data": [{"id": "served-model", "object": "model"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeServer.seen.append(body)
+        answer = f"answer to {body['messages'][-1]['content']} after {len(body['messages'])} messages"
+        self._send({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": answer}}]})
+
+    def _send(self, obj):
+        raw = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_endpoint_mode_talks_openai_and_feeds_turn_one_into_turn_two(data, tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "api.jsonl"
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        assert main(["regenerate", "--endpoint", url, "--data", str(data), "--out", str(out),
+                     "--max-new-tokens", "32", "--concurrency", "2"]) == 0
+    finally:
+        server.shutdown()
+    recs = read(out)
+    assert len(recs) == 4
+    first = recs[0]["messages"]
+    assert first[2]["content"] == "answer to Hi after 2 messages"
+    assert first[4]["content"] == "answer to More? after 4 messages"
+    second_turn = next(b for b in FakeServer.seen if b["messages"][-1]["content"] == "More?")
+    assert second_turn["messages"][2] == {"role": "assistant", "content": "answer to Hi after 2 messages"}
+    assert {b["model"] for b in FakeServer.seen} == {"served-model"} and second_turn["max_tokens"] == 32
+
+
+def test_several_greedy_samples_are_refused(data, tmp_path, capsys):
+    assert main(["regenerate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--num-samples", "2"]) == 2
+    assert "temperature" in capsys.readouterr().err

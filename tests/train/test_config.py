@@ -1,0 +1,59 @@
+"""Recipes and key=value overrides."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolkit.train.config import TrainConfig, load_config
+
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
+
+
+def test_overrides_are_typed_and_flags_win(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("data: a\nlr: 1.0e-4\nttt_steps: 7\n")
+    cfg = load_config(str(recipe), ["lr=3e-4", "aux_layers=[1, 5, 9]", "max_steps=12", "token_map=null"],
+                      data="b", output_dir=None)
+    assert cfg.lr == 3e-4 and cfg.aux_layers == [1, 5, 9] and cfg.max_steps == 12 and cfg.data == "b"
+    assert cfg.token_map is None and cfg.ttt_steps == 7
+
+
+@pytest.mark.parametrize("override, words", [
+    (["lr=fast"], "lr='fast': expected float"),
+    (["ttt_steps=0"], "ttt_steps 0"),
+    (["nonsense=1"], "unknown config keys ['nonsense']"),
+    (["init_lm_head=zeros"], "accepted target, random"),
+    (["aux_layers=[1,2]"], "give 3 target layer ids"),
+    (["lr"], "write key=value"),
+])
+def test_bad_values_are_named(override, words):
+    with pytest.raises(ValueError, match=None) as err:
+        load_config(None, ["data=x", *override])
+    assert words in str(err.value)
+
+
+def test_data_is_required():
+    with pytest.raises(ValueError, match="prepared dataset folder"):
+        TrainConfig()
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_loads_and_its_header_gives_the_command(recipe):
+    cfg = load_config(str(recipe))
+    assert cfg.ttt_steps == 7 and cfg.max_grad_norm == 0.5
+    header = " ".join(line.lstrip("#").strip().rstrip("\\").strip() for line in recipe.read_text().splitlines()
+                      if line.startswith("#"))
+    assert f"toolkit/train/eagle3.py --config recipes/{recipe.name}" in header
+    if "8b" in recipe.name:
+        assert 5e-5 <= cfg.lr <= 1e-4 and cfg.max_len == 2048
+
+
+def test_launcher_configs_name_files_that_exist():
+    import yaml
+
+    root = RECIPES[0].parent
+    for f in (root / "accelerate").glob("*.yaml"):
+        conf = yaml.safe_load(f.read_text())
+        ds = (conf.get("deepspeed_config") or {}).get("deepspeed_config_file")
+        assert ds is None or (root.parent / ds).is_file(), f

@@ -1,0 +1,123 @@
+"""EAGLE-3 training end to end on a tiny random target: export, evaluation, exact resume after a kill,
+online == offline, refusals, wandb offline."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolkit.cli import main
+from toolkit.train.tracking import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = ["batch_size=2", "max_len=96", "log_every=1", "eval_samples=2", "eval_max_new_tokens=6", "threads=1",
+          "lr=3e-3", "warmup_ratio=0"]
+
+
+def train(tiny_target, prepared, out, *extra, flags=()):
+    return main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(out), *flags,
+                 *COMMON, *extra])
+
+
+def losses(out):
+    return {r["step"]: r["loss"] for r in read_metrics(Path(out) / "metrics.jsonl") if "loss" in r}
+
+
+def test_training_lowers_the_loss_and_exports_a_draft_the_engine_loads(tiny_target, prepared, tmp_path):
+    from toolkit.infer.drafts import load_eagle3
+    from toolkit.infer.config import ModelConfig
+
+    out = tmp_path / "run"
+    assert train(tiny_target, prepared, out, "max_steps=16", "save_every=8") == 0
+    seen = losses(out)
+    assert sorted(seen) == list(range(1, 17)) and seen[16] < 0.8 * seen[1]
+    recs = read_metrics(out / "metrics.jsonl")
+    last = [r for r in recs if "loss" in r][-1]
+    assert len(last["acc_i"]) == 7 and last["simulated_tau"] >= 1 and last["tokens_per_second"] > 0
+    ev = [r for r in recs if "eval_engine_tau" in r][-1]
+    assert ev["eval_engine_tau"] >= 1 and ev["eval_simulated_tau"] >= 1
+    cfg = json.loads((out / "draft" / "config.json").read_text())
+    assert cfg["toolkit"]["target"] == str(tiny_target) and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    head = load_eagle3(out / "draft", ModelConfig.from_folder(tiny_target))
+    assert len(head.d2t) == cfg["draft_vocab_size"] and (out / f"vocab_map_{len(head.d2t)}.safetensors").is_file()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-16", "checkpoint-8"]
+    # the lm_head starts as the target's rows of the draft vocabulary (the flag's other value: random)
+    from safetensors.torch import load_file
+
+    w = load_file(str(tiny_target / "model.safetensors"))["lm_head.weight"]
+    out2 = tmp_path / "init"
+    assert train(tiny_target, prepared, out2, "max_steps=1", "lr=1e-12", "save_every=1") == 0
+    h2 = load_eagle3(out2 / "draft", ModelConfig.from_folder(tiny_target))
+    ids = torch.arange(len(h2.d2t)) + h2.d2t
+    assert torch.allclose(h2.lm_head.weight, w[ids].to(torch.bfloat16).float(), atol=1e-2)
+
+
+def test_resume_after_a_kill_continues_exactly(tiny_target, prepared, tmp_path):
+    steps = ["max_steps=30", "save_every=3"]
+    whole = tmp_path / "whole"
+    assert train(tiny_target, prepared, whole, *steps) == 0
+    cut = tmp_path / "cut"
+    cmd = [sys.executable, str(ROOT / "toolkit/train/eagle3.py"), "--model", str(tiny_target), "--data",
+           str(prepared), "--output-dir", str(cut), *COMMON, *steps]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (cut / "checkpoint-6").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # no chance to clean up
+    proc.wait()
+    saved = max(int(p.name.split("-")[1]) for p in cut.glob("checkpoint-*"))
+    assert 6 <= saved < 30, "the run finished before it could be killed"
+    assert subprocess.run(cmd + ["--resume"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE).returncode == 0
+    a, b = losses(whole), losses(cut)
+    later = [s for s in a if s > saved]
+    assert later and all(abs(a[s] - b[s]) <= 1e-5 for s in later), [(s, a[s], b[s]) for s in later]
+    # the exported drafts are the same weights
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(whole / "draft/model.safetensors")), load_file(str(cut / "draft/model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_offline_shards_give_the_online_loss(tiny_target, prepared, tmp_path, dtype, tol):
+    shards = tmp_path / "hidden"
+    assert main(["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out", str(shards),
+                 "--max-len", "96", "--shard-size", "7", "--dtype", dtype]) == 0
+    index = json.loads((shards / "index.json").read_text())
+    assert index["num_samples"] == 24 and len(index["shards"]) == 4 and index["dtype"] == dtype
+    assert train(tiny_target, prepared, tmp_path / "on", "max_steps=3", "save_every=3") == 0
+    assert train(tiny_target, prepared, tmp_path / "off", "max_steps=3", "save_every=3",
+                 f"hidden_states={shards}") == 0
+    on, off = losses(tmp_path / "on"), losses(tmp_path / "off")
+    assert all(abs(on[s] - off[s]) <= tol * abs(on[s]) for s in on), (on, off)
+
+
+def test_refusals_name_the_problem(tiny_target, prepared, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train(tiny_target, prepared, out, "max_steps=1") == 0
+    capsys.readouterr()
+    assert train(tiny_target, prepared, out, "max_steps=1") == 2
+    assert "holds a previous run; pass --resume" in capsys.readouterr().err
+    assert train(tiny_target, prepared, out, "max_steps=2", "draft_vocab_size=512", flags=["--resume"]) == 2
+    assert "cannot resume: the draft/target differ" in capsys.readouterr().err
+    assert train(tiny_target, prepared, out, "max_steps=1", flags=["--overwrite"]) == 0
+    assert train(tiny_target, tmp_path, tmp_path / "x", "max_steps=1") == 2
+    assert "not a prepared dataset" in capsys.readouterr().err
+    assert train(tiny_target, prepared, tmp_path / "y", "eval_samples=24") == 2
+    assert "leaves no training rows" in capsys.readouterr().err
+
+
+def test_wandb_logs_offline(tiny_target, prepared, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    assert train(tiny_target, prepared, out, "max_steps=2", "wandb_project=toolkit-test") == 0
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert runs and any(f.suffix == ".wandb" for f in runs[0].iterdir())
