@@ -31,6 +31,7 @@ def test_readme_gives_the_test_command_ci_runs():
 
 def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
     (tmp_path / "corpus.jsonl").write_text(json.dumps({"question": "2+2?", "answer": "4"}) + "\n")
     (tmp_path / "more.parquet").write_bytes((tmp_path / "corpus.jsonl").read_bytes())
     import pyarrow as pa
@@ -46,15 +47,20 @@ def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir):
                 fingerprint(smollm2_dir))
     subst = {"path/to/tokenizer.json": str(shared / "tokenizers/llama3/tokenizer.json"),
              "prompts.jsonl": str(shared / "data/eval/mt_bench.jsonl"),
-             "--limit 10": "--limit 1 --max-new-tokens 4 --threads 1"}  # the same command, CI-sized
+             "--limit 10": "--limit 1 --max-new-tokens 4 --threads 1",  # the same commands, CI-sized
+             "--max-new-tokens 64": "--max-new-tokens 8 --limit 3"}
+    train_budget = " max_steps=2 batch_size=1 eval_samples=1 eval_max_new_tokens=4 draft_vocab_size=2048 threads=1"
     cmds = readme_commands()
     assert len(cmds) >= 5
     for cmd in cmds:
         for k, v in subst.items():
             cmd = cmd.replace(k, v)
+        cmd += train_budget if cmd.startswith("toolkit train ") else ""
         argv = shlex.split(cmd)
         done = subprocess.run([sys.executable, "-m", "toolkit.cli", *argv[1:]], cwd=tmp_path,
                               capture_output=True, text=True)
         assert done.returncode == 0, (cmd, done.stderr[-2000:])
     assert (tmp_path / "out/maps/freq_2048.pt").is_file() and (tmp_path / "out/llama3-maps/freq_32768.pt").is_file()
     assert json.loads((tmp_path / "out/bench.json").read_text())["greedy_identical_to_hf"] is True
+    for run in ("eagle3", "eagle3-offline"):
+        assert (tmp_path / "out" / run / "draft/model.safetensors").is_file()

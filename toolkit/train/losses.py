@@ -16,14 +16,15 @@ def ttt_loss(step_logits: list[torch.Tensor], target_logits: torch.Tensor, loss_
     Returns (weighted loss, per-step losses [K], per-step accuracies [K], per-step counted rows [K])."""
     B, L, _ = target_logits.shape
     draft_ids = torch.nonzero(t2d).flatten()                                   # target id of each draft id
-    restricted = target_logits[..., draft_ids].float()                        # [B, L, N]
+    # the target's distribution over the draft vocabulary, computed once for all steps
+    p_all = target_logits[..., draft_ids].float().softmax(-1)                 # [B, L, N]
     target_top = target_logits.argmax(-1)                                      # [B, L]
     total, losses, accs, counts = 0.0, [], [], []
     for i, logits in enumerate(step_logits):
         n = L - (i + 2)  # rows t with a token t + i + 2 to predict
         if n <= 0:
             break
-        p = restricted[:, i + 1:i + 1 + n].softmax(-1)                        # [B, n, N]
+        p = p_all[:, i + 1:i + 1 + n]                                          # [B, n, N]
         logq = logits[:, :n].float().log_softmax(-1)
         rows = loss_mask[:, i + 2:i + 2 + n].bool() & t2d[target_top[:, i + 1:i + 1 + n]]
         ce = -(p * logq).sum(-1)                                               # [B, n]
