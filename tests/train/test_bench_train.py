@@ -1,0 +1,21 @@
+"""benchmarks/bench_train.py runs end to end (tiny target) and reports online/offline throughput and memory."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_train_reports_online_and_offline(tiny_target, prepared, tmp_path):
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_train.py"), "--data", str(prepared),
+                           "--rows", "8", "--steps", "2", "--threads", "1", "--out", str(out),
+                           f"model={tiny_target}", "max_len=96", "batch_size=2", "draft_vocab_size=2048"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    for mode in ("online", "offline"):
+        assert r[mode]["tokens_per_second"] > 0 and r[mode]["peak_memory_gb"] > 0 and r[mode]["steps"] == 2
+    assert abs(r["online"]["final_loss"] - r["offline"]["final_loss"]) < 0.05 * r["online"]["final_loss"]
+    assert r["dump_hidden_states"]["tokens"] > 0
