@@ -144,5 +144,5 @@ def test_every_option_is_listed_with_its_default():
         for action in p._actions:
             if action.dest == "help":
                 continue
-            assert action.option_strings[0] in text, (name, action.dest)
+            assert (action.option_strings or [action.metavar])[0] in text, (name, action.dest)
         assert text.count("(default:") >= len(p._actions) - 1, name

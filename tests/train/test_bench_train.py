@@ -19,3 +19,19 @@ def test_bench_train_reports_online_and_offline(tiny_target, prepared, tmp_path)
         assert r[mode]["tokens_per_second"] > 0 and r[mode]["peak_memory_gb"] > 0 and r[mode]["steps"] == 2
     assert abs(r["online"]["final_loss"] - r["offline"]["final_loss"]) < 0.05 * r["online"]["final_loss"]
     assert r["dump_hidden_states"]["tokens"] > 0
+
+
+def test_sim_vs_engine_reports_both_taus(tiny_target, prepared, tmp_path, shared):
+    from toolkit.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(run),
+                 "max_steps=2", "batch_size=2", "max_len=96", "eval_samples=1", "eval_max_new_tokens=2",
+                 "threads=1"]) == 0
+    out = tmp_path / "s.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/sim_vs_engine.py"), "--draft", str(run / "draft"),
+                           "--prompts", str(shared / "data/eval/mt_bench.jsonl"), "--limit", "1", "--steps", "3",
+                           "--max-new-tokens", "8", "--threads", "1", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["turns"] == 2 and r["engine_tau"] >= 1 and r["simulated_tau"] >= 1 and len(r["acc_i"]) == 3

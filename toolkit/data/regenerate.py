@@ -33,14 +33,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                     "(API key from $OPENAI_API_KEY)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="per assistant turn")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     p.add_argument("--num-samples", type=int, default=1, help="answers per conversation (needs temperature > 0)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--limit", type=int, default=None, help="first N conversations only")
     p.add_argument("--batch-size", type=int, default=16, help="conversations decoded together (engine)")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight (endpoint)")
     p.add_argument("--max-len", type=int, default=2048, help="prompt + answer tokens per turn (engine)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 

@@ -24,12 +24,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="prepared dataset folder (toolkit prepare-data)")
     p.add_argument("--out", required=True, help="shards folder")
     p.add_argument("--aux-layers", default=None, help="comma-separated target layer ids (default [1, L//2-1, L-4])")
-    p.add_argument("--max-len", type=int, default=2048)
+    p.add_argument("--max-len", type=int, default=2048, help="tokens per sample (as in training)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per target forward")
     p.add_argument("--shard-size", type=int, default=512, help="samples per shard")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="stored dtype")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,0 +1,64 @@
+"""Simulated tau (training's teacher-forced TTT accuracies) against real engine tau, on the same prompts and
+the same target continuations: each turn's greedy answer is generated once, then (a) the head is unrolled over
+prompt + answer as in training and (b) the engine drafts a greedy chain of --steps tokens over the same prompt.
+
+    python benchmarks/sim_vs_engine.py --draft out/eagle3/draft --prompts ../shared/data/eval/mt_bench.jsonl \
+        --limit 20 --steps 7 --max-new-tokens 256 --threads 2 --out benchmarks/sim_vs_engine.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+
+
+def main() -> None:
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.bench import answer_turns, load_draft, read_prompts
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.model import load_target
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.models import resolve_target
+    from toolkit.train.evaluate import evaluate
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--draft", required=True)
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--steps", type=int, default=7)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default="sim_vs_engine.json")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = json.loads((Path(args.draft) / "config.json").read_text())
+    folder = resolve_target(cfg["toolkit"]["target"])
+    tok, target = load_tokenizer(model=str(folder)), load_target(folder)
+    head = load_draft(args.draft, target, None)
+    prompts = read_prompts(args.prompts, args.limit)
+    plain = Engine(target, None, None, 4096)
+    params = SamplingParams(0.0, max_new_tokens=args.max_new_tokens)
+    rows = []
+
+    def generate(ids, _):
+        out = plain.generate(ids, params, {tok.eos_token_id}).tokens
+        rows.append({"input_ids": torch.tensor(ids + out),
+                     "loss_mask": torch.tensor([0] * len(ids) + [1] * len(out))})
+        return out
+
+    answer_turns(tok, prompts, generate)
+    res = evaluate(head, target, rows, args.steps, 0.8, args.max_new_tokens, {tok.eos_token_id})
+    report = {"draft": args.draft, "prompts": args.prompts, "turns": len(rows), "steps": args.steps,
+              "simulated_tau": res["eval_simulated_tau"], "acc_i": res["eval_acc"],
+              "engine_tau": res["eval_engine_tau"], "engine_accept_rate_by_position": res["eval_accept_rate_by_position"],
+              "ratio_engine_over_simulated": res["eval_engine_tau"] / res["eval_simulated_tau"]}
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
