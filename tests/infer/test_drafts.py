@@ -106,3 +106,20 @@ def test_agreement_probe_lines_up_draft_and_target_positions(tmp_path):
 
     assert agreement(Oracle(0), target, ids) == 1.0
     assert agreement(Oracle(1), target, ids) < 0.3
+
+
+def test_a_two_layer_head_saves_and_loads_back(tmp_path):
+    from toolkit.infer.drafts import save_eagle3
+
+    head = random_head(TARGET, list(range(0, 300, 3)), seed=1, num_layers=2)
+    hf = {"vocab_size": 300, "max_position_embeddings": 512, "rope_theta": 10000.0}
+    save_eagle3(head, tmp_path, hf, "tiny", "0" * 16)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2
+    back = load_eagle3(tmp_path, TARGET)
+    assert len(back.additional_layers) == 1
+    x, h = torch.randn(1, 4, 64), torch.randn(1, 4, 192)
+    with torch.no_grad():
+        a = head.to(torch.bfloat16).float()(x, h, torch.arange(4)[None], head.new_cache(8))[0]
+        b = back(x, h, torch.arange(4)[None], back.new_cache(8))[0]
+    assert torch.allclose(a, b, atol=1e-5)

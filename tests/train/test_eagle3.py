@@ -121,3 +121,14 @@ def test_wandb_logs_offline(tiny_target, prepared, tmp_path, monkeypatch):
     assert train(tiny_target, prepared, out, "max_steps=2", "wandb_project=toolkit-test") == 0
     runs = list((out / "wandb").glob("offline-run-*"))
     assert runs and any(f.suffix == ".wandb" for f in runs[0].iterdir())
+
+
+def test_a_two_layer_head_trains_and_exports(tiny_target, prepared, tmp_path):
+    from toolkit.infer.config import ModelConfig
+    from toolkit.infer.drafts import load_eagle3
+
+    out = tmp_path / "run"
+    assert train(tiny_target, prepared, out, "max_steps=2", "num_layers=2", "ttt_steps=3") == 0
+    head = load_eagle3(out / "draft", ModelConfig.from_folder(tiny_target))
+    assert len(head.additional_layers) == 1
+    assert [len(r["acc_i"]) for r in read_metrics(out / "metrics.jsonl") if "acc_i" in r][0] == 3

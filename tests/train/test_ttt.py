@@ -48,7 +48,8 @@ def test_step_zero_is_plain_causal_attention():
     assert (ttt_attention(q, [k], [v], block=4) - want).abs().max() < 1e-5
 
 
-def test_unrolled_steps_equal_what_the_engine_drafts():
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_unrolled_steps_equal_what_the_engine_drafts(num_layers):
     """Train == serve: TTT step i at row t gives the logits the engine's draft produces for the depth-i
     node after prefix t, with the same (teacher-forced) tokens."""
     from toolkit.infer.config import ModelConfig
@@ -57,7 +58,7 @@ def test_unrolled_steps_equal_what_the_engine_drafts():
 
     c = ModelConfig(model_type="llama", vocab_size=80, hidden_size=32, intermediate_size=48, num_layers=6,
                     num_heads=4, num_kv_heads=2, head_dim=8)
-    head = random_head(c, list(range(0, 80, 2)), seed=3)
+    head = random_head(c, list(range(0, 80, 2)), seed=3, num_layers=num_layers)
     embed = torch.nn.Embedding(80, 32)
     g = torch.Generator().manual_seed(0)
     L, steps = 12, 3

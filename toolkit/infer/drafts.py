@@ -19,7 +19,7 @@ from torch import nn
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import MLP, Attention, RMSNorm, attention_masks, rope_cos_sin
+from toolkit.infer.model import MLP, Attention, Block, RMSNorm, attention_masks, rope_cos_sin
 
 
 class Eagle3Layer(nn.Module):
@@ -43,13 +43,16 @@ class Eagle3Head(nn.Module):
         self.config, self.aux_layers = c, list(aux_layers)
         self.fc = nn.Linear(3 * target_hidden, c.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(c)
+        # layers 2..n: plain Llama decoder layers over the hidden state (cache layers 1..n-1)
+        self.additional_layers = nn.ModuleList(Block(c) for _ in range(c.num_layers - 1))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, len(d2t), bias=False)
         self.register_buffer("d2t", d2t.long())
         self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
 
     def new_cache(self, max_len: int, dtype=torch.float32, device="cpu", batch: int = 1) -> KVCache:
-        return KVCache(replace(self.config, num_layers=1), batch, max_len, dtype, device)
+        return KVCache(replace(self.config, num_layers=1 + len(self.additional_layers)), batch, max_len, dtype,
+                       device)
 
     def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None):
         """emb [B, T, H] token embeddings; hidden [B, T, 3Ht] (aux, step 0) or [B, T, H] (own output).
@@ -66,7 +69,10 @@ class Eagle3Head(nn.Module):
         if mask is None:
             mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
         cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype)
-        out = self.midlayer(emb, hidden, cos, sin, attention_masks(mask, emb.dtype), cache, slots, kv_len)
+        bias = attention_masks(mask, emb.dtype)
+        out = self.midlayer(emb, hidden, cos, sin, bias, cache, slots, kv_len)
+        for k, layer in enumerate(self.additional_layers):
+            out = layer(out, cos, sin, bias, cache, k + 1, slots, kv_len)
         logits = self.lm_head(self.norm(out) if final_norm else out)
         return logits.float().log_softmax(-1), out
 
@@ -79,11 +85,12 @@ def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
                    attention_bias=False, tie_word_embeddings=False)
 
 
-def random_head(target: ModelConfig, vocab_ids: list[int] | None = None, seed: int = 0) -> Eagle3Head:
+def random_head(target: ModelConfig, vocab_ids: list[int] | None = None, seed: int = 0,
+                num_layers: int = 1) -> Eagle3Head:
     """A randomly initialised head over `vocab_ids` (default: the whole target vocabulary), for tests."""
     ids = torch.tensor(sorted(vocab_ids) if vocab_ids is not None else range(target.vocab_size))
     torch.manual_seed(seed)
-    head = Eagle3Head(draft_config(target), target.hidden_size, ids - torch.arange(len(ids)),
+    head = Eagle3Head(draft_config(target, num_layers), target.hidden_size, ids - torch.arange(len(ids)),
                       target.default_aux_layers())
     for m in head.modules():
         if isinstance(m, nn.Linear):
@@ -96,8 +103,6 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     a head that does not fit the target is refused with the mismatch named."""
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
-    if cfg.get("num_hidden_layers", 1) != 1:
-        raise ValueError(f"{folder}: only 1-layer EAGLE-3 heads are served yet, got {cfg['num_hidden_layers']}")
     c = ModelConfig.from_hf({**cfg, "model_type": "llama"})
     target_hidden = cfg.get("target_hidden_size", cfg["hidden_size"])
     aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or target.default_aux_layers()
@@ -138,7 +143,7 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, ta
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
            "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
-           "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": 1, "vocab_size": t["vocab_size"],
+           "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": c.num_layers, "vocab_size": t["vocab_size"],
            "draft_vocab_size": n, "target_hidden_size": head.fc.in_features // 3,
            "max_position_embeddings": t.get("max_position_embeddings", c.max_position_embeddings),
            "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope,

@@ -58,9 +58,9 @@ class TrainConfig:
             problems.append("data: give the prepared dataset folder (toolkit prepare-data --out)")
         if self.head != "eagle3":
             problems.append(f"head {self.head!r}: this trainer takes eagle3")
-        if self.num_layers != 1:
-            problems.append(f"num_layers {self.num_layers}: EAGLE-3 heads have 1 decoder layer here "
-                            "(the layout SGLang and vLLM serve)")
+        if not 1 <= self.num_layers <= 8:
+            problems.append(f"num_layers {self.num_layers}: give 1..8 draft decoder layers (1 is the layout "
+                            "SGLang serves; more are extra plain decoder layers)")
         if self.aux_layers is not None and len(self.aux_layers) != 3:
             problems.append(f"aux_layers {self.aux_layers}: give 3 target layer ids (low, mid, high)")
         if self.init_lm_head not in ("target", "random"):

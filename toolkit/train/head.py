@@ -56,11 +56,12 @@ def draft_vocab(assistant_ids: torch.Tensor, size: int, vocab_size: int, forced:
 
 
 def build_head(target_cfg: ModelConfig, vocab_ids: list[int], aux_layers: list[int], lm_head: torch.Tensor | None,
-               seed: int) -> Eagle3Head:
+               seed: int, num_layers: int = 1) -> Eagle3Head:
     """A fresh head; lm_head rows copied from the target's lm_head [V, H] when given, else torch's default init."""
     ids = torch.tensor(sorted(vocab_ids))
     torch.manual_seed(seed)
-    head = Eagle3Head(draft_config(target_cfg), target_cfg.hidden_size, ids - torch.arange(len(ids)), aux_layers)
+    head = Eagle3Head(draft_config(target_cfg, num_layers), target_cfg.hidden_size, ids - torch.arange(len(ids)),
+                      aux_layers)
     if lm_head is not None:
         with torch.no_grad():
             head.lm_head.weight.copy_(lm_head[ids].float())
@@ -70,7 +71,8 @@ def build_head(target_cfg: ModelConfig, vocab_ids: list[int], aux_layers: list[i
 def head_signature(head: Eagle3Head, target_fingerprint: str) -> dict:
     """What a resumed run must share with the saved one."""
     c = head.config
-    return {"target_fingerprint": target_fingerprint, "aux_layers": head.aux_layers, "hidden_size": c.hidden_size,
+    return {"target_fingerprint": target_fingerprint, "aux_layers": head.aux_layers, "num_layers": c.num_layers,
+            "hidden_size": c.hidden_size,
             "draft_vocab_size": len(head.d2t), "d2t_sum": int(head.d2t.sum()), "num_heads": c.num_heads,
             "num_kv_heads": c.num_kv_heads, "intermediate_size": c.intermediate_size}
 

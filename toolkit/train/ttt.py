@@ -61,22 +61,26 @@ def unroll(head, embed: torch.nn.Embedding, aux: torch.Tensor, input_ids: torch.
     sit at position t + i, where the engine puts a draft node of depth i after prefix t (train == serve).
     aux [B, L, 3Ht], input_ids [B, L] (positions beyond L read token 0 and are masked by the loss)."""
     B, L = input_ids.shape
-    c, attn, layer = head.config, head.midlayer.self_attn, head.midlayer
+    c, layer = head.config, head.midlayer
     h = head.fc(aux)                                                              # [B, L, H]
     rows = torch.arange(L, device=input_ids.device)
     padded = torch.cat([input_ids, input_ids.new_zeros(B, steps + 1)], 1)
-    ks, vs, logits = [], [], []
+    layers = [layer, *head.additional_layers]
+    ks, vs, logits = [[] for _ in layers], [[] for _ in layers], []
     for i in range(steps):
         emb = embed(padded[:, i + 1:i + 1 + L])                                   # token t + i + 1
-        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], -1)     # [B, L, 2H]
-        q = attn.q_proj(x).view(B, L, c.num_heads, c.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        q, k = _rope(q, rows + i, head.inv_freq), _rope(k, rows + i, head.inv_freq)
-        ks.append(k)
-        vs.append(v)
-        a = ttt_attention(q, ks, vs, block=block, valid=valid)                    # [B, Hq, L, D]
-        h = h + attn.o_proj(a.transpose(1, 2).reshape(B, L, c.num_heads * c.head_dim))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        for j, lyr in enumerate(layers):
+            # layer 0 reads cat[norm(embedding), norm(hidden)] (2H); later layers the hidden state alone
+            x = torch.cat([lyr.input_layernorm(emb), lyr.hidden_norm(h)], -1) if j == 0 else lyr.input_layernorm(h)
+            attn = lyr.self_attn
+            q = attn.q_proj(x).view(B, L, c.num_heads, c.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
+            q, k = _rope(q, rows + i, head.inv_freq), _rope(k, rows + i, head.inv_freq)
+            ks[j].append(k)
+            vs[j].append(v)
+            a = ttt_attention(q, ks[j], vs[j], block=block, valid=valid)             # [B, Hq, L, D]
+            h = h + attn.o_proj(a.transpose(1, 2).reshape(B, L, c.num_heads * c.head_dim))
+            h = h + lyr.mlp(lyr.post_attention_layernorm(h))
         logits.append(head.lm_head(head.norm(h)))
     return logits
