@@ -25,42 +25,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_models_args(p)
     p.set_defaults(func=models_main)
 
-    p = sub.add_parser("build-token-map", formatter_class=fmt,
-                       help="count tokens and write FR-Spec freq_N.pt + EAGLE-3 vocab_map_N.safetensors",
-                       description=build.__doc__.split("\n\n")[0])
-    build.add_args(p)
-    p.set_defaults(func=build.main)
-
-    from toolkit.infer import bench
-
-    p = sub.add_parser("bench", formatter_class=fmt, help="acceptance length and speed of a draft on prompts",
-                       description=bench.__doc__.split("\n\n")[0])
-    bench.add_args(p)
-    p.set_defaults(func=bench.main)
-
     from toolkit.data import prepare, regenerate
-
-    p = sub.add_parser("prepare-data", formatter_class=fmt, help="conversations -> input_ids + assistant "
-                       "loss_mask, a datasets folder for training", description=prepare.__doc__.split("\n\n")[0])
-    prepare.add_args(p)
-    p.set_defaults(func=prepare.main)
-
-    p = sub.add_parser("regenerate", formatter_class=fmt, help="replace assistant turns with the target's own "
-                       "answers (on-policy data)", description=regenerate.__doc__.split("\n\n")[0])
-    regenerate.add_args(p)
-    p.set_defaults(func=regenerate.main)
-
+    from toolkit.infer import bench
     from toolkit.train import eagle3, hidden_states
 
-    p = sub.add_parser("train", formatter_class=fmt, help="train an EAGLE-3 head (same as toolkit/train/eagle3.py)",
-                       description=eagle3.__doc__.split("\n\n")[0])
-    eagle3.add_args(p)
-    p.set_defaults(func=eagle3.main)
-
-    p = sub.add_parser("dump-hidden-states", formatter_class=fmt, help="write the target's hidden states for "
-                       "offline training", description=hidden_states.__doc__.split("\n\n")[0])
-    hidden_states.add_args(p)
-    p.set_defaults(func=hidden_states.main)
+    # name, module (with add_args, main and a docstring whose first paragraph describes it), one-line help
+    commands = [
+        ("build-token-map", build, "count tokens and write FR-Spec freq_N.pt + EAGLE-3 vocab_map_N.safetensors"),
+        ("bench", bench, "acceptance length and speed of a draft on prompts"),
+        ("prepare-data", prepare, "conversations -> input_ids + assistant loss_mask, a datasets folder for training"),
+        ("regenerate", regenerate, "replace assistant turns with the target's own answers (on-policy data)"),
+        ("train", eagle3, "train an EAGLE-3 head (same as toolkit/train/eagle3.py)"),
+        ("dump-hidden-states", hidden_states, "write the target's hidden states for offline training"),
+    ]
+    for name, module, text in commands:
+        p = sub.add_parser(name, formatter_class=fmt, help=text, description=module.__doc__.split("\n\n")[0])
+        module.add_args(p)
+        p.set_defaults(func=module.main)
     return parser
 
 

@@ -4,7 +4,6 @@ progress counters) plus an exported draft folder `draft/` (docs/formats.md secti
 checkpoint-N is always complete; the newest such folder is where a resumed run starts."""
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -71,10 +70,6 @@ def publish_draft(checkpoint: Path, output_dir: Path) -> None:
     shutil.copytree(checkpoint / "draft", tmp)
     shutil.rmtree(output_dir / "draft", ignore_errors=True)
     tmp.rename(output_dir / "draft")
-
-
-def read_config(folder: Path) -> dict:
-    return json.loads((folder / "config.json").read_text())
 
 
 def peak_memory_gb(device: torch.device) -> float:

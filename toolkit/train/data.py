@@ -28,8 +28,9 @@ class PreparedData:
             raise ValueError(f"data {folder}: not a prepared dataset (no toolkit_prepare.json); run "
                              "`toolkit prepare-data --out` first")
         self.meta = json.loads((folder / "toolkit_prepare.json").read_text())
-        self.ds = datasets.load_from_disk(str(folder)).with_format("torch", columns=["input_ids", "loss_mask"])
-        self.lengths = [min(n, max_len) for n in datasets.load_from_disk(str(folder))["num_tokens"]]
+        ds = datasets.load_from_disk(str(folder))
+        self.lengths = [min(n, max_len) for n in ds["num_tokens"]]
+        self.ds = ds.with_format("torch", columns=["input_ids", "loss_mask"])
         self.max_len = max_len
         if not self.lengths or sum(self.lengths) == 0:
             raise ValueError(f"data {folder}: the dataset is empty")

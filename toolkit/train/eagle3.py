@@ -126,7 +126,8 @@ def main(args: argparse.Namespace) -> int:
     # --- the head, optimizer, schedule; resume ---------------------------------------------------------
     lm_head = parts["lm_head.weight"] if cfg.init_lm_head == "target" else None
     head = build_head(tcfg, vocab_ids, aux_layers, lm_head, cfg.seed, cfg.num_layers)
-    template = build_head(tcfg, vocab_ids, aux_layers, None, cfg.seed, cfg.num_layers)  # CPU copy that exports are written from
+    # a CPU copy that exports and evaluations load the gathered weights into
+    template = build_head(tcfg, vocab_ids, aux_layers, None, cfg.seed, cfg.num_layers)
     signature = head_signature(head, target_fp)
     if args.resume:
         check_signature(out / "run.json", signature)
