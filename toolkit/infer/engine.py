@@ -1,7 +1,10 @@
-"""The speculative step loop over a batch of sequences of different lengths: prefill, then rounds of draft
-trees -> one target verify forward for the whole batch -> accept a path per sequence -> compact each
-sequence's KV cache -> extend the draft over what was accepted.
+"""The speculative step loop over a running batch of sequences of different lengths, with continuous
+batching: sequences are admitted (prefilled) and retired at step boundaries. A step drafts a tree per
+sequence -> one target verify forward for the whole batch -> accepts a path per sequence -> compacts each
+sequence's KV cache -> extends the draft over what was accepted.
 
+Running sequence i lives in row i of the KV caches; a sequence that finishes or is released leaves, and the
+rows after it move up, so the running batch is always rows 0..B-1 (the model reads rows :B).
 Without a draft head every round verifies the root alone, which is plain decoding with the same code.
 Sequences are right-padded where lengths differ: a pad writes to cache slots past its sequence's end, which
 no mask lets anyone read and which the next round overwrites.
@@ -52,6 +55,29 @@ class StopStrings:
         return any(s in text for s in self.strings)
 
 
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine: what to generate and how far it has got."""
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset = frozenset()
+    stop_strings: StopStrings | None = None
+    generator: torch.Generator | None = None  # per request: a seed makes its sampling reproducible
+    result: Result = field(default_factory=lambda: Result([]))
+    done: bool = False
+    prefix: int = 0                            # tokens in the KV cache; the root (last token) is not yet
+    root_out: torch.Tensor | None = None       # the draft's output and log-probs after the root
+    root_logp: torch.Tensor | None = None
+
+    def add(self, token: int) -> bool:
+        """Append a generated token; True (and done) when generation stops here."""
+        toks = self.result.tokens
+        toks.append(token)
+        self.done = token in self.stop_ids or len(toks) >= self.params.max_new_tokens or (
+            self.stop_strings is not None and self.stop_strings(toks))
+        return self.done
+
+
 def _pad(rows: list[list], value) -> torch.Tensor:
     width = max(len(r) for r in rows)
     return torch.tensor([r + [value] * (width - len(r)) for r in rows])
@@ -75,99 +101,134 @@ class Engine:
             raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
         self.max_len, self.max_batch = max_len, max_batch
         self.cache = KVCache(target.config, max_batch, max_len + self.tree.num_draft_tokens, dtype, self.device)
+        self.draft_cache, self.aux_layers = None, head.aux_layers if head is not None else ()
         if head is not None:
             spare = self.tree.num_steps * self.tree.topk + 1
             self.draft_cache = head.new_cache(max_len + spare, dtype, self.device, max_batch)
+        self.running: list[Sequence] = []  # running sequence i is in cache row i
+
+    def check(self, prompt: list[int], params: SamplingParams) -> None:
+        """Refuse what cannot fit: an empty prompt, or prompt + max_new_tokens beyond the cache."""
+        if not prompt:
+            raise ValueError("a prompt is empty")
+        if len(prompt) + params.max_new_tokens > self.max_len:
+            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                             f"the engine's max length {self.max_len}")
 
     def generate(self, prompt: list[int], params: SamplingParams, stop_ids=frozenset(), generator=None,
-                 stop_strings: "StopStrings | None" = None) -> Result:
+                 stop_strings: StopStrings | None = None) -> Result:
         return self.generate_batch([prompt], params, stop_ids, generator, stop_strings)[0]
 
-    @torch.no_grad()
     def generate_batch(self, prompts: list[list[int]], params: SamplingParams, stop_ids=frozenset(),
-                       generator: torch.Generator | None = None, stop_strings: "StopStrings | None" = None
+                       generator: torch.Generator | None = None, stop_strings: StopStrings | None = None
                        ) -> list[Result]:
-        B = len(prompts)
-        if not 1 <= B <= self.max_batch:
-            raise ValueError(f"batch of {B} prompts; this engine takes 1..{self.max_batch}")
-        for p in prompts:
-            if not p:
-                raise ValueError("a prompt is empty")
-            if len(p) + params.max_new_tokens > self.max_len:
-                raise ValueError(f"prompt ({len(p)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
-                                 f"the engine's max length {self.max_len}")
-        aux_layers = self.head.aux_layers if self.head is not None else ()
-        res, t0 = [Result([]) for _ in prompts], time.perf_counter()
-        prefix = [len(p) for p in prompts]
-        ids = _pad(prompts, 0).to(self.device)
-        logits, aux = self.target(ids, cache=self.cache, aux_layers=aux_layers)   # positions 0..len-1
-        roots = [self._pick(logits[b, prefix[b] - 1], params, generator) for b in range(B)]
-        for r, root in zip(res, roots):
-            r.tokens.append(root)
-        if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
-            nxt = _pad([p[1:] + [root] for p, root in zip(prompts, roots)], 0).to(self.device)
-            self._draft_extend(nxt, torch.cat(aux, -1), [0] * B, prefix)
-        for r in res:
-            r.seconds["prefill"] = (time.perf_counter() - t0) / B
-        stops = lambda toks: toks[-1] in stop_ids or len(toks) >= params.max_new_tokens or (  # noqa: E731
-            stop_strings is not None and stop_strings(toks))
-        done = [stops(r.tokens) for r in res]
-        while not all(done):
-            t1 = time.perf_counter()
-            if self.head is not None:
-                trees = draft_trees(self.head, self.target.embed_tokens, self.draft_cache, prefix, roots,
-                                    self.root_out, self.root_logp, self.tree)
-            else:
-                trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
-            t2 = time.perf_counter()
-            paths, emitted, aux = self._verify(trees, prefix, params, generator, aux_layers)
-            t3 = time.perf_counter()
-            grown = [0 if done[b] else len(paths[b]) for b in range(B)]  # finished sequences stay put
-            for b in range(B):
-                if done[b]:
-                    continue
-                res[b].verify_steps += 1
-                res[b].accepted.append(len(paths[b]) - 1)
-                for tok in emitted[b]:  # stop exactly where plain decoding would
-                    res[b].tokens.append(tok)
-                    if stops(res[b].tokens):
-                        done[b] = True
-                        break
-            roots = [r.tokens[-1] for r in res]
-            if self.head is not None and not all(done):
-                fused = torch.cat(aux, -1)
-                hidden = [fused[b, paths[b]] for b in range(B)]
-                width = max(len(h) for h in hidden)
-                hidden = torch.stack([torch.cat([h, h[-1:].expand(width - len(h), -1)]) for h in hidden])
-                self._draft_extend(_pad(emitted, 0).to(self.device), hidden, prefix,
-                                   [p + g for p, g in zip(prefix, grown)])
-            prefix = [p + g for p, g in zip(prefix, grown)]
-            t4 = time.perf_counter()
-            for b in range(B):
-                res[b].seconds["draft"] += ((t2 - t1) + (t4 - t3)) / B
-                res[b].seconds["verify"] += (t3 - t2) / B
-        return res
+        if self.running:
+            raise RuntimeError("generate_batch needs an idle engine; it is serving other sequences")
+        seqs = [Sequence(p, params, frozenset(stop_ids), stop_strings, generator) for p in prompts]
+        self.admit(seqs)
+        while self.running:
+            self.step()
+        return [s.result for s in seqs]
 
-    def _draft_extend(self, tokens: torch.Tensor, hidden: torch.Tensor, start: list[int], end: list[int]):
-        """Write draft pairs for positions start[b]..end[b]-1 (tokens/hidden right-padded) and keep each
-        sequence's output at end[b]-1: the draft's prediction after its root."""
-        width = tokens.shape[1]
-        pos = torch.tensor([[s + j for j in range(width)] for s in start], device=self.device)
-        logp, out = self.head(self.target.embed_tokens(tokens), hidden, pos, self.draft_cache)
-        last = torch.tensor([max(e - s - 1, 0) for s, e in zip(start, end)], device=self.device)
-        rows = torch.arange(len(start), device=self.device)
-        self.root_logp, self.root_out = logp[rows, last], out[rows, last]
+    @torch.no_grad()
+    def admit(self, seqs: list[Sequence]) -> None:
+        """Prefill `seqs` into the rows after the running ones and pick each one's first token; sequences
+        that stop at it are done at once and never join the running batch."""
+        n, m = len(self.running), len(seqs)
+        if not 1 <= m <= self.max_batch - n:
+            raise ValueError(f"{m} sequences to admit; this engine has {self.max_batch - n} free of "
+                             f"{self.max_batch} rows")
+        for s in seqs:
+            self.check(s.prompt, s.params)
+        t0 = time.perf_counter()
+        ids = _pad([s.prompt for s in seqs], 0).to(self.device)
+        logits, aux = self.target(ids, cache=self.cache.rows(n, n + m), aux_layers=self.aux_layers)
+        for b, s in enumerate(seqs):
+            s.prefix = len(s.prompt)
+            s.add(self._pick(logits[b, s.prefix - 1], s.params, s.generator))
+        if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
+            nxt = _pad([s.prompt[1:] + s.result.tokens for s in seqs], 0).to(self.device)
+            self._draft_extend(seqs, nxt, torch.cat(aux, -1), [0] * m, n)
+        for s in seqs:
+            s.result.seconds["prefill"] += (time.perf_counter() - t0) / m
+        self.running += seqs
+        self._retire()
+
+    @torch.no_grad()
+    def step(self) -> list[Sequence]:
+        """One speculative round for every running sequence; returns them (finished ones are done and have
+        left the running batch)."""
+        seqs, t1 = list(self.running), time.perf_counter()
+        if not seqs:
+            return []
+        prefix, roots = [s.prefix for s in seqs], [s.result.tokens[-1] for s in seqs]
+        if self.head is not None:
+            trees = draft_trees(self.head, self.target.embed_tokens, self.draft_cache, prefix, roots,
+                                torch.stack([s.root_out for s in seqs]), torch.stack([s.root_logp for s in seqs]),
+                                self.tree)
+        else:
+            trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
+        t2 = time.perf_counter()
+        paths, emitted, aux = self._verify(trees, seqs)
+        t3 = time.perf_counter()
+        for s, path, out in zip(seqs, paths, emitted):
+            s.result.verify_steps += 1
+            s.result.accepted.append(len(path) - 1)
+            for tok in out:  # stop exactly where plain decoding would
+                if s.add(tok):
+                    break
+        for s, path in zip(seqs, paths):
+            s.prefix += len(path)
+        if self.head is not None and not all(s.done for s in seqs):
+            fused = torch.cat(aux, -1)
+            hidden = [fused[b, paths[b]] for b in range(len(seqs))]
+            width = max(len(h) for h in hidden)
+            hidden = torch.stack([torch.cat([h, h[-1:].expand(width - len(h), -1)]) for h in hidden])
+            self._draft_extend(seqs, _pad(emitted, 0).to(self.device), hidden, prefix, 0)
+        self._retire()
+        t4 = time.perf_counter()
+        for s in seqs:
+            s.result.seconds["draft"] += ((t2 - t1) + (t4 - t3)) / len(seqs)
+            s.result.seconds["verify"] += (t3 - t2) / len(seqs)
+        return seqs
+
+    def release(self, seq: Sequence) -> None:
+        """Take a running sequence out between steps (a cancelled request); its row is reused."""
+        seq.done = True
+        self._retire()
+
+    def _retire(self) -> None:
+        """Drop finished sequences from the running batch; later rows move up to keep rows 0..B-1 packed."""
+        keep = [(row, s) for row, s in enumerate(self.running) if not s.done]
+        for new, (old, s) in enumerate(keep):
+            if new != old:
+                self.cache.move(old, new, s.prefix)
+                if self.head is not None and self.draft_cache is not None:
+                    self.draft_cache.move(old, new, s.prefix)
+        self.running = [s for _, s in keep]
+
+    def _draft_extend(self, seqs: list[Sequence], tokens: torch.Tensor, hidden: torch.Tensor, start: list[int],
+                      row0: int) -> None:
+        """Write draft pairs for positions start[b]..prefix-1 of the sequences in rows row0.. (tokens/hidden
+        right-padded) and keep each one's output at prefix-1: the draft's prediction after its root."""
+        width, m = tokens.shape[1], len(seqs)
+        pos = torch.tensor([[st + j for j in range(width)] for st in start], device=self.device)
+        cache = None if self.draft_cache is None else self.draft_cache.rows(row0, row0 + m)
+        logp, out = self.head(self.target.embed_tokens(tokens), hidden, pos, cache)
+        for b, (s, st) in enumerate(zip(seqs, start)):
+            last = max(s.prefix - st - 1, 0)  # s.prefix is already the new end
+            s.root_logp, s.root_out = logp[b, last], out[b, last]
 
     def _pick(self, logits, params, generator) -> int:
         if params.greedy:
             return int(logits.argmax())
         return int(torch.multinomial(target_probs(logits, params), 1, generator=generator))
 
-    def _verify(self, trees: list[Tree], prefix: list[int], params, generator, aux_layers):
+    def _verify(self, trees: list[Tree], seqs: list[Sequence]):
         """One target forward over every sequence's tree; returns per sequence the accepted path and the
         emitted tokens, and the aux hidden states of the tree nodes. Accepted nodes' KV moves to contiguous
         slots right after the sequence's prefix."""
-        n, dev = len(trees[0].tokens), self.device
+        n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
         slots = torch.tensor([[p + j for j in range(n)] for p in prefix], device=dev)
         mask = torch.zeros(len(trees), n, max(prefix) + n, dtype=torch.bool, device=dev)
         for b, (tree, p) in enumerate(zip(trees, prefix)):
@@ -176,16 +237,16 @@ class Engine:
         tokens = torch.stack([t.tokens for t in trees]).to(dev)
         positions = torch.stack([p + t.depth for p, t in zip(prefix, trees)]).to(dev)
         logits, aux = self.target(tokens, positions, cache=self.cache, slots=slots, mask=mask,
-                                  aux_layers=aux_layers)
+                                  aux_layers=self.aux_layers)
         paths, emitted = [], []
-        for b, (tree, p) in enumerate(zip(trees, prefix)):
-            if params.greedy:
+        for b, (tree, s) in enumerate(zip(trees, seqs)):
+            if s.params.greedy:
                 path, out = greedy_verify(tree.tokens, tree.parents, logits[b])
             else:
-                path, out = sample_verify(tree.tokens, tree.parents, target_probs(logits[b], params), generator)
-            src = torch.tensor(path, device=dev) + p
+                path, out = sample_verify(tree.tokens, tree.parents, target_probs(logits[b], s.params), s.generator)
+            src = torch.tensor(path, device=dev) + s.prefix
             for kv in (self.cache.k, self.cache.v):  # keep only the accepted path, in order
-                kv[:, b, :, p:p + len(path)] = kv[:, b, :, src]
+                kv[:, b, :, s.prefix:s.prefix + len(path)] = kv[:, b, :, src]
             paths.append(path)
             emitted.append(out)
         return paths, emitted, aux

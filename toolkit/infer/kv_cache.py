@@ -32,6 +32,17 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
 
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """Sequences start..stop-1 as a cache of their own (a view: writes land in this cache)."""
+        view = object.__new__(KVCache)
+        view.k, view.v, view.max_len = self.k[:, start:stop], self.v[:, start:stop], self.max_len
+        return view
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` slots of sequence src to sequence dst (all layers)."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """k/v [B, Hkv, T, D] go to slots [B, T] of sequences 0..B-1."""
         rows = torch.arange(k.shape[0], device=k.device)[:, None]          # [B, 1]

@@ -1,0 +1,91 @@
+"""Continuous batching in the engine: sequences admitted at different steps, finishing at different steps or
+released mid-way, each produce exactly what they produce alone (greedy), and their rows are reused."""
+import pytest
+import torch
+
+from toolkit.infer.drafts import random_head
+from toolkit.infer.engine import Engine, Sequence
+from toolkit.infer.model import load_target
+from toolkit.infer.sampling import SamplingParams
+from toolkit.infer.tree import TreeConfig
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    return load_target(tiny_target)
+
+
+PROMPTS = [[1, 504, 3575, 282, 19], [1, 88, 9], [1, 4000, 17, 2201, 77, 301, 5, 6, 7], [1, 12],
+           [1, 600, 601, 602], [1, 9, 9, 9, 9, 9, 9], [1, 31000, 4], [1, 45, 46, 47, 48, 49, 50, 51]]
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(4, 1, 5), TreeConfig(3, 3, 8)], ids=["plain", "chain", "tree"])
+def test_sequences_joining_and_leaving_match_each_alone(target, tree, monkeypatch):
+    import toolkit.infer.engine as engine_module
+
+    head = None if tree is None else random_head(target.config, seed=1)
+    drafted = []  # per step, the tree tokens each running sequence was offered, in row order
+    real_draft_trees = engine_module.draft_trees
+
+    def recording(*args):
+        trees = real_draft_trees(*args)
+        drafted.append([t.tokens.tolist() for t in trees])
+        return trees
+
+    monkeypatch.setattr(engine_module, "draft_trees", recording)
+    lengths = [12, 5, 20, 9, 14, 3, 17, 8]  # different max_new_tokens: sequences leave at different steps
+    solo, want, want_drafts = Engine(target, head, tree, max_len=64), [], []
+    for p, n in zip(PROMPTS, lengths):
+        drafted.clear()
+        want.append(solo.generate(p, SamplingParams(max_new_tokens=n)).tokens)
+        want_drafts.append([d[0] for d in drafted])
+
+    eng = Engine(target, head, tree, max_len=64, max_batch=3)
+    seqs = [Sequence(p, SamplingParams(max_new_tokens=n)) for p, n in zip(PROMPTS, lengths)]
+    waiting, steps, got_drafts = list(seqs), 0, {id(s): [] for s in seqs}
+    cancelled = seqs[4]
+    while waiting or eng.running:
+        free = eng.max_batch - len(eng.running)
+        if waiting and free:  # join at a step boundary, one or two at a time
+            batch, waiting = waiting[:min(free, 1 + steps % 2)], waiting[min(free, 1 + steps % 2):]
+            eng.admit(batch)
+        if cancelled in eng.running and len(cancelled.result.tokens) >= 4:
+            eng.release(cancelled)  # a client went away: its row frees up for the next one
+        running, drafted[:] = list(eng.running), []
+        eng.step()
+        for s, d in zip(running, drafted[0] if drafted else []):
+            got_drafts[id(s)].append(d)
+        steps += 1
+        assert len(eng.running) <= 3
+    for i, (s, w) in enumerate(zip(seqs, want)):
+        if s is cancelled:
+            assert s.done and s.result.tokens == w[:len(s.result.tokens)] and len(s.result.tokens) < len(w)
+        else:
+            assert s.result.tokens == w, f"sequence {i}"
+            # the draft saw the same cache as alone: its KV rows moved with the sequence
+            assert got_drafts[id(s)] == want_drafts[i], f"sequence {i}"
+    assert steps < sum(lengths)  # they did run side by side
+
+
+def test_admit_refuses_beyond_free_rows_and_generate_batch_needs_an_idle_engine(target):
+    eng = Engine(target, max_len=32, max_batch=2)
+    eng.admit([Sequence([1, 2, 3], SamplingParams(max_new_tokens=8))])
+    with pytest.raises(ValueError, match="1 free of 2"):
+        eng.admit([Sequence([1, 2], SamplingParams(max_new_tokens=4)) for _ in range(2)])
+    with pytest.raises(RuntimeError, match="idle engine"):
+        eng.generate([1, 2], SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match="max length 32"):
+        eng.admit([Sequence(list(range(30)), SamplingParams(max_new_tokens=8))])
+
+
+def test_a_seeded_sequence_samples_the_same_alone_and_in_a_batch(target):
+    """Per-sequence generators: with no draft, a seeded request's sample does not depend on its neighbours."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=10)
+    alone = Engine(target, max_len=64).generate(PROMPTS[0], params, generator=torch.Generator().manual_seed(7))
+    eng = Engine(target, max_len=64, max_batch=4)
+    seqs = [Sequence(p, params, generator=torch.Generator().manual_seed(7 if i == 2 else i))
+            for i, p in enumerate([PROMPTS[3], PROMPTS[1], PROMPTS[0], PROMPTS[2]])]
+    eng.admit(seqs)
+    while eng.running:
+        eng.step()
+    assert seqs[2].result.tokens == alone.tokens
