@@ -17,7 +17,8 @@ import torch
 
 def main() -> None:
     from toolkit.data.chat import load_tokenizer
-    from toolkit.infer.bench import answer_turns, load_draft, read_prompts
+    from toolkit.infer.bench import answer_turns, read_prompts
+    from toolkit.infer.loading import load_draft
     from toolkit.infer.engine import Engine
     from toolkit.infer.model import load_target
     from toolkit.infer.sampling import SamplingParams

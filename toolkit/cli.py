@@ -27,12 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from toolkit.data import prepare, regenerate
     from toolkit.infer import bench
+    from toolkit.serve import server
     from toolkit.train import eagle3, hidden_states
 
     # name, module (with add_args, main and a docstring whose first paragraph describes it), one-line help
     commands = [
         ("build-token-map", build, "count tokens and write FR-Spec freq_N.pt + EAGLE-3 vocab_map_N.safetensors"),
         ("bench", bench, "acceptance length and speed of a draft on prompts"),
+        ("serve", server, "OpenAI-compatible speculative server: continuous batching, streaming, metrics"),
         ("prepare-data", prepare, "conversations -> input_ids + assistant loss_mask, a datasets folder for training"),
         ("regenerate", regenerate, "replace assistant turns with the target's own answers (on-policy data)"),
         ("train", eagle3, "train an EAGLE-3 head (same as toolkit/train/eagle3.py)"),

@@ -3,7 +3,6 @@ online == offline, refusals, wandb offline."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -105,22 +105,17 @@ def answer_all(skeletons: list[list], answer_batch: Callable[[list[list[dict]]],
 def engine_answerer(args) -> tuple[Callable, int]:
     import torch
 
-    from toolkit.data.chat import load_tokenizer
     from toolkit.infer.engine import Engine
-    from toolkit.infer.model import load_target
+    from toolkit.infer.loading import load, stop_ids
     from toolkit.infer.sampling import SamplingParams
-    from toolkit.models import resolve_target
 
-    folder = resolve_target(args.model or DEFAULT_MODEL)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tok, target = load_tokenizer(model=str(folder)), load_target(folder, dtype, device)
+    loaded = load(None, args.model, None, args.device)
+    tok, target = loaded.tok, loaded.target
     max_len = min(args.max_len, target.config.max_position_embeddings)
     engine = Engine(target, None, None, max_len, max_batch=args.batch_size)
     params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
     gen = torch.Generator().manual_seed(args.seed)
-    stop = {tok.eos_token_id} | ({tok.convert_tokens_to_ids("<|eot_id|>")} if "<|eot_id|>" in tok.get_vocab()
-                                 else set())
+    stop = stop_ids(tok)
 
     def answer_batch(prompts: list[list[dict]]) -> list[str | None]:
         ids = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),

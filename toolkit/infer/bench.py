@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -141,20 +140,6 @@ def write_png(path: Path, summary: dict) -> None:
         fig.savefig(tmp, format="png", dpi=100)
 
 
-def load_draft(folder: str, target, token_map: str | None):
-    """An EAGLE-3 head (architectures LlamaForCausalLMEagle3) or an EAGLE-1/2 head, for `target`."""
-    from toolkit.infer.drafts import load_eagle3
-    from toolkit.infer.eagle2 import load_eagle2
-
-    arch = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or []
-    if "LlamaForCausalLMEagle3" in arch and token_map is not None:
-        raise ValueError("--token-map applies to EAGLE-1/2 heads; an EAGLE-3 head carries its own d2t")
-    dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
-    if "LlamaForCausalLMEagle3" in arch:
-        return load_eagle3(folder, target.config, dtype, device)
-    return load_eagle2(folder, target, token_map, dtype)
-
-
 def parse_sweep(text: str) -> list[TreeConfig]:
     try:
         return [TreeConfig(*(int(x) for x in item.split(","))) for item in text.split(";") if item.strip()]
@@ -164,44 +149,24 @@ def parse_sweep(text: str) -> list[TreeConfig]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from toolkit.data.chat import load_tokenizer
-    from toolkit.infer.drafts import agreement
     from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import load, probe
     from toolkit.infer.metrics import summarize
-    from toolkit.infer.model import load_target
     from toolkit.infer.sampling import SamplingParams
-    from toolkit.models import fingerprint, resolve_target
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit {args.limit}: give at least 1 prompt")
-    if not (Path(args.draft) / "config.json").is_file():
-        raise ValueError(f"--draft {args.draft}: no config.json there (expected a draft checkpoint folder)")
-    draft_cfg = json.loads((Path(args.draft) / "config.json").read_text())
-    recorded = draft_cfg.get("toolkit", {})
-    folder = resolve_target(args.model or recorded.get("target") or DEFAULT_MODEL)
-    if args.model and recorded.get("target_fingerprint") and recorded["target_fingerprint"] != fingerprint(folder):
-        raise ValueError(f"--model {args.model} is not the target the draft was trained for "
-                         f"({recorded.get('target')}, fingerprint {recorded['target_fingerprint']})")
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible")
-    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
-        torch.bfloat16 if device == "cuda" else torch.float32)
-    tok, target = load_tokenizer(model=str(folder)), load_target(folder, dtype, device)
-    head = load_draft(args.draft, target, args.token_map)
+    loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype)
+    folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
+    device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
     prompts = read_prompts(args.prompts, args.limit)
     max_len = min(args.max_len, target.config.max_position_embeddings)
-    probe = tok.apply_chat_template([{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False,
-                                    add_generation_prompt=True)
-    agree = agreement(head, target, tok(probe, add_special_tokens=False).input_ids[:256])
-    print(f"draft/target top-1 agreement on the first prompt: {agree:.1%}")
-    if agree < 0.02:
-        print("WARNING: the draft almost never agrees with the target: check that it was trained for this "
-              "target (aux layers, d2t, lm_head); expect tau close to 1", file=sys.stderr)
+    agree = probe(head, target, tok, tok.apply_chat_template(
+        [{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False, add_generation_prompt=True))
 
     results, spec_answers, wall = run_engine(Engine(target, head, tree, max_len), tok, prompts, params, args.seed)
     report = {"draft": args.draft, "target": str(folder), "tree": vars(tree), "sampling": vars(params),

@@ -106,6 +106,7 @@ class Engine:
             spare = self.tree.num_steps * self.tree.topk + 1
             self.draft_cache = head.new_cache(max_len + spare, dtype, self.device, max_batch)
         self.running: list[Sequence] = []  # running sequence i is in cache row i
+        self.seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0}  # engine time so far, by phase
 
     def check(self, prompt: list[int], params: SamplingParams) -> None:
         """Refuse what cannot fit: an empty prompt, or prompt + max_new_tokens beyond the cache."""
@@ -149,6 +150,7 @@ class Engine:
         if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
             nxt = _pad([s.prompt[1:] + s.result.tokens for s in seqs], 0).to(self.device)
             self._draft_extend(seqs, nxt, torch.cat(aux, -1), [0] * m, n)
+        self.seconds["prefill"] += time.perf_counter() - t0
         for s in seqs:
             s.result.seconds["prefill"] += (time.perf_counter() - t0) / m
         self.running += seqs
@@ -187,6 +189,8 @@ class Engine:
             self._draft_extend(seqs, _pad(emitted, 0).to(self.device), hidden, prefix, 0)
         self._retire()
         t4 = time.perf_counter()
+        self.seconds["draft"] += (t2 - t1) + (t4 - t3)
+        self.seconds["verify"] += t3 - t2
         for s in seqs:
             s.result.seconds["draft"] += ((t2 - t1) + (t4 - t3)) / len(seqs)
             s.result.seconds["verify"] += (t3 - t2) / len(seqs)

@@ -55,7 +55,7 @@ def sample_verify(tokens: torch.Tensor, parents: torch.Tensor, probs: torch.Tens
             total = residual.sum()
             if total <= 0:
                 break
-            if torch.rand((), generator=generator, dtype=torch.float64) * total < residual[t]:
+            if torch.rand((), generator=generator, dtype=torch.float64, device=probs.device) * total < residual[t]:
                 accepted = c
                 break
             residual[t] = 0.0  # rejected: the token can no longer be emitted at this node

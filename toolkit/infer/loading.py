@@ -1,0 +1,99 @@
+"""Loading a target and its draft for `toolkit bench` and `toolkit serve`: the device and dtype, the target a
+draft was trained for (a different `--model` is refused with both names), the draft itself (EAGLE-3 or
+EAGLE-1/2), the stop tokens of the chat template, and the load-time sanity probe."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from toolkit.embedded import DEFAULT_MODEL
+
+
+def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.dtype]:
+    """auto: cuda when visible, else cpu; dtype auto: bfloat16 on cuda, float32 on cpu."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"--device {device}: give auto, cuda or cpu")
+    if dtype == "auto":
+        return device, torch.bfloat16 if device == "cuda" else torch.float32
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"--dtype {dtype}: give auto, float32, bfloat16 or float16")
+    return device, getattr(torch, dtype)
+
+
+def draft_target(draft: str, model: str | None) -> Path:
+    """The target folder for `draft`: `model` when given (refused if the draft records another target),
+    else the one the draft records, else the embedded default."""
+    from toolkit.models import fingerprint, resolve_target
+
+    if not (Path(draft) / "config.json").is_file():
+        raise ValueError(f"--draft {draft}: no config.json there (expected a draft checkpoint folder)")
+    recorded = json.loads((Path(draft) / "config.json").read_text()).get("toolkit", {})
+    folder = resolve_target(model or recorded.get("target") or DEFAULT_MODEL)
+    if model and recorded.get("target_fingerprint") and recorded["target_fingerprint"] != fingerprint(folder):
+        raise ValueError(f"--model {model} is not the target the draft {draft} was trained for: it records "
+                         f"{recorded.get('target')} (fingerprint {recorded['target_fingerprint']})")
+    return folder
+
+
+def load_draft(folder: str, target, token_map: str | None):
+    """An EAGLE-3 head (architectures LlamaForCausalLMEagle3) or an EAGLE-1/2 head, for `target`."""
+    from toolkit.infer.drafts import load_eagle3
+    from toolkit.infer.eagle2 import load_eagle2
+
+    arch = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or []
+    if "LlamaForCausalLMEagle3" in arch and token_map is not None:
+        raise ValueError("--token-map applies to EAGLE-1/2 heads; an EAGLE-3 head carries its own d2t")
+    dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
+    if "LlamaForCausalLMEagle3" in arch:
+        return load_eagle3(folder, target.config, dtype, device)
+    return load_eagle2(folder, target, token_map, dtype)
+
+
+def stop_ids(tok) -> set[int]:
+    """Token ids that end an assistant turn: the tokenizer's EOS and the known end-of-turn tokens it has."""
+    vocab = tok.get_vocab()
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    return ids | {vocab[t] for t in ("<|eot_id|>", "<|im_end|>", "<|end|>") if t in vocab}
+
+
+def probe(head, target, tok, text: str) -> float:
+    """The draft's top-1 agreement with the target on `text` (chat-templated); warns loudly near zero."""
+    from toolkit.infer.drafts import agreement
+
+    ids = tok(text, add_special_tokens=False).input_ids[:256]
+    agree = agreement(head, target, ids) if len(ids) > 2 else 0.0
+    print(f"draft/target top-1 agreement on a probe prompt: {agree:.1%}", file=sys.stderr)
+    if agree < 0.02:
+        print("WARNING: the draft almost never agrees with the target: check that it was trained for this "
+              "target (aux layers, d2t, lm_head); expect tau close to 1", file=sys.stderr)
+    return agree
+
+
+@dataclass
+class Loaded:
+    folder: Path    # the target's folder
+    tok: object     # its tokenizer (with chat template)
+    target: object  # toolkit.infer.model.Transformer
+    head: object    # the draft head, or None
+
+
+def load(draft: str | None, model: str | None, token_map: str | None, device: str = "auto",
+         dtype: str = "auto") -> Loaded:
+    """Target (+ draft when given) on the chosen device."""
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.model import load_target
+    from toolkit.models import resolve_target
+
+    device, torch_dtype = pick_device(device, dtype)
+    folder = draft_target(draft, model) if draft else resolve_target(model or DEFAULT_MODEL)
+    tok, target = load_tokenizer(model=str(folder)), load_target(folder, torch_dtype, device)
+    head = load_draft(draft, target, token_map) if draft else None
+    return Loaded(folder, tok, target, head)

@@ -1,0 +1,205 @@
+"""The OpenAI-compatible HTTP API over the batcher: /v1/chat/completions, /v1/completions (both streamed as
+server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/models, /health, /metrics.
+
+Each response's `usage` has the standard token counts plus `speculative`: this request's verify steps,
+accepted draft tokens, τ and acceptance by draft position.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from toolkit.infer.engine import Sequence, StopStrings
+from toolkit.infer.metrics import summarize
+from toolkit.infer.sampling import SamplingParams
+from toolkit.serve.batcher import Batcher
+from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
+from toolkit.serve.text import TextStream
+
+
+@dataclass
+class Served:
+    name: str            # the model name clients send and /v1/models lists
+    tok: object          # tokenizer with the chat template
+    stop_ids: frozenset  # end-of-turn tokens
+    batcher: Batcher
+    created: int = 0
+
+
+def usage(seq: Sequence) -> dict:
+    s = summarize([seq.result])
+    n_prompt, n_out = len(seq.prompt), len(seq.result.tokens)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+            "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(seq.result.accepted),
+                            "tau": s["tau"], "accept_rate_by_position": s["accept_rate_by_position"],
+                            "accepted_length_histogram": s["accepted_length_histogram"]}}
+
+
+def build_app(served: Served) -> FastAPI:
+    app = FastAPI(title="toolkit serve", docs_url=None, redoc_url=None)
+    batcher, tok = served.batcher, served.tok
+    engine, metrics = batcher.engine, batcher.metrics
+    served.created = served.created or int(time.time())
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError):
+        return JSONResponse(err.body(), status_code=err.status)
+
+    async def parse(request: Request, model):
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"malformed JSON body: {e}", None, "json_invalid") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the body must be a JSON object", None, "json_invalid")
+        try:
+            body = model.model_validate(data)
+        except ValidationError as e:
+            raise validation_error(e.errors()) from None
+        if body.model is not None and body.model != served.name:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {served.name!r}",
+                           "model", "model_not_found")
+        return body
+
+    def sequence(body, ids: list[int], field: str) -> Sequence:
+        ctx = engine.max_len
+        if len(ids) >= ctx:
+            raise ApiError(400, f"the prompt is {len(ids)} tokens; this server's context (--max-seq-len) is {ctx} "
+                                "tokens, which leaves no room to generate", field, "context_length_exceeded")
+        max_tokens = body.max_tokens if body.max_tokens is not None else ctx - len(ids)
+        if len(ids) + max_tokens > ctx:
+            raise ApiError(400, f"max_tokens ({max_tokens}) + the prompt ({len(ids)} tokens) exceed this server's "
+                                f"context of {ctx} tokens", "max_tokens", "context_length_exceeded")
+        params = SamplingParams(body.temperature, body.top_p, max(body.top_k, 0), max_tokens)
+        gen = torch.Generator(device=engine.device)
+        gen.manual_seed(body.seed) if body.seed is not None else gen.seed()
+        stops = StopStrings(tok, body.stop) if body.stop else None
+        return Sequence(ids, params, served.stop_ids, stops, gen)
+
+    @app.get("/health")
+    async def health():
+        if not batcher.alive:
+            return JSONResponse({"status": "engine thread stopped"}, status_code=503)
+        return {"status": "ok", "running": len(engine.running), "waiting": len(batcher.waiting)}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": served.created,
+                                            "owned_by": "toolkit", "max_model_len": engine.max_len}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await parse(request, ChatRequest)
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+                    for m in body.messages]
+        try:
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # a template may refuse a role order (e.g. no system turn)
+            raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
+        seq = sequence(body, tok(text, add_special_tokens=False).input_ids, "messages")
+        return await respond(request, body, seq, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse(request, CompletionRequest)
+        if isinstance(body.prompt, str):
+            ids = tok(body.prompt).input_ids
+        elif any(not 0 <= t < engine.target.config.vocab_size for t in body.prompt):
+            raise ApiError(400, f"prompt token ids must be in 0..{engine.target.config.vocab_size - 1}", "prompt")
+        else:
+            ids = list(body.prompt)
+        return await respond(request, body, sequence(body, ids, "prompt"), chat=False)
+
+    async def respond(request: Request, body, seq: Sequence, chat: bool):
+        req = batcher.submit(seq)
+        rid, now = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        stream = TextStream(tok, body.stop or [])
+
+        def finish_reason() -> str:
+            toks = seq.result.tokens
+            return "stop" if stream.stopped or (toks and toks[-1] in served.stop_ids) else "length"
+
+        def choice(text: str | None, reason: str | None, delta: bool) -> dict:
+            if not chat:
+                return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+            key = "delta" if delta else "message"
+            msg = ({"content": text} if text is not None else {}) if delta else {"role": "assistant", "content": text}
+            return {"index": 0, key: msg, "logprobs": None, "finish_reason": reason}
+
+        async def next_update():
+            item = await req.updates.get()
+            if item[0] == "error":
+                raise ApiError(500, item[1], None, "engine_error", "server_error")
+            return item
+
+        if not body.stream:
+            text, done = "", False
+            try:
+                while not (done or stream.stopped):
+                    try:
+                        tokens, done = await asyncio.wait_for(next_update(), timeout=1.0)
+                    except asyncio.TimeoutError:
+                        if await request.is_disconnected():
+                            raise asyncio.CancelledError from None
+                        continue
+                    text += stream.update(tokens, done)
+            except asyncio.CancelledError:  # the client went away: free its row
+                batcher.cancel(req)
+                metrics.cancelled.inc()
+                raise
+            if not seq.done:  # a stop string showed in the text before the engine stopped
+                batcher.cancel(req)
+            return {"id": rid, "object": kind, "created": now, "model": served.name,
+                    "choices": [choice(text, finish_reason(), False)], "usage": usage(seq)}
+
+        def event(choices: list, **extra) -> str:
+            data = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": now, "model": served.name,
+                    "choices": choices, **extra}
+            return f"data: {json.dumps(data)}\n\n"
+
+        async def events():
+            finished = False
+            try:
+                if chat:
+                    yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}])
+                while not finished:
+                    try:
+                        tokens, done = await next_update()
+                    except ApiError as err:
+                        yield f"data: {json.dumps(err.body())}\n\n"
+                        break
+                    delta = stream.update(tokens, done)
+                    finished = done or stream.stopped
+                    if delta:
+                        yield event([choice(delta, None, True)])
+                if finished:
+                    if not seq.done:
+                        batcher.cancel(req)
+                    yield event([choice(None, finish_reason(), True)])
+                    if body.stream_options and body.stream_options.include_usage:
+                        yield event([], usage=usage(seq))
+                yield "data: [DONE]\n\n"
+            finally:
+                if not finished:  # the client went away mid-stream: free its row
+                    batcher.cancel(req)
+                    metrics.cancelled.inc()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app

@@ -1,0 +1,145 @@
+"""Continuous batching: one thread owns the engine and runs step after step; between steps it releases
+cancelled sequences, admits waiting requests into free rows (FIFO) and publishes each request's new tokens
+to its asyncio queue. Requests join and leave the running batch only at step boundaries.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+
+from toolkit.infer.engine import Engine, Sequence
+from toolkit.serve.metrics import ServerMetrics
+from toolkit.serve.protocol import ApiError
+
+log = logging.getLogger("toolkit.serve")
+
+
+@dataclass(eq=False)
+class Request:
+    seq: Sequence
+    loop: asyncio.AbstractEventLoop
+    updates: asyncio.Queue = field(default_factory=asyncio.Queue)  # (tokens so far, done) or ("error", message)
+    arrived: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False
+    sent: int = 0  # tokens published so far
+
+    def publish(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.updates.put_nowait, item)
+
+
+class Batcher:
+    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int = 256, log_every: int = 50):
+        self.engine, self.metrics, self.max_queue, self.log_every = engine, metrics, max_queue, log_every
+        self.waiting: deque[Request] = deque()
+        self.active: list[Request] = []  # admitted, not yet finished
+        self.wake = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="toolkit-batcher", daemon=True)
+        self.window = {"steps": 0, "seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0}
+        self.total_steps = 0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.wake:
+            self.stopping = True
+            self.wake.notify()
+        self.thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def submit(self, seq: Sequence) -> Request:
+        """Queue a sequence (called on the event loop); over the queue limit: a 429."""
+        self.engine.check(seq.prompt, seq.params)
+        req = Request(seq, asyncio.get_running_loop())
+        with self.wake:
+            if len(self.waiting) >= self.max_queue:
+                raise ApiError(429, f"server busy: {len(self.waiting)} requests already wait for a batch slot "
+                                    f"(--max-queue {self.max_queue}); retry later", None, "queue_full",
+                               "rate_limit_error")
+            self.waiting.append(req)
+            self.metrics.waiting.set(len(self.waiting))
+            self.wake.notify()
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """The client went away: the sequence leaves at the next step boundary and its row is reused."""
+        with self.wake:
+            req.cancelled = True
+            self.wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.wake:
+                while not (self.stopping or self.waiting or self.active):
+                    self.wake.wait()
+                if self.stopping:
+                    return
+                for req in [r for r in self.waiting if r.cancelled]:
+                    self.waiting.remove(req)
+                admit = []
+                while self.waiting and len(admit) < self.engine.max_batch - len(self.engine.running):
+                    admit.append(self.waiting.popleft())
+                self.metrics.waiting.set(len(self.waiting))
+            t0 = time.perf_counter()
+            try:
+                self._advance(admit)
+            except Exception:  # a bug must not take the server down: fail the batch, keep serving
+                message = traceback.format_exc(limit=4)
+                log.error("engine step failed; failing %d requests\n%s", len(self.active), message)
+                for req in self.active:
+                    req.publish(("error", "internal error in the engine step; see the server log"))
+                self.active, self.engine.running = [], []
+            self.metrics.running.set(len(self.engine.running))
+            self.window["busy"] += time.perf_counter() - t0
+
+    def _advance(self, admit: list[Request]) -> None:
+        for req in [r for r in self.active if r.cancelled]:
+            self.engine.release(req.seq)
+            self.active.remove(req)
+        before = dict(self.engine.seconds)
+        if admit:
+            self.engine.admit([r.seq for r in admit])
+            self.metrics.prompt_tokens.inc(sum(len(r.seq.prompt) for r in admit))
+            self.active += admit
+        stepped = self.engine.step()
+        self.metrics.step([s.result.accepted[-1] for s in stepped],
+                          {k: v - before[k] for k, v in self.engine.seconds.items()})
+        self._log(stepped)
+        now = time.perf_counter()
+        for req in self.active:
+            toks = req.seq.result.tokens
+            if len(toks) > req.sent or req.seq.done:
+                if req.sent == 0 and toks:
+                    self.metrics.ttft.observe(now - req.arrived)
+                self.metrics.generation_tokens.inc(len(toks) - req.sent)
+                self.window["tokens"] += len(toks) - req.sent
+                req.sent = len(toks)
+                req.publish((list(toks), req.seq.done))
+            if req.seq.done and req.seq.result.verify_steps:
+                self.metrics.tau.observe(req.seq.result.tau)
+        self.active = [r for r in self.active if not r.seq.done]
+
+    def _log(self, stepped: list[Sequence]) -> None:
+        """Every log_every steps: running τ and generation throughput (busy time only) over the window, like
+        SGLang's `accept len` line."""
+        if not stepped:
+            return
+        w = self.window
+        w["steps"] += 1
+        w["seq_steps"] += len(stepped)
+        w["accepted"] += sum(s.result.accepted[-1] for s in stepped)
+        self.total_steps += 1
+        if self.log_every and w["steps"] >= self.log_every:
+            log.info("step %d: running %d, waiting %d, accept len %.2f, gen throughput %.1f tok/s",
+                     self.total_steps, len(self.engine.running), len(self.waiting),
+                     (w["accepted"] + w["seq_steps"]) / w["seq_steps"], w["tokens"] / max(w["busy"], 1e-9))
+            self.window = {"steps": 0, "seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0}

@@ -1,0 +1,57 @@
+"""ASGI middleware in front of the API: refuses bodies over the size limit with a 413 before anything parses
+them (whether or not the client sent Content-Length), and counts every response by endpoint and status."""
+from __future__ import annotations
+
+import json
+
+from toolkit.serve.metrics import ServerMetrics
+from toolkit.serve.protocol import ApiError
+
+
+class Gate:
+    def __init__(self, app, max_body_bytes: int, metrics: ServerMetrics):
+        self.app, self.limit, self.metrics = app, max_body_bytes, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"] if scope["path"].startswith(("/v1/", "/health", "/metrics")) else "other"
+
+        async def counted_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(endpoint=path, code=str(message["status"])).inc()
+            await send(message)
+
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._too_large(counted_send)
+        chunks, total = [], 0
+        while True:  # read the body here, counting, so a chunked upload cannot slip past the limit
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            total += len(chunks[-1])
+            if total > self.limit:
+                return await self._too_large(counted_send)
+            if not message.get("more_body"):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # later: the disconnect, for streaming responses
+
+        await self.app(scope, replay, counted_send)
+
+    async def _too_large(self, send) -> None:
+        err = ApiError(413, f"request body is over the limit of {self.limit} bytes (--max-body-bytes)", None,
+                       "body_too_large")
+        payload = json.dumps(err.body()).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode())]})
+        await send({"type": "http.response.body", "body": payload})

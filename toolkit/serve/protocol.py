@@ -1,0 +1,135 @@
+"""OpenAI request bodies as validated pydantic models, and OpenAI-style errors.
+
+Every refusal is an `ApiError`: an HTTP status plus {"error": {"message", "type", "param", "code"}} as the
+OpenAI API returns it, with `param` naming the offending field.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+ROLES = ("system", "developer", "user", "assistant")  # developer = OpenAI's newer name for system
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    role: str
+    content: str | list[TextPart] | None = None
+
+    @field_validator("role")
+    @classmethod
+    def known_role(cls, role: str) -> str:
+        if role not in ROLES:
+            raise ValueError(f"unsupported role {role!r}; accepted: {', '.join(ROLES)}")
+        return role
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class Sampling(BaseModel):
+    """Fields both endpoints share."""
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)  # 0 or -1 = off (vLLM's -1 accepted)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool | int | None = None
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def stop_strings(cls, stop):
+        stops = [stop] if isinstance(stop, str) else (stop or [])
+        if len(stops) > 16 or any(not s for s in stops):
+            raise ValueError("give at most 16 non-empty stop strings")
+        return stops
+
+    @model_validator(mode="after")
+    def supported(self):
+        if self.n != 1:
+            raise ApiError(400, "n > 1 is not supported; send n separate requests", "n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ApiError(400, f"{name} is not supported; leave it 0", name)
+        if self.logprobs:
+            raise ApiError(400, "logprobs are not supported", "logprobs")
+        return self
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list | None = None
+
+    @model_validator(mode="after")
+    def chat_supported(self):
+        if self.tools:
+            raise ApiError(400, "tools are not supported by this server", "tools")
+        if self.max_completion_tokens is not None:  # OpenAI's newer name wins over max_tokens
+            self.max_tokens = self.max_completion_tokens
+        if self.messages[-1].role == "assistant":
+            raise ApiError(400, "the last message must not be the assistant's: nothing to answer", "messages")
+        return self
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def completion_supported(self):
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            if len(self.prompt) != 1:
+                raise ApiError(400, "a batch of prompts is not supported; send one prompt per request", "prompt")
+            self.prompt = self.prompt[0]
+        if not self.prompt:
+            raise ApiError(400, "prompt is empty", "prompt")
+        for name, bad in (("echo", self.echo), ("suffix", self.suffix), ("best_of", (self.best_of or 1) > 1)):
+            if bad:
+                raise ApiError(400, f"{name} is not supported", name)
+        return self
+
+
+def validation_error(errors: list[dict]) -> ApiError:
+    """FastAPI/pydantic errors -> one 400 naming the first offending field (malformed JSON included)."""
+    err = errors[0]
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    if err.get("type") == "json_invalid":
+        return ApiError(400, f"malformed JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}", None,
+                        "json_invalid")
+    if err.get("type") == "missing":
+        return ApiError(400, f"missing required field {'.'.join(loc)!r}", ".".join(loc) or None, "missing")
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    param = ".".join(loc) or None
+    return ApiError(400, f"{param}: {msg}" if param else msg, param, err.get("type"))

@@ -1,0 +1,111 @@
+"""`toolkit serve`: an OpenAI-compatible speculative server with continuous batching, streaming and
+acceptance metrics.
+
+    toolkit serve --draft ./ckpt [--model M] [--port 8000] [--num-steps 5 --topk 1] [--max-batch-size 16]
+
+The target is the one the draft records unless --model names it (a different one is refused). Binds
+127.0.0.1 unless --host says otherwise; --port 0 takes a free port (the line "serving ... on URL" names it).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+
+import torch
+
+from toolkit.embedded import DEFAULT_MODEL
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", default=None, help="EAGLE-3 or EAGLE-1/2 draft folder (without it: plain decoding)")
+    p.add_argument("--model", default=None, help=f"target (default: the one the draft records, else {DEFAULT_MODEL})")
+    p.add_argument("--token-map", default=None, help="FR-Spec freq_N.pt for an EAGLE-1/2 head")
+    p.add_argument("--served-model-name", default=None, help="the name clients send (default: --model, else the "
+                                                             "draft's recorded target)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes the server)")
+    p.add_argument("--port", type=int, default=8000, help="0 = any free port")
+    p.add_argument("--num-steps", type=int, default=5, help="draft depth per round")
+    p.add_argument("--topk", type=int, default=1, help="candidates per node (1 = chain)")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="tokens verified per round, root included "
+                                                                      "(default: num_steps + 1)")
+    p.add_argument("--no-speculation", action="store_true", help="serve the target alone (plain decoding)")
+    p.add_argument("--max-batch-size", type=int, default=16, help="sequences in the running batch")
+    p.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generation per sequence (capped by the "
+                                                                 "model); 0 = size the KV cache from free memory")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; beyond: HTTP 429")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get HTTP 413")
+    p.add_argument("--log-every", type=int, default=50, help="log running tau and tok/s every N steps (0 = off)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot bind {host}:{port}: {e.strerror}; pick another --port (0 = any free one)") from None
+    return sock
+
+
+def main(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    import uvicorn
+
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import draft_target, load, probe, stop_ids
+    from toolkit.infer.tree import TreeConfig
+    from toolkit.serve.app import Served, build_app
+    from toolkit.serve.batcher import Batcher
+    from toolkit.serve.gate import Gate
+    from toolkit.serve.metrics import ServerMetrics
+
+    for name in ("max_batch_size", "max_queue", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_seq_len < 0 or args.port < 0:
+        raise ValueError("--max-seq-len and --port must be >= 0")
+    if args.draft is None and not args.no_speculation:
+        raise ValueError("give --draft CKPT, or --no-speculation to serve the target alone")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
+    sock = bind(args.host, args.port)  # fail fast, before minutes of loading
+    model = args.model
+    if args.draft and args.no_speculation:  # still the draft's target, without the draft
+        model = str(draft_target(args.draft, args.model))
+    loaded = load(None if args.no_speculation else args.draft, model, args.token_map, args.device, args.dtype)
+    head, tok, target = loaded.head, loaded.tok, loaded.target
+    if head is not None:
+        probe(head, target, tok, tok.apply_chat_template(
+            [{"role": "user", "content": "Explain what a hash map is, briefly."}], tokenize=False,
+            add_generation_prompt=True))
+    max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
+    engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size)
+    recorded = {}
+    if args.draft and (Path(args.draft) / "config.json").is_file():
+        recorded = json.loads((Path(args.draft) / "config.json").read_text()).get("toolkit", {})
+    name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
+    metrics = ServerMetrics(tree.num_steps + 1)
+    batcher = Batcher(engine, metrics, args.max_queue, args.log_every)
+    app = Gate(build_app(Served(name, tok, frozenset(stop_ids(tok)), batcher)), args.max_body_bytes, metrics)
+    host, port = sock.getsockname()[:2]
+    spec = f"draft {args.draft}, tree {vars(tree)}" if head is not None else "no speculation"
+    print(f"toolkit serve: serving {name} ({spec}; batch {engine.max_batch}, context {engine.max_len}) on "
+          f"http://{host}:{port}/v1", flush=True)
+    batcher.start()
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)).run(sockets=[sock])
+    finally:
+        batcher.stop()
+    return 0
