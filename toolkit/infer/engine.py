@@ -221,7 +221,7 @@ class Engine:
         logp, out = self.head(self.target.embed_tokens(tokens), hidden, pos, cache)
         for b, (s, st) in enumerate(zip(seqs, start)):
             last = max(s.prefix - st - 1, 0)  # s.prefix is already the new end
-            s.root_logp, s.root_out = logp[b, last], out[b, last]
+            s.root_logp, s.root_out = logp[b, last].clone(), out[b, last].clone()  # not views of the batch
 
     def _pick(self, logits, params, generator) -> int:
         if params.greedy:

@@ -97,7 +97,7 @@ class ChatRequest(Sampling):
         if self.max_completion_tokens is not None:  # OpenAI's newer name wins over max_tokens
             self.max_tokens = self.max_completion_tokens
         if self.messages[-1].role == "assistant":
-            raise ApiError(400, "the last message must not be the assistant's: nothing to answer", "messages")
+            raise ApiError(400, "messages: the last one must not be the assistant's (nothing to answer)", "messages")
         return self
 
 
@@ -121,15 +121,27 @@ class CompletionRequest(Sampling):
         return self
 
 
+def _field_path(loc) -> tuple[list[str], str | None]:
+    """pydantic loc -> the field path, and the union member it tried (e.g. 'str', 'list[TextPart]'), if any."""
+    path = []
+    for x in loc:
+        if x == "body":
+            continue
+        if isinstance(x, str) and ("[" in x or x in ("str", "int", "float", "bool", "none")):
+            return path, x
+        path.append(str(x))
+    return path, None
+
+
 def validation_error(errors: list[dict]) -> ApiError:
-    """FastAPI/pydantic errors -> one 400 naming the first offending field (malformed JSON included)."""
+    """pydantic errors -> one 400 naming the first offending field."""
     err = errors[0]
-    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-    if err.get("type") == "json_invalid":
-        return ApiError(400, f"malformed JSON body: {err.get('ctx', {}).get('error', err.get('msg'))}", None,
-                        "json_invalid")
+    path, member = _field_path(err.get("loc", ()))
+    param = ".".join(path) or None
     if err.get("type") == "missing":
-        return ApiError(400, f"missing required field {'.'.join(loc)!r}", ".".join(loc) or None, "missing")
+        return ApiError(400, f"missing required field {param!r}", param, "missing")
+    if member is not None:  # a union: say which forms are accepted
+        forms = [m for e in errors for p, m in [_field_path(e.get("loc", ()))] if p == path and m]
+        return ApiError(400, f"{param}: give a {' or a '.join(dict.fromkeys(forms))}", param, "invalid_type")
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    param = ".".join(loc) or None
     return ApiError(400, f"{param}: {msg}" if param else msg, param, err.get("type"))

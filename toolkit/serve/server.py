@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 
@@ -56,18 +57,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def main(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
-
-    import uvicorn
-
-    from toolkit.infer.engine import Engine
-    from toolkit.infer.loading import draft_target, load, probe, stop_ids
     from toolkit.infer.tree import TreeConfig
-    from toolkit.serve.app import Served, build_app
-    from toolkit.serve.batcher import Batcher
-    from toolkit.serve.gate import Gate
-    from toolkit.serve.metrics import ServerMetrics
 
     for name in ("max_batch_size", "max_queue", "max_body_bytes"):
         if getattr(args, name) < 1:
@@ -81,6 +71,25 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
     sock = bind(args.host, args.port)  # fail fast, before minutes of loading
+    try:
+        return serve(args, tree, sock)
+    finally:
+        sock.close()
+
+
+def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
+    import json
+    from pathlib import Path
+
+    import uvicorn
+
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import draft_target, load, probe, stop_ids
+    from toolkit.serve.app import Served, build_app
+    from toolkit.serve.batcher import Batcher
+    from toolkit.serve.gate import Gate
+    from toolkit.serve.metrics import ServerMetrics
+
     model = args.model
     if args.draft and args.no_speculation:  # still the draft's target, without the draft
         model = str(draft_target(args.draft, args.model))
@@ -104,8 +113,17 @@ def main(args: argparse.Namespace) -> int:
     print(f"toolkit serve: serving {name} ({spec}; batch {engine.max_batch}, context {engine.max_len}) on "
           f"http://{host}:{port}/v1", flush=True)
     batcher.start()
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: both end here as a clean stop
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
     finally:
         batcher.stop()
+    print("toolkit serve: stopped", file=sys.stderr)
     return 0

@@ -1,0 +1,71 @@
+"""Load on the real SmolLM2 (CPU): 32 concurrent streaming clients through the `openai` package, batch 16, two
+rounds. Every response is complete and equal to the same prompt's solo greedy output (so a request's output
+does not depend on the 15 others beside it), nothing fails, and the server's memory does not grow from the
+first round to the second."""
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+CLIENTS, MAX_TOKENS, ROUND_SECONDS = 32, 20, 600
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def run_round(client, questions) -> list:
+    """All clients at once, streaming; returns (text, finish_reason) per client, or the error."""
+    out = [None] * len(questions)
+
+    def ask(i):
+        try:
+            stream = client.chat.completions.create(model="smollm2-135m-instruct", temperature=0, stream=True,
+                                                    max_tokens=MAX_TOKENS,
+                                                    messages=[{"role": "user", "content": questions[i]}])
+            parts, reason = [], None
+            for chunk in stream:
+                parts.append(chunk.choices[0].delta.content or "")
+                reason = chunk.choices[0].finish_reason or reason
+            out[i] = ("".join(parts), reason)
+        except Exception as e:  # recorded, then asserted on
+            out[i] = e
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(questions))]
+    start = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=max(1.0, ROUND_SECONDS - (time.time() - start)))
+    assert not any(t.is_alive() for t in threads), f"a round took over {ROUND_SECONDS} s"
+    return out
+
+
+@pytest.mark.slow
+def test_32_streaming_clients_get_their_solo_greedy_outputs(serve, random_draft, smollm2_dir, shared, tmp_path):
+    draft = random_draft(smollm2_dir, tmp_path / "draft", "smollm2-135m-instruct")
+    questions = [json.loads(line)["turns"][0] for line in
+                 (shared / "data/eval/mt_bench.jsonl").read_text().splitlines()[:CLIENTS]]
+    with serve("--draft", str(draft), "--num-steps", "3", "--max-batch-size", "16", "--max-seq-len", "640",
+               "--max-queue", "64",
+               threads=2) as (base, proc):
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=ROUND_SECONDS)
+        solo = []
+        for q in questions:  # one at a time: the reference
+            r = client.chat.completions.create(model="smollm2-135m-instruct", temperature=0, max_tokens=MAX_TOKENS,
+                                               messages=[{"role": "user", "content": q}])
+            solo.append((r.choices[0].message.content, r.choices[0].finish_reason))
+        memory = []
+        for _ in range(2):
+            got = run_round(client, questions)
+            errors = [g for g in got if not isinstance(g, tuple)]
+            assert not errors, errors[:3]
+            assert got == solo
+            memory.append(rss_mb(proc.pid))
+        assert memory[1] - memory[0] < max(32.0, 0.03 * memory[0]), memory
+        metrics = httpx.get(f"{base}/metrics").text
+    assert 'toolkit_requests_total{code="200",endpoint="/v1/chat/completions"} 96.0' in metrics

@@ -1,0 +1,55 @@
+"""Request validation: what is accepted, and every refusal names its field in an OpenAI error object."""
+import pytest
+from pydantic import ValidationError
+
+from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def refusal(model, body) -> ApiError:
+    try:
+        model.model_validate(body)
+    except ValidationError as e:
+        return validation_error(e.errors())
+    except ApiError as e:
+        return e
+    raise AssertionError(f"{body} was accepted")
+
+
+def test_accepted_forms():
+    r = ChatRequest.model_validate({"messages": [{"role": "developer", "content": "be brief"},
+                                                 {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                              {"type": "text", "text": "b"}]}],
+                                    "max_completion_tokens": 7, "stop": "x", "top_k": -1})
+    assert r.max_tokens == 7 and r.stop == ["x"] and r.messages[1].text() == "ab" and r.temperature == 1.0
+    assert CompletionRequest.model_validate({"prompt": ["one prompt"]}).prompt == "one prompt"
+    assert CompletionRequest.model_validate({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
+
+
+@pytest.mark.parametrize("body,param", [
+    ({}, "messages"),
+    ({"messages": USER, "temperature": -1}, "temperature"),
+    ({"messages": USER, "top_p": 0}, "top_p"),
+    ({"messages": USER, "top_k": -2}, "top_k"),
+    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+    ({"messages": USER, "n": 3}, "n"),
+    ({"messages": USER, "stop": [""]}, "stop"),
+    ({"messages": USER, "logprobs": True}, "logprobs"),
+    ({"messages": USER, "presence_penalty": 0.5}, "presence_penalty"),
+    ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]}, "messages.0.content"),
+    ({"messages": [{"role": "assistant", "content": "done"}]}, "messages"),
+])
+def test_chat_refusals_name_the_field(body, param):
+    err = refusal(ChatRequest, body)
+    assert err.status == 400 and err.param == param
+    assert err.body()["error"]["param"] == param and err.body()["error"]["type"] == "invalid_request_error"
+    assert param.split(".")[0] in err.message
+
+
+@pytest.mark.parametrize("body,param", [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "a", "echo": True}, "echo"),
+                                        ({"prompt": "a", "best_of": 2}, "best_of"), ({"prompt": ""}, "prompt")])
+def test_completion_refusals_name_the_field(body, param):
+    assert refusal(CompletionRequest, body).param == param

@@ -1,0 +1,198 @@
+"""The real `toolkit serve` process on a loopback port, on a tiny random target with a random EAGLE-3 tree
+draft: the official `openai` client (chat, completions, streaming), outputs equal to plain greedy decoding,
+OpenAI-style 4xx errors for bad requests (the server keeps serving), the queue limit, a client that goes
+away mid-stream, and a clean stop."""
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from toolkit.cli import main
+from toolkit.data.chat import load_tokenizer
+from toolkit.infer.engine import Engine
+from toolkit.infer.model import load_target
+from toolkit.infer.sampling import SamplingParams
+
+QUESTION = [{"role": "user", "content": "Name three colours."}]
+
+
+@pytest.fixture(scope="module")
+def server(serve, tiny_target, tiny_draft):
+    with serve("--draft", str(tiny_draft), "--served-model-name", "tiny", "--num-steps", "3", "--topk", "2",
+                        "--num-draft-tokens", "5", "--max-batch-size", "4", "--max-seq-len", "1024",
+                        "--max-queue", "3", "--max-body-bytes", "20000") as (base, proc):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target):
+    """Plain greedy decoding of the same target in this process: what the server must return."""
+    tok, engine = load_tokenizer(model=str(tiny_target)), Engine(load_target(tiny_target), max_len=1024)
+
+    def generate(ids: list[int], n: int) -> tuple[str, list[int]]:
+        toks = engine.generate(ids, SamplingParams(max_new_tokens=n), {tok.eos_token_id}).tokens
+        return tok.decode(toks, skip_special_tokens=True), toks
+
+    def chat(messages, n):
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return generate(tok(text, add_special_tokens=False).input_ids, n)
+
+    return tok, chat, lambda prompt, n: generate(tok(prompt).input_ids, n)
+
+
+def test_openai_client_chat_completions_and_streaming_equal_plain_greedy(server, reference):
+    tok, chat_ref, completion_ref = reference
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    want, toks = chat_ref(QUESTION, 24)
+    r = client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=24)
+    assert r.choices[0].message.content == want
+    assert r.choices[0].finish_reason == ("stop" if toks[-1] == tok.eos_token_id else "length")
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(tok(tok.apply_chat_template(
+        QUESTION, tokenize=False, add_generation_prompt=True), add_special_tokens=False).input_ids), len(toks))
+    spec = r.usage.model_extra["speculative"]
+    assert spec["verify_steps"] >= 1 and spec["tau"] == pytest.approx((len(toks) - 1) / spec["verify_steps"])  # + the prefill token
+    assert len(spec["accept_rate_by_position"]) <= 3 and sum(spec["accepted_length_histogram"]) == spec["verify_steps"]
+
+    chunks = list(client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=24,
+                                                  stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert chunks[-1].usage.completion_tokens == len(toks) and not chunks[-1].choices
+    assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
+
+    want, _ = completion_ref("The three primary colors are", 16)
+    c = client.completions.create(model="tiny", prompt="The three primary colors are", temperature=0, max_tokens=16)
+    assert c.choices[0].text == want and c.object == "text_completion"
+    streamed = client.completions.create(model="tiny", prompt="The three primary colors are", temperature=0,
+                                         max_tokens=16, stream=True)
+    assert "".join(s.choices[0].text for s in streamed) == want
+
+
+def test_stop_strings_and_seeds(server, reference):
+    _, chat_ref, _ = reference
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    full, _ = chat_ref(QUESTION, 40)
+    stop = full[len(full) // 2: len(full) // 2 + 2]
+    cut = full[:full.index(stop)]
+    for stream in (False, True):
+        r = client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=40,
+                                           stop=[stop], stream=stream)
+        text = "".join(c.choices[0].delta.content or "" for c in r) if stream else r.choices[0].message.content
+        assert text == cut
+    sampled = [client.chat.completions.create(model="tiny", messages=QUESTION, temperature=1.0, max_tokens=20,
+                                              seed=seed).choices[0].message.content for seed in (5, 5, 6)]
+    assert sampled[0] == sampled[1] != sampled[2]
+
+
+BAD = [  # (body, status, param or None); each gets an OpenAI error object
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    ({"model": "tiny"}, 400, "messages"),
+    ({"messages": "hello"}, 400, "messages"),
+    ({"messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
+    ({"messages": QUESTION, "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"messages": QUESTION, "model": "gpt-4o"}, 404, "model"),
+    ({"messages": QUESTION, "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": QUESTION, "max_tokens": 5000}, 400, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "word " * 1100}]}, 400, "messages"),
+    ({"messages": QUESTION, "temperature": -0.5}, 400, "temperature"),
+    ({"messages": QUESTION, "top_p": 0}, 400, "top_p"),
+    ({"messages": QUESTION, "top_p": 1.5}, 400, "top_p"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
+    ({"messages": QUESTION, "n": 2}, 400, "n"),
+    ({"messages": []}, 400, "messages"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_requests_get_a_4xx_naming_the_field(server, body, status, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{server}/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"] and err["type"]
+    if param:
+        assert param.split(".")[0] in err["message"] or status == 404 or "prompt" in err["message"]
+
+
+def test_oversized_bodies_and_bad_completions_are_refused_and_the_server_keeps_serving(server):
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 30000}]}).encode()
+    assert httpx.post(f"{server}/v1/chat/completions", content=big).status_code == 413
+
+    def chunked():  # no Content-Length: the limit still holds
+        for _ in range(30):
+            yield b"x" * 1000
+
+    r = httpx.post(f"{server}/v1/chat/completions", content=chunked())
+    assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]["message"]
+    for body, param in (({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "a", "echo": True}, "echo"),
+                        ({"prompt": [1, 10**9]}, "prompt"), ({"prompt": ""}, "prompt")):
+        r = httpx.post(f"{server}/v1/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = httpx.post(f"{server}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+def test_over_the_queue_limit_gets_429(server):
+    codes, messages = [], []
+
+    def ask():
+        r = httpx.post(f"{server}/v1/chat/completions", timeout=120,
+                       json={"messages": QUESTION, "max_tokens": 400, "temperature": 0})
+        codes.append(r.status_code)
+        if r.status_code != 200:
+            messages.append(r.json()["error"]["message"])
+
+    threads = [threading.Thread(target=ask) for _ in range(12)]  # 3 wait (4 may run), the rest are refused
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(codes) == {200, 429} and codes.count(200) >= 3  # at least the queue itself is served
+    assert all("--max-queue 3" in m for m in messages)
+
+
+def metric(base: str, name: str) -> float:
+    text = httpx.get(f"{base}/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")
+               or line.startswith(name + "{"))
+
+
+def test_a_client_leaving_mid_stream_frees_its_slot(server):
+    before = metric(server, "toolkit_cancelled_requests_total")
+    body = {"messages": QUESTION, "max_tokens": 900, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 6:
+                break  # leave after a few events
+    deadline = time.time() + 30
+    while httpx.get(f"{server}/health").json()["running"] and time.time() < deadline:
+        time.sleep(0.1)
+    assert httpx.get(f"{server}/health").json()["running"] == 0
+    assert metric(server, "toolkit_cancelled_requests_total") == before + 1
+    assert metric(server, "toolkit_verify_steps_total") > 0
+    assert 'toolkit_accepted_at_position_total{position="1"}' in httpx.get(f"{server}/metrics").text or \
+        metric(server, "toolkit_accepted_tokens_total") == 0
+
+
+def test_model_mismatch_is_refused_with_both_names(tiny_draft, smollm2_dir, capsys):
+    assert main(["serve", "--draft", str(tiny_draft), "--model", str(smollm2_dir), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert str(smollm2_dir) in err and str(tiny_draft) in err and "records" in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_logs_acceptance_and_stops_cleanly(serve, tiny_target, tiny_draft, sig):
+    with serve("--draft", str(tiny_draft), "--max-seq-len", "256", "--log-every", "3") as (base, proc):
+        r = httpx.post(f"{base}/v1/completions", json={"prompt": "Hello", "max_tokens": 20, "temperature": 0})
+        assert r.status_code == 200
+        proc.send_signal(sig)
+        assert proc.wait(timeout=30) == 0
+        err = proc.stderr.read()
+    assert "accept len" in err and "Traceback" not in err and "toolkit serve: stopped" in err
