@@ -172,30 +172,31 @@ def build_app(served: Served) -> FastAPI:
             return f"data: {json.dumps(data)}\n\n"
 
         async def events():
-            finished = False
+            finished = failed = False
             try:
                 if chat:
                     yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}])
-                while not finished:
+                while not (finished or failed):
                     try:
                         tokens, done = await next_update()
-                    except ApiError as err:
+                    except ApiError as err:  # the engine failed: say so, then end the stream
                         yield f"data: {json.dumps(err.body())}\n\n"
+                        failed = True
                         break
                     delta = stream.update(tokens, done)
                     finished = done or stream.stopped
                     if delta:
                         yield event([choice(delta, None, True)])
                 if finished:
-                    if not seq.done:
+                    if not seq.done:  # a stop string showed in the text before the engine stopped
                         batcher.cancel(req)
                     yield event([choice(None, finish_reason(), True)])
                     if body.stream_options and body.stream_options.include_usage:
                         yield event([], usage=usage(seq))
                 yield "data: [DONE]\n\n"
             finally:
-                if not finished:  # the client went away mid-stream: free its row
+                if not (finished or failed):  # the client went away mid-stream: free its row
                     batcher.cancel(req)
                     metrics.cancelled.inc()
 
