@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from toolkit.train.tracking import read_metrics
+from toolkit.train.plots import plot_training
 
 
 def main() -> None:
@@ -15,27 +15,7 @@ def main() -> None:
     p.add_argument("metrics")
     p.add_argument("--out", default="train.png")
     args = p.parse_args()
-    from matplotlib.figure import Figure
-
-    recs = read_metrics(Path(args.metrics))
-    steps = [r for r in recs if "loss" in r]
-    evals = [r for r in recs if "eval_engine_tau" in r]
-    fig = Figure(figsize=(13, 3.8))
-    a, b, c = fig.subplots(1, 3)
-    a.plot([r["step"] for r in steps], [r["loss"] for r in steps])
-    a.set(xlabel="step", ylabel="TTT loss (sum over steps, 0.8^i)", title="loss")
-    for i in range(len(steps[0]["acc_i"])):
-        b.plot([r["step"] for r in steps], [r["acc_i"][i] for r in steps], label=f"acc_{i}", lw=0.8)
-    b.set(xlabel="step", ylabel="draft top-1 == target top-1", title="accuracy per TTT step")
-    b.legend(fontsize=7, ncol=2)
-    c.plot([r["step"] for r in steps], [r["simulated_tau"] for r in steps], lw=0.8, label="simulated (train batch)")
-    c.plot([r["step"] for r in evals], [r["eval_simulated_tau"] for r in evals], "o-", label="simulated (held out)")
-    c.plot([r["step"] for r in evals], [r["eval_engine_tau"] for r in evals], "s-", label="engine (held out)")
-    c.set(xlabel="step", ylabel="tau", title="acceptance length")
-    c.legend(fontsize=7)
-    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.14, top=0.9, wspace=0.28)
-    fig.savefig(args.out, dpi=90)
-    print(f"wrote {args.out}")
+    print(f"wrote {plot_training(Path(args.metrics), Path(args.out))}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_models_args(p)
     p.set_defaults(func=models_main)
 
+    from toolkit import quickstart
     from toolkit.data import prepare, regenerate
     from toolkit.infer import bench
     from toolkit.serve import server
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # name, module (with add_args, main and a docstring whose first paragraph describes it), one-line help
     commands = [
+        ("quickstart", quickstart, "the whole pipeline on the embedded SmolLM2 in a time budget, with a report"),
         ("build-token-map", build, "count tokens and write FR-Spec freq_N.pt + EAGLE-3 vocab_map_N.safetensors"),
         ("bench", bench, "acceptance length and speed of a draft on prompts"),
         ("serve", server, "OpenAI-compatible speculative server: continuous batching, streaming, metrics"),

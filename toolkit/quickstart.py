@@ -1,0 +1,145 @@
+"""`toolkit quickstart`: the whole pipeline on the embedded SmolLM2 target, in a time budget, with no network:
+the project's own prompts -> the target's own answers -> token map -> prepared data -> EAGLE-3 training with
+training-time test -> bench against plain decoding and transformers `generate` -> DIR/report.md.
+
+    toolkit quickstart --out quickstart --minutes 20
+
+Every stage runs the same `toolkit` command a user would, prints it, and is skipped when its output exists,
+so a rerun after a kill resumes (regeneration and training resume mid-way too). On a GPU the same stages use
+the GPU with larger sizes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from toolkit.atomic import write_text
+from toolkit.embedded import DEFAULT_MODEL
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="quickstart", help="output folder (an existing one is resumed)")
+    p.add_argument("--minutes", type=float, default=20.0, help="time budget for the whole run (install excluded)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes that fit the budget, from rates measured on a 2-core CPU (x speed on a GPU)."""
+    prompts: int          # training conversations the target answers
+    max_new_tokens: int   # per answer
+    eval_prompts: int     # held-out prompts for the bench
+    train_seconds: float  # training budget; steps follow from the prepared token count
+    draft_vocab: int
+    threads: int
+
+    @classmethod
+    def for_budget(cls, minutes: float, gpu: bool) -> "Plan":
+        if minutes < 2:
+            raise ValueError(f"--minutes {minutes}: the pipeline needs at least 2 minutes")
+        seconds, speed = minutes * 60, 25.0 if gpu else 1.0
+        # 35% answering at ~0.5 conversations/s (128 new tokens, batch 32), 40% training, 15% bench
+        prompts = int(min(2000, max(16, 0.35 * seconds * 0.5 * speed)))
+        eval_prompts = int(min(80, max(2, 0.15 * seconds / 25 * speed)))
+        return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2)
+
+    def train_steps(self, tokens_per_row: float, gpu: bool) -> int:
+        """Optimizer steps at batch 4 that fit train_seconds at ~200 tokens/s (8k draft vocab, fp32, 2 threads)."""
+        rate = 200.0 * (25.0 if gpu else 1.0)
+        return max(10, int(self.train_seconds * rate / (4 * max(tokens_per_row, 1.0))))
+
+
+def _run(argv: list[str]) -> None:
+    from toolkit.cli import main
+
+    print(f"\n$ toolkit {' '.join(argv)}", flush=True)
+    rc = main(argv)
+    if rc:
+        raise RuntimeError(f"`toolkit {argv[0]}` failed (exit {rc}); fix the cause and rerun: finished stages "
+                           "are kept")
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def main(args: argparse.Namespace) -> int:
+    from toolkit.data.topics import topic_prompts
+    from toolkit.infer.loading import pick_device
+    from toolkit.models import resolve_target
+
+    device, _ = pick_device(args.device)
+    gpu = device == "cuda"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = Plan.for_budget(args.minutes, gpu)
+    state_file = out / "quickstart.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {"stages": {}}
+    state.update(plan=asdict(plan), minutes=args.minutes, device=device)
+    dev = ["--device", device]
+    t_all = time.perf_counter()
+
+    def stage(name: str, done: Path, run) -> None:
+        n = len(state["stages"]) + 1
+        if done.exists():
+            print(f"[quickstart] {name}: done already ({done}), skipped", flush=True)
+            state["stages"].setdefault(name, {"seconds": 0.0})["skipped"] = True
+            return
+        print(f"[quickstart] stage {n}: {name}", flush=True)
+        t0 = time.perf_counter()
+        run()
+        state["stages"][name] = {"seconds": round(time.perf_counter() - t0, 1), "skipped": False}
+        write_text(state_file, json.dumps(state, indent=2) + "\n")
+
+    stage("target", resolve_target(DEFAULT_MODEL) / "config.json", lambda: resolve_target(DEFAULT_MODEL))
+    stage("prompts", out / "eval_prompts.jsonl", lambda: (
+        _jsonl(out / "prompts.jsonl", topic_prompts(plan.prompts)),
+        _jsonl(out / "eval_prompts.jsonl", topic_prompts(plan.eval_prompts, start=plan.prompts))))
+    regen = out / "regen.jsonl"
+    answered = regen.is_file() and sum(1 for _ in regen.open()) >= plan.prompts
+    stage("regenerate", regen if answered else out / "regen.missing", lambda: _run(
+        ["regenerate", "--data", str(out / "prompts.jsonl"), "--out", str(regen), "--max-new-tokens",
+         str(plan.max_new_tokens), "--batch-size", "32", "--max-len", "1024", "--threads", str(plan.threads), *dev]))
+    vocab_map = out / "maps" / f"vocab_map_{plan.draft_vocab}.safetensors"
+    stage("token map", vocab_map, lambda: _run(
+        ["build-token-map", "--data", str(regen), "--sizes", str(plan.draft_vocab), "--out", str(out / "maps"),
+         "--assistant-only"]))
+    stage("prepare data", out / "prepared" / "toolkit_prepare.json", lambda: _run(
+        ["prepare-data", "--data", str(regen), "--out", str(out / "prepared"), "--max-len", "1024"]))
+    prep = json.loads((out / "prepared" / "toolkit_prepare.json").read_text())
+    steps = plan.train_steps(prep["tokens"] / max(prep["kept"], 1), gpu)
+    train_dir = out / "train"
+
+    def train() -> None:
+        if not (train_dir / "draft" / "model.safetensors").is_file():
+            _run(["train", "--data", str(out / "prepared"), "--output-dir", str(train_dir), "--token-map",
+                  str(vocab_map), f"max_steps={steps}", "batch_size=4", "max_len=1024", "lr=3e-4",
+                  "warmup_ratio=0.05", "eval_every=0", f"eval_samples={min(8, max(2, plan.prompts // 20))}",
+                  "eval_max_new_tokens=64", "log_every=5", f"save_every={max(steps // 4, 10)}",
+                  f"threads={plan.threads}"] + (["--resume"] if any(train_dir.glob("checkpoint-*")) else []))
+        tmp = out / "draft.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(train_dir / "draft", tmp)
+        tmp.rename(out / "draft")  # DIR/draft: the head to serve
+
+    stage("train", out / "draft" / "model.safetensors", train)
+    stage("bench", out / "bench.json", lambda: _run(
+        ["bench", "--draft", str(out / "draft"), "--prompts", str(out / "eval_prompts.jsonl"),
+         "--max-new-tokens", str(plan.max_new_tokens), "--num-steps", "5", "--baseline", "--compare-hf",
+         "--threads", "1" if not gpu else "0", "--out", str(out / "bench.json"), *dev]))
+
+    from toolkit.quickstart_report import write_report
+
+    report = write_report(out, state, steps)
+    state["total_seconds"] = round(time.perf_counter() - t_all, 1)
+    write_text(state_file, json.dumps(state, indent=2) + "\n")
+    bench = json.loads((out / "bench.json").read_text())
+    print(f"\n[quickstart] tau {bench['speculative']['tau']:.2f}, speed-up x{bench['speedup_vs_baseline']:.2f} vs "
+          f"plain decoding, x{bench['speedup_vs_hf']:.2f} vs transformers generate")
+    print(f"[quickstart] report: {report}")
+    print(f"[quickstart] serve it:  toolkit serve --draft {out / 'draft'}")
+    return 0
