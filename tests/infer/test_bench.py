@@ -39,7 +39,8 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(folder), "--prompts",
                            str(shared / "data/eval/mt_bench.jsonl"), "--limit", "2", "--max-new-tokens", "6",
                            "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5", "--baseline",
-                           "--compare-hf", "--sweep", "2,1,3", "--threads", "1", "--out", str(out)],
+                           "--compare-hf", "--compare-pld", "3", "--sweep", "2,1,3", "--threads", "1", "--out",
+                           str(out)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -49,6 +50,8 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     assert set(r["per_category"]) == {"writing"}
     assert r["greedy_identical_to_baseline"] is True and r["greedy_identical_to_hf"] is True
     assert r["speedup_vs_baseline"] > 0 and r["speedup_vs_hf"] > 0 and len(r["sweep"]) == 1
+    assert r["greedy_identical_to_prompt_lookup"] is True and r["prompt_lookup"]["tau"] >= 1.0
+    assert r["prompt_lookup"]["prompt_lookup_num_tokens"] == 3 and r["hf_generate"]["tau"] == 1.0
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert "tau" in done.stdout and "best of sweep" in done.stdout
 
@@ -68,3 +71,18 @@ def test_bench_refuses_a_target_the_draft_was_not_trained_for(draft_dir, tmp_pat
                            str(other), "--prompts", str(shared / "data/eval/mt_bench.jsonl")],
                           capture_output=True, text=True)
     assert done.returncode == 2 and "not the target the draft was trained for" in done.stderr
+
+
+def test_prompt_lookup_tau_counts_target_forwards(smollm2_dir, smollm2_tokenizer):
+    """On a prompt the model copies from, prompt lookup accepts tokens: τ > 1; plain generate has τ = 1."""
+    from toolkit.infer.hf_reference import run_hf
+    from toolkit.infer.sampling import SamplingParams
+
+    text = "Repeat this sentence exactly: the quick brown fox jumps over the lazy dog near the river bank."
+    prompts = [{"id": 0, "category": "x", "system": None, "turns": [text]}]
+    params = SamplingParams(max_new_tokens=20)
+    plain_answers, plain = run_hf(smollm2_dir, smollm2_tokenizer, prompts, params, 0)
+    pld_answers, pld = run_hf(smollm2_dir, smollm2_tokenizer, prompts, params, 0, prompt_lookup=4)
+    assert pld_answers == plain_answers and plain["tau"] == 1.0
+    assert pld["tau"] > 1.5 and pld["verify_steps"] < plain["verify_steps"]
+    assert pld["tokens"] == plain["tokens"] == pytest.approx(pld["tau"] * pld["verify_steps"] + 1)

@@ -40,6 +40,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                                       "included (default: num_steps + 1)")
     p.add_argument("--baseline", action="store_true", help="also run the engine without speculation")
     p.add_argument("--compare-hf", action="store_true", help="also run transformers generate")
+    p.add_argument("--compare-pld", type=int, default=0, metavar="N",
+                   help="also run transformers prompt-lookup decoding with N lookup tokens (the peer that needs no "
+                        "training)")
     p.add_argument("--sweep", default=None, metavar="S,K,N;S,K,N", help="grid of num_steps,topk,num_draft_tokens")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
@@ -103,27 +106,6 @@ def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]
     return results, answers, time.perf_counter() - start
 
 
-def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32) -> tuple[list, int, float]:
-    """transformers `generate` on every prompt; returns answers, generated tokens, wall seconds."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    torch.manual_seed(seed)
-    kw = dict(do_sample=False) if params.greedy else dict(do_sample=True, temperature=params.temperature,
-                                                           top_p=params.top_p, top_k=params.top_k)
-    counted = []
-
-    def generate(ids, p):
-        out = model.generate(torch.tensor([ids], device=device), max_new_tokens=params.max_new_tokens,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, **kw)[0, len(ids):]
-        counted.append(len(out))
-        return out
-
-    start = time.perf_counter()
-    answers = answer_turns(tok, prompts, generate)
-    return answers, sum(counted), time.perf_counter() - start
-
-
 def write_png(path: Path, summary: dict) -> None:
     from matplotlib.figure import Figure
 
@@ -150,6 +132,7 @@ def parse_sweep(text: str) -> list[TreeConfig]:
 
 def main(args: argparse.Namespace) -> int:
     from toolkit.infer.engine import Engine
+    from toolkit.infer.hf_reference import run_hf
     from toolkit.infer.loading import load, probe
     from toolkit.infer.metrics import summarize
     from toolkit.infer.sampling import SamplingParams
@@ -183,11 +166,18 @@ def main(args: argparse.Namespace) -> int:
         if params.greedy:
             report["greedy_identical_to_baseline"] = base_answers == spec_answers
     if args.compare_hf:
-        hf_answers, hf_tokens, hf_wall = run_hf(folder, tok, prompts, params, args.seed, device, dtype)
-        report["hf_generate"] = {"tokens": hf_tokens, "wall_seconds": hf_wall, "tokens_per_second": hf_tokens / hf_wall}
+        hf_answers, report["hf_generate"] = run_hf(folder, tok, prompts, params, args.seed, device, dtype)
         report["speedup_vs_hf"] = spec_tps / report["hf_generate"]["tokens_per_second"]
         if params.greedy:
             report["greedy_identical_to_hf"] = hf_answers == spec_answers
+    if args.compare_pld:
+        pld_answers, report["prompt_lookup"] = run_hf(folder, tok, prompts, params, args.seed, device, dtype,
+                                                      args.compare_pld)
+        if "hf_generate" in report:
+            report["prompt_lookup"]["speedup_vs_hf"] = (report["prompt_lookup"]["tokens_per_second"]
+                                                        / report["hf_generate"]["tokens_per_second"])
+        if params.greedy:
+            report["greedy_identical_to_prompt_lookup"] = pld_answers == spec_answers
     if args.sweep:
         report["sweep"] = []
         for cfg in parse_sweep(args.sweep):
@@ -203,7 +193,11 @@ def main(args: argparse.Namespace) -> int:
     s = report["speculative"]
     print(f"tau {s['tau']:.2f} over {s['verify_steps']} verify steps, {spec_tps:.1f} tok/s; per position "
           f"{[round(r, 2) for r in s['accept_rate_by_position']]}")
-    for key in ("speedup_vs_baseline", "speedup_vs_hf", "greedy_identical_to_baseline", "greedy_identical_to_hf"):
+    if "prompt_lookup" in report:
+        print(f"prompt lookup: tau {report['prompt_lookup']['tau']:.2f}, "
+              f"{report['prompt_lookup']['tokens_per_second']:.1f} tok/s")
+    for key in ("speedup_vs_baseline", "speedup_vs_hf", "greedy_identical_to_baseline", "greedy_identical_to_hf",
+                "greedy_identical_to_prompt_lookup"):
         if key in report:
             print(f"{key}: {report[key]:.2f}" if isinstance(report[key], float) else f"{key}: {report[key]}")
     print(f"wrote {out} and {out.with_suffix('.png')}")

@@ -58,7 +58,10 @@ class Batcher:
 
     def submit(self, seq: Sequence) -> Request:
         """Queue a sequence (called on the event loop); over the queue limit: a 429."""
-        self.engine.check(seq.prompt, seq.params)
+        try:
+            self.engine.check(seq.prompt, seq.params)
+        except ValueError as e:
+            raise ApiError(400, str(e), None, "context_length_exceeded") from None
         req = Request(seq, asyncio.get_running_loop())
         with self.wake:
             if len(self.waiting) >= self.max_queue:

@@ -1,0 +1,47 @@
+"""transformers `generate` as the reference `toolkit bench` compares with: plain greedy / sampled decoding,
+or prompt-lookup decoding (`prompt_lookup_num_tokens`), the speculative peer that needs no draft model.
+
+τ of a transformers run is measured the way the engine measures it: tokens after the first, per target
+forward after the prefill (a forward hook counts the target's forwards)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32,
+           prompt_lookup: int = 0) -> tuple[list[list[str]], dict]:
+    """Answer every prompt turn by turn; returns the answers and {tokens, wall_seconds, tokens_per_second,
+    verify_steps, tau} (+ prompt_lookup_num_tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    from toolkit.infer.bench import answer_turns
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    forwards = [0]
+    model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    torch.manual_seed(seed)
+    kw = dict(do_sample=False) if params.greedy else dict(do_sample=True, temperature=params.temperature,
+                                                           top_p=params.top_p, top_k=params.top_k)
+    if prompt_lookup:
+        kw["prompt_lookup_num_tokens"] = prompt_lookup
+    counted, steps = [], [0]
+
+    def generate(ids, p):
+        before = forwards[0]
+        out = model.generate(torch.tensor([ids], device=device), max_new_tokens=params.max_new_tokens,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, **kw)[0, len(ids):]
+        counted.append(len(out))
+        steps[0] += max(forwards[0] - before - 1, 0)  # the first forward is the prefill
+        return out
+
+    start = time.perf_counter()
+    answers = answer_turns(tok, prompts, generate)
+    wall = time.perf_counter() - start
+    tokens = sum(counted)
+    stats = {"tokens": tokens, "wall_seconds": wall, "tokens_per_second": tokens / wall, "verify_steps": steps[0],
+             "tau": (tokens - len(counted)) / steps[0] if steps[0] else 1.0}
+    if prompt_lookup:
+        stats["prompt_lookup_num_tokens"] = prompt_lookup
+    return answers, stats
