@@ -46,6 +46,7 @@ def reference(tiny_target):
 
 def test_openai_client_chat_completions_and_streaming_equal_plain_greedy(server, reference):
     tok, chat_ref, completion_ref = reference
+    assert server.startswith("http://127.0.0.1:")  # loopback unless --host says otherwise
     client = OpenAI(base_url=f"{server}/v1", api_key="unused")
     assert [m.id for m in client.models.list()] == ["tiny"]
     want, toks = chat_ref(QUESTION, 24)
@@ -196,3 +197,14 @@ def test_logs_acceptance_and_stops_cleanly(serve, tiny_target, tiny_draft, sig):
         assert proc.wait(timeout=30) == 0
         err = proc.stderr.read()
     assert "accept len" in err and "Traceback" not in err and "toolkit serve: stopped" in err
+
+
+def test_no_speculation_serves_the_draft_target_alone(serve, tiny_target, tiny_draft, reference):
+    _, chat_ref, _ = reference
+    with serve("--draft", str(tiny_draft), "--no-speculation", "--max-seq-len", "256") as (base, proc):
+        r = httpx.post(f"{base}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 12, "temperature": 0})
+    body = r.json()
+    assert body["model"] == str(tiny_target)  # the draft's recorded target serves under its own name
+    assert body["choices"][0]["message"]["content"] == chat_ref(QUESTION, 12)[0]
+    spec = body["usage"]["speculative"]
+    assert spec["tau"] == 1.0 and spec["verify_steps"] == body["usage"]["completion_tokens"] - 1
