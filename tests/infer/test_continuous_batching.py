@@ -89,3 +89,34 @@ def test_a_seeded_sequence_samples_the_same_alone_and_in_a_batch(target):
     while eng.running:
         eng.step()
     assert seqs[2].result.tokens == alone.tokens
+
+
+def test_speculation_paused_and_resumed_keeps_output_and_draft_state(target, monkeypatch):
+    """step(speculate=False) decodes plainly but keeps the draft's cache in step: when speculation resumes at a
+    position, the draft offers the same tree there as a run that never paused."""
+    import toolkit.infer.engine as engine_module
+
+    head, tree = random_head(target.config, seed=1), TreeConfig(3, 2, 5)
+    real_draft_trees, offered = engine_module.draft_trees, {}
+
+    def recording(head_, embed, cache, prefixes, *rest):
+        trees = real_draft_trees(head_, embed, cache, prefixes, *rest)
+        offered.setdefault(run, {})[prefixes[0]] = trees[0].tokens.tolist()
+        return trees
+
+    monkeypatch.setattr(engine_module, "draft_trees", recording)
+    outputs = {}
+    for run in ("always", "paused"):
+        eng = Engine(target, head, tree, max_len=64)
+        seq = Sequence(PROMPTS[2], SamplingParams(max_new_tokens=24))
+        eng.admit([seq])
+        k = 0
+        while eng.running:
+            eng.step(speculate=run == "always" or (k // 2) % 2 == 0)  # 2 speculative steps, 2 plain, ...
+            k += 1
+        outputs[run] = seq.result
+    assert outputs["paused"].tokens == outputs["always"].tokens
+    common = set(offered["always"]) & set(offered["paused"])
+    assert len(common) >= 3 and all(offered["always"][p] == offered["paused"][p] for p in common)
+    plain_steps = [a for i, a in enumerate(outputs["paused"].accepted) if (i // 2) % 2 == 1]
+    assert plain_steps and all(a == 0 for a in plain_steps)

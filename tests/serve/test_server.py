@@ -199,9 +199,11 @@ def test_logs_acceptance_and_stops_cleanly(serve, tiny_target, tiny_draft, sig):
     assert "accept len" in err and "Traceback" not in err and "toolkit serve: stopped" in err
 
 
-def test_no_speculation_serves_the_draft_target_alone(serve, tiny_target, tiny_draft, reference):
+@pytest.mark.parametrize("flags", [["--no-speculation"], ["--speculative-disable-by-batch-size", "0"]],
+                         ids=["no-speculation", "disabled-by-batch-size"])
+def test_plain_decoding_modes_serve_the_draft_target(serve, tiny_target, tiny_draft, reference, flags):
     _, chat_ref, _ = reference
-    with serve("--draft", str(tiny_draft), "--no-speculation", "--max-seq-len", "256") as (base, proc):
+    with serve("--draft", str(tiny_draft), *flags, "--max-seq-len", "256") as (base, proc):
         r = httpx.post(f"{base}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 12, "temperature": 0})
     body = r.json()
     assert body["model"] == str(tiny_target)  # the draft's recorded target serves under its own name

@@ -157,14 +157,15 @@ class Engine:
         self._retire()
 
     @torch.no_grad()
-    def step(self) -> list[Sequence]:
+    def step(self, speculate: bool = True) -> list[Sequence]:
         """One speculative round for every running sequence; returns them (finished ones are done and have
-        left the running batch)."""
+        left the running batch). speculate=False verifies the roots alone (plain decoding) but still extends
+        the draft over the new tokens, so speculation can resume at the next step."""
         seqs, t1 = list(self.running), time.perf_counter()
         if not seqs:
             return []
         prefix, roots = [s.prefix for s in seqs], [s.result.tokens[-1] for s in seqs]
-        if self.head is not None:
+        if self.head is not None and speculate:
             trees = draft_trees(self.head, self.target.embed_tokens, self.draft_cache, prefix, roots,
                                 torch.stack([s.root_out for s in seqs]), torch.stack([s.root_logp for s in seqs]),
                                 self.tree)

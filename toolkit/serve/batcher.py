@@ -33,8 +33,10 @@ class Request:
 
 
 class Batcher:
-    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int = 256, log_every: int = 50):
+    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int = 256, log_every: int = 50,
+                 disable_by_batch_size: int | None = None):
         self.engine, self.metrics, self.max_queue, self.log_every = engine, metrics, max_queue, log_every
+        self.disable_by_batch_size = disable_by_batch_size  # more running sequences than this: plain steps
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []  # admitted, not yet finished
         self.wake = threading.Condition()
@@ -113,7 +115,8 @@ class Batcher:
             self.engine.admit([r.seq for r in admit])
             self.metrics.prompt_tokens.inc(sum(len(r.seq.prompt) for r in admit))
             self.active += admit
-        stepped = self.engine.step()
+        busy = self.disable_by_batch_size is not None and len(self.engine.running) > self.disable_by_batch_size
+        stepped = self.engine.step(speculate=not busy)
         self.metrics.step([s.result.accepted[-1] for s in stepped],
                           {k: v - before[k] for k, v in self.engine.seconds.items()})
         self._log(stepped)

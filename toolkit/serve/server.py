@@ -32,6 +32,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-tokens", type=int, default=None, help="tokens verified per round, root included "
                                                                       "(default: num_steps + 1)")
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone (plain decoding)")
+    p.add_argument("--speculative-disable-by-batch-size", type=int, default=None, metavar="N",
+                   help="decode without drafting while more than N sequences run (as vLLM's option): under load "
+                        "a large verify batch can cost more than speculation saves")
     p.add_argument("--max-batch-size", type=int, default=16, help="sequences in the running batch")
     p.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generation per sequence (capped by the "
                                                                  "model); 0 = size the KV cache from free memory")
@@ -64,6 +67,8 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_seq_len < 0 or args.port < 0:
         raise ValueError("--max-seq-len and --port must be >= 0")
+    if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
+        raise ValueError("--speculative-disable-by-batch-size must be >= 0")
     if args.draft is None and not args.no_speculation:
         raise ValueError("give --draft CKPT, or --no-speculation to serve the target alone")
     if args.threads:
@@ -106,7 +111,7 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
         recorded = json.loads((Path(args.draft) / "config.json").read_text()).get("toolkit", {})
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(tree.num_steps + 1)
-    batcher = Batcher(engine, metrics, args.max_queue, args.log_every)
+    batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
     app = Gate(build_app(Served(name, tok, frozenset(stop_ids(tok)), batcher)), args.max_body_bytes, metrics)
     host, port = sock.getsockname()[:2]
     spec = f"draft {args.draft}, tree {vars(tree)}" if head is not None else "no speculation"
