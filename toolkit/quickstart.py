@@ -83,11 +83,12 @@ def main(args: argparse.Namespace) -> int:
     dev = ["--device", device]
     t_all = time.perf_counter()
 
-    def stage(name: str, done: Path, run) -> None:
+    def stage(name: str, output: Path, run, done: bool | None = None) -> None:
+        """Run a stage unless its output exists (done overrides the check)."""
         n = len(state["stages"]) + 1
-        if done.exists():
-            print(f"[quickstart] {name}: done already ({done}), skipped", flush=True)
-            state["stages"].setdefault(name, {"seconds": 0.0})["skipped"] = True
+        if output.exists() if done is None else done:
+            print(f"[quickstart] {name}: done already ({output}), skipped", flush=True)
+            state["stages"].setdefault(name, {"seconds": 0.0, "skipped": True})  # keep a timing run earlier
             return
         print(f"[quickstart] stage {n}: {name}", flush=True)
         t0 = time.perf_counter()
@@ -101,7 +102,7 @@ def main(args: argparse.Namespace) -> int:
         _jsonl(out / "eval_prompts.jsonl", topic_prompts(plan.eval_prompts, start=plan.prompts))))
     regen = out / "regen.jsonl"
     answered = regen.is_file() and sum(1 for _ in regen.open()) >= plan.prompts
-    stage("regenerate", regen if answered else out / "regen.missing", lambda: _run(
+    stage("regenerate", regen, done=answered, run=lambda: _run(
         ["regenerate", "--data", str(out / "prompts.jsonl"), "--out", str(regen), "--max-new-tokens",
          str(plan.max_new_tokens), "--batch-size", "32", "--max-len", "1024", "--threads", str(plan.threads), *dev]))
     vocab_map = out / "maps" / f"vocab_map_{plan.draft_vocab}.safetensors"
