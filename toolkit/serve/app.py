@@ -146,23 +146,20 @@ def build_app(served: Served) -> FastAPI:
                 raise ApiError(500, item[1], None, "engine_error", "server_error")
             return item
 
-        if not body.stream:
-            text, done = "", False
+        if not body.stream:  # decode once at the end (the engine itself stops at stop strings)
+            done = False
             try:
-                while not (done or stream.stopped):
+                while not done:
                     try:
                         tokens, done = await asyncio.wait_for(next_update(), timeout=1.0)
                     except asyncio.TimeoutError:
                         if await request.is_disconnected():
                             raise asyncio.CancelledError from None
-                        continue
-                    text += stream.update(tokens, done)
             except asyncio.CancelledError:  # the client went away: free its row
                 batcher.cancel(req)
                 metrics.cancelled.inc()
                 raise
-            if not seq.done:  # a stop string showed in the text before the engine stopped
-                batcher.cancel(req)
+            text = stream.update(tokens, True)
             return {"id": rid, "object": kind, "created": now, "model": served.name,
                     "choices": [choice(text, finish_reason(), False)], "usage": usage(seq)}
 
