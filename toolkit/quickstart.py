@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from toolkit.atomic import write_text
-from toolkit.embedded import DEFAULT_MODEL
+from toolkit.embedded import DEFAULT_MODEL, MARKER, model_dir
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -96,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
         state["stages"][name] = {"seconds": round(time.perf_counter() - t0, 1), "skipped": False}
         write_text(state_file, json.dumps(state, indent=2) + "\n")
 
-    stage("target", resolve_target(DEFAULT_MODEL) / "config.json", lambda: resolve_target(DEFAULT_MODEL))
+    stage("target", model_dir(DEFAULT_MODEL) / MARKER, lambda: resolve_target(DEFAULT_MODEL))  # converted once
     stage("prompts", out / "eval_prompts.jsonl", lambda: (
         _jsonl(out / "prompts.jsonl", topic_prompts(plan.prompts)),
         _jsonl(out / "eval_prompts.jsonl", topic_prompts(plan.eval_prompts, start=plan.prompts))))

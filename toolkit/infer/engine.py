@@ -208,7 +208,7 @@ class Engine:
         for new, (old, s) in enumerate(keep):
             if new != old:
                 self.cache.move(old, new, s.prefix)
-                if self.head is not None and self.draft_cache is not None:
+                if self.draft_cache is not None:
                     self.draft_cache.move(old, new, s.prefix)
         self.running = [s for _, s in keep]
 

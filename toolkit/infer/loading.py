@@ -28,14 +28,19 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.d
     return device, getattr(torch, dtype)
 
 
+def recorded_target(draft: str) -> dict:
+    """What a draft folder records of its target (config.json "toolkit": target, target_fingerprint, ...)."""
+    if not (Path(draft) / "config.json").is_file():
+        raise ValueError(f"--draft {draft}: no config.json there (expected a draft checkpoint folder)")
+    return json.loads((Path(draft) / "config.json").read_text()).get("toolkit", {})
+
+
 def draft_target(draft: str, model: str | None) -> Path:
     """The target folder for `draft`: `model` when given (refused if the draft records another target),
     else the one the draft records, else the embedded default."""
     from toolkit.models import fingerprint, resolve_target
 
-    if not (Path(draft) / "config.json").is_file():
-        raise ValueError(f"--draft {draft}: no config.json there (expected a draft checkpoint folder)")
-    recorded = json.loads((Path(draft) / "config.json").read_text()).get("toolkit", {})
+    recorded = recorded_target(draft)
     folder = resolve_target(model or recorded.get("target") or DEFAULT_MODEL)
     if model and recorded.get("target_fingerprint") and recorded["target_fingerprint"] != fingerprint(folder):
         raise ValueError(f"--model {model} is not the target the draft {draft} was trained for: it records "

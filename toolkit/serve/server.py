@@ -83,13 +83,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
-    import json
-    from pathlib import Path
-
     import uvicorn
 
     from toolkit.infer.engine import Engine
-    from toolkit.infer.loading import draft_target, load, probe, stop_ids
+    from toolkit.infer.loading import draft_target, load, probe, recorded_target, stop_ids
     from toolkit.serve.app import Served, build_app
     from toolkit.serve.batcher import Batcher
     from toolkit.serve.gate import Gate
@@ -106,9 +103,7 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
             add_generation_prompt=True))
     max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size)
-    recorded = {}
-    if args.draft and (Path(args.draft) / "config.json").is_file():
-        recorded = json.loads((Path(args.draft) / "config.json").read_text()).get("toolkit", {})
+    recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(tree.num_steps + 1)
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
