@@ -48,31 +48,49 @@ def test_step_zero_is_plain_causal_attention():
     assert (ttt_attention(q, [k], [v], block=4) - want).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("num_layers", [1, 2])
-def test_unrolled_steps_equal_what_the_engine_drafts(num_layers):
-    """Train == serve: TTT step i at row t gives the logits the engine's draft produces for the depth-i
-    node after prefix t, with the same (teacher-forced) tokens."""
+def _head(kind: str, num_layers: int):
     from toolkit.infer.config import ModelConfig
     from toolkit.infer.drafts import random_head
+    from toolkit.infer.eagle2 import Eagle2Head
+    from toolkit.infer.mtp import MTPHead
+
+    c = ModelConfig(model_type="qwen3" if kind == "mtp" else "llama", vocab_size=80, hidden_size=32,
+                    intermediate_size=48, num_layers=num_layers if kind == "eagle" else 6, num_heads=4,
+                    num_kv_heads=2, head_dim=8)
+    torch.manual_seed(3)
+    if kind == "eagle3":
+        return random_head(c, list(range(0, 80, 2)), seed=3, num_layers=num_layers), 96
+    head = Eagle2Head(c, torch.randn(80, 32) * 0.1, torch.arange(0, 80, 3)) if kind == "eagle" else \
+        MTPHead(c, torch.randn(80, 32))
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if p.dim() > 1 and name != "lm_head.weight":
+                p.normal_(0, 0.2)
+    return head.eval(), 32
+
+
+@pytest.mark.parametrize("kind,num_layers", [("eagle3", 1), ("eagle3", 2), ("eagle", 1), ("eagle", 2), ("mtp", 1)])
+def test_unrolled_steps_equal_what_the_engine_drafts(kind, num_layers):
+    """Train == serve, for every head kind: TTT step i at row t gives the logits the engine's draft produces
+    for the depth-i node after prefix t, with the same (teacher-forced) tokens."""
     from toolkit.train.ttt import unroll
 
-    c = ModelConfig(model_type="llama", vocab_size=80, hidden_size=32, intermediate_size=48, num_layers=6,
-                    num_heads=4, num_kv_heads=2, head_dim=8)
-    head = random_head(c, list(range(0, 80, 2)), seed=3, num_layers=num_layers)
+    head, feature = _head(kind, num_layers)
     embed = torch.nn.Embedding(80, 32)
     g = torch.Generator().manual_seed(0)
     L, steps = 12, 3
     ids = torch.randint(0, 80, (1, L), generator=g)
-    aux = torch.randn(1, L, 96, generator=g)
+    aux = torch.randn(1, L, feature, generator=g)
     with torch.no_grad():
-        ttt = unroll(head, embed, aux, ids, steps, block=5)
+        ttt, outs = unroll(head, embed, aux, ids, steps, block=5)
         for t in (0, 4, 8):  # the engine: prefill pairs 0..t, then a chain of draft nodes at t+1, t+2, ...
             cache = head.new_cache(32)
             pairs = torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], 1)[:, :t + 1]
             logp, out = head(embed(pairs), aux[:, :t + 1], torch.arange(t + 1)[None], cache)
-            assert torch.allclose(logp[0, t], ttt[0][0, t].log_softmax(-1), atol=1e-5)
+            assert torch.allclose(logp[0, t], ttt[0][0, t].log_softmax(-1), atol=1e-4)
+            assert torch.allclose(out[0, t], outs[0][0, t], atol=1e-4)
             h = out[:, t:t + 1]
             for i in range(1, steps):
                 tok = ids[:, t + i + 1:t + i + 2] if t + i + 1 < L else ids.new_zeros(1, 1)
                 logp, h = head(embed(tok), h, torch.tensor([[t + i]]), cache)
-                assert torch.allclose(logp[0, 0], ttt[i][0, t].log_softmax(-1), atol=1e-5), (t, i)
+                assert torch.allclose(logp[0, 0], ttt[i][0, t].log_softmax(-1), atol=1e-4), (t, i)

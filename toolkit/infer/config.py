@@ -14,6 +14,7 @@ FAMILIES = {  # model_type -> (q/k/v bias, per-head q/k RMSNorm)
     "mistral": (False, False),
     "qwen2": (True, False),
     "qwen3": (False, True),
+    "mimo": (True, False),  # Xiaomi MiMo: a Qwen2 body plus MTP layers (toolkit/infer/mtp.py)
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 

@@ -10,7 +10,6 @@ Shapes: B batch, T tokens, H draft hidden, Ht target hidden, N draft vocab.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,11 +17,13 @@ from safetensors.torch import load_file
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import MLP, Attention, Block, RMSNorm, attention_masks, rope_cos_sin
+from toolkit.infer.draft_head import DraftHead, draft_config
+from toolkit.infer.model import MLP, Attention, Block, RMSNorm
 
 
 class Eagle3Layer(nn.Module):
+    """The first layer: its attention reads cat[input_layernorm(emb), hidden_norm(h)] (2H)."""
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.self_attn = Attention(c, in_features=2 * c.hidden_size)
@@ -31,13 +32,8 @@ class Eagle3Layer(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, emb, h, cos, sin, mask, cache, slots, kv_len):
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(h)], dim=-1)     # [B, T, 2H]
-        h = h + self.self_attn(x, cos, sin, mask, cache, 0, slots, kv_len)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
-
-class Eagle3Head(nn.Module):
+class Eagle3Head(DraftHead):
     def __init__(self, c: ModelConfig, target_hidden: int, d2t: torch.Tensor, aux_layers: list[int]):
         super().__init__()
         self.config, self.aux_layers = c, list(aux_layers)
@@ -50,39 +46,17 @@ class Eagle3Head(nn.Module):
         self.register_buffer("d2t", d2t.long())
         self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
 
-    def new_cache(self, max_len: int, dtype=torch.float32, device="cpu", batch: int = 1) -> KVCache:
-        return KVCache(replace(self.config, num_layers=1 + len(self.additional_layers)), batch, max_len, dtype,
-                       device)
+    def layers(self) -> list[nn.Module]:
+        return [self.midlayer, *self.additional_layers]
 
-    def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None):
-        """emb [B, T, H] token embeddings; hidden [B, T, 3Ht] (aux, step 0) or [B, T, H] (own output).
-        Returns (log-probs over the draft vocab [B, T, N] (target ids via to_target), output hidden [B, T, H])."""
+    def fuse(self, emb, hidden):
+        """hidden: [B, T, 3Ht] aux features (step 0, fused by fc) or [B, T, H] the head's own output."""
         if hidden.shape[-1] != self.config.hidden_size:
             hidden = self.fc(hidden)
-        return self._layer(hidden, emb, positions, cache, slots, mask)
+        return hidden, torch.cat([self.midlayer.input_layernorm(emb), self.midlayer.hidden_norm(hidden)], -1)
 
-    def _layer(self, hidden, emb, positions, cache, slots, mask, final_norm: bool = True):
-        slots = positions if slots is None else slots
-        kv_len = int(slots.max()) + 1
-        if kv_len > cache.max_len:
-            raise ValueError(f"draft needs {kv_len} cache slots but its KV cache holds {cache.max_len}")
-        if mask is None:
-            mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype)
-        bias = attention_masks(mask, emb.dtype)
-        out = self.midlayer(emb, hidden, cos, sin, bias, cache, slots, kv_len)
-        for k, layer in enumerate(self.additional_layers):
-            out = layer(out, cos, sin, bias, cache, k + 1, slots, kv_len)
-        logits = self.lm_head(self.norm(out) if final_norm else out)
-        return logits.float().log_softmax(-1), out
-
-    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
-
-
-def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
-    return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
-                   attention_bias=False, tie_word_embeddings=False)
+    def readout(self, h):
+        return self.lm_head(self.norm(h))
 
 
 def random_head(target: ModelConfig, vocab_ids: list[int] | None = None, seed: int = 0,

@@ -17,36 +17,43 @@ from safetensors.torch import load_file
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.drafts import Eagle3Head
-from toolkit.infer.model import MLP, Attention, RMSNorm
+from toolkit.infer.draft_head import DraftHead, vocab_rows
+from toolkit.infer.model import MLP, Attention, Block, RMSNorm
 
 
 class Eagle2Layer(nn.Module):
+    """EAGLE's layer 0: attention straight over fc's output (no input_layernorm), then the MLP."""
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.self_attn, self.mlp = Attention(c), MLP(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, emb, h, cos, sin, mask, cache, slots, kv_len):  # emb is already fused into h by fc
-        h = h + self.self_attn(h, cos, sin, mask, cache, 0, slots, kv_len)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
-
-class Eagle2Head(Eagle3Head):
-    """Same interface as Eagle3Head (the engine and tree builder use either); aux layer -1 = final hidden."""
+class Eagle2Head(DraftHead):
+    """Reads the target's final normed hidden state (aux layer -1); logits through the target's lm_head rows."""
 
     def __init__(self, c: ModelConfig, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None = None):
-        ids = torch.arange(lm_head.shape[0]) if vocab_ids is None else vocab_ids.sort().values
-        super().__init__(c, c.hidden_size, ids - torch.arange(len(ids)), [-1])
+        super().__init__()
+        rows, d2t = vocab_rows(lm_head, vocab_ids)
+        self.config, self.aux_layers = c, [-1]
         self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
         self.midlayer = Eagle2Layer(c)
-        del self.norm
-        self.lm_head = nn.Linear(c.hidden_size, len(ids), bias=False)
-        self.lm_head.weight = nn.Parameter(lm_head[ids].clone(), requires_grad=False)
+        self.additional_layers = nn.ModuleList(Block(c) for _ in range(c.num_layers - 1))
+        self.lm_head = nn.Linear(c.hidden_size, len(d2t), bias=False)
+        self.lm_head.weight = nn.Parameter(rows, requires_grad=False)  # the target's, frozen
+        self.register_buffer("d2t", d2t.long())
+        self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
 
-    def forward(self, emb, hidden, positions, cache, slots=None, mask=None):
-        fused = self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))              # [B, T, H]
-        return self._layer(fused, emb, positions, cache, slots, mask, final_norm=False)
+    def layers(self) -> list[nn.Module]:
+        return [self.midlayer, *self.additional_layers]
+
+    def fuse(self, emb, hidden):
+        x = self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))                 # [B, T, H]
+        return x, x
+
+    def readout(self, h):
+        return self.lm_head(h)
 
 
 def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None, dtype=torch.float32) -> Eagle2Head:
@@ -64,7 +71,7 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
     else:
         w = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     w = {k.removeprefix("model."): v for k, v in w.items() if not k.endswith(("embed_tokens.weight", "inv_freq"))}
-    w = {k.replace("layers.0.", "midlayer."): v for k, v in w.items() if "input_layernorm" not in k}
+    w = {_our_name(k): v for k, v in w.items() if not k.startswith("layers.0.input_layernorm")}
     ids = None
     if token_map is not None:
         ids = torch.tensor(load_freq(token_map))
@@ -76,3 +83,11 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
     if missing or unexpected:
         raise ValueError(f"draft {folder}: missing weights {missing[:8]}, unexpected {unexpected[:8]}")
     return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()
+
+
+def _our_name(name: str) -> str:
+    """SafeAILab names -> ours: layers.0.* -> midlayer.*, layers.k.* -> additional_layers.{k-1}.*."""
+    if not name.startswith("layers."):
+        return name
+    _, k, rest = name.split(".", 2)
+    return f"midlayer.{rest}" if k == "0" else f"additional_layers.{int(k) - 1}.{rest}"

@@ -171,7 +171,7 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
         with safe_open(str(f), "pt", device="cpu") as sf:
             for name in sf.keys():
                 ours = name.removeprefix("model.")
-                if ours.endswith("rotary_emb.inv_freq"):
+                if ours.endswith("rotary_emb.inv_freq") or _is_mtp_weight(ours, config.num_layers):
                     continue
                 tensors[ours] = sf.get_tensor(name).to(dtype)
     if config.tie_word_embeddings:
@@ -185,3 +185,10 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
         model.lm_head.weight = model.embed_tokens.weight
     model.inv_freq = config.inv_freq().to(device)
     return model.to(device).eval()
+
+
+def _is_mtp_weight(name: str, num_layers: int) -> bool:
+    """MTP layers a target ships (MiMo's mtp_layers.*, DeepSeek-V3's layers.{num_layers + i}.*) are a draft's
+    weights, read by toolkit/infer/mtp.py, not the target's."""
+    parts = name.split(".")
+    return parts[0] == "mtp_layers" or (parts[0] == "layers" and int(parts[1]) >= num_layers)

@@ -29,7 +29,7 @@ def evaluate(head, target, rows: list[dict], steps: int, decay: float, max_new_t
     for r in rows:
         ids = r["input_ids"][None].to(target.embed_tokens.weight.device)
         logits, aux = target(ids, aux_layers=head.aux_layers)
-        step_logits = unroll(head, target.embed_tokens, torch.cat(aux, -1), ids, steps)
+        step_logits, _ = unroll(head, target.embed_tokens, torch.cat(aux, -1), ids, steps)
         _, _, acc, count = ttt_loss(step_logits, logits, r["loss_mask"][None].to(ids.device), t2d, decay)
         accs.append(acc * count)
         counts.append(count)

@@ -1,4 +1,4 @@
-"""Training-time test (TTT) attention for EAGLE-3: the head unrolled for K steps over a whole sequence.
+"""Training-time test (TTT): a draft head (EAGLE-3, EAGLE, MTP) unrolled for K steps over a whole sequence.
 
 At step i the query at position t attends to the causal prefix of step-0 keys (k_0[0..t]) plus its own
 diagonal keys from steps 1..i (k_1[t], ..., k_i[t]): what the head sees at inference after i draft steps.
@@ -53,34 +53,48 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> t
     return rotate(x, *rope_cos_sin(positions[None], inv_freq, x.dtype))
 
 
-def unroll(head, embed: torch.nn.Embedding, aux: torch.Tensor, input_ids: torch.Tensor, steps: int,
-           valid: torch.Tensor | None = None, block: int = 128) -> list[torch.Tensor]:
-    """Run an Eagle3Head for `steps` TTT steps over whole sequences; returns each step's draft logits
-    [B, L, N]. Step i at row t predicts token t + i + 2 from (token t + i + 1, hidden): step 0's hidden is
-    fc(aux[t]), step i's is the head's own step i-1 output at row t. The query and key of step i at row t
-    sit at position t + i, where the engine puts a draft node of depth i after prefix t (train == serve).
-    aux [B, L, 3Ht], input_ids [B, L] (positions beyond L read token 0 and are masked by the loss)."""
+def _attend(attn, x: torch.Tensor, pos: torch.Tensor, inv_freq, ks: list, vs: list, block: int, valid):
+    """One attention of TTT step len(ks): project x [B, L, *], rotate at `pos`, append this step's key/value
+    to ks/vs and attend to the causal step-0 prefix plus the diagonal keys of steps 1..i. -> [B, L, H]."""
+    B, L, _ = x.shape
+    c = attn.c
+    q = attn.q_proj(x).view(B, L, c.num_heads, c.head_dim)
+    k = attn.k_proj(x).view(B, L, c.num_kv_heads, c.head_dim)
+    v = attn.v_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
+    if c.qk_norm:  # an MTP block of a Qwen3 target
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = _rope(q.transpose(1, 2), pos, inv_freq), _rope(k.transpose(1, 2), pos, inv_freq)
+    ks.append(k)
+    vs.append(v)
+    a = ttt_attention(q, ks, vs, block=block, valid=valid)                            # [B, Hq, L, D]
+    return attn.o_proj(a.transpose(1, 2).reshape(B, L, c.num_heads * c.head_dim))
+
+
+def unroll(head, embed: torch.nn.Embedding, hidden: torch.Tensor, input_ids: torch.Tensor, steps: int,
+           valid: torch.Tensor | None = None, block: int = 128) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Run a draft head (toolkit/infer/draft_head.py) for `steps` TTT steps over whole sequences; returns
+    each step's draft logits [B, L, N] and output hidden states [B, L, H]. Step i at row t predicts token
+    t + i + 2 from (token t + i + 1, hidden): step 0's hidden is the target's feature at t (EAGLE-3: three
+    aux layers; EAGLE/MTP: the final normed state), step i's is the head's own step i-1 output at row t. The
+    query and key of step i at row t sit at position t + i, where the engine puts a draft node of depth i
+    after prefix t (train == serve). hidden [B, L, *], input_ids [B, L] (positions beyond L read token 0
+    and are masked by the loss)."""
     B, L = input_ids.shape
-    c, layer = head.config, head.midlayer
-    h = head.fc(aux)                                                              # [B, L, H]
     rows = torch.arange(L, device=input_ids.device)
     padded = torch.cat([input_ids, input_ids.new_zeros(B, steps + 1)], 1)
-    layers = [layer, *head.additional_layers]
-    ks, vs, logits = [[] for _ in layers], [[] for _ in layers], []
+    first, *rest = head.layers()
+    ks, vs = [[] for _ in range(1 + len(rest))], [[] for _ in range(1 + len(rest))]
+    h, logits, outs = hidden, [], []
     for i in range(steps):
         emb = embed(padded[:, i + 1:i + 1 + L])                                   # token t + i + 1
-        for j, lyr in enumerate(layers):
-            # layer 0 reads cat[norm(embedding), norm(hidden)] (2H); later layers the hidden state alone
-            x = torch.cat([lyr.input_layernorm(emb), lyr.hidden_norm(h)], -1) if j == 0 else lyr.input_layernorm(h)
-            attn = lyr.self_attn
-            q = attn.q_proj(x).view(B, L, c.num_heads, c.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
-            q, k = _rope(q, rows + i, head.inv_freq), _rope(k, rows + i, head.inv_freq)
-            ks[j].append(k)
-            vs[j].append(v)
-            a = ttt_attention(q, ks[j], vs[j], block=block, valid=valid)             # [B, Hq, L, D]
-            h = h + attn.o_proj(a.transpose(1, 2).reshape(B, L, c.num_heads * c.head_dim))
+        res, x = head.fuse(emb, h)                                                # the head's input rule
+        h = res + _attend(first.self_attn, x, rows + i, head.inv_freq, ks[0], vs[0], block, valid)
+        h = h + first.mlp(first.post_attention_layernorm(h))
+        for j, lyr in enumerate(rest, 1):
+            h = h + _attend(lyr.self_attn, lyr.input_layernorm(h), rows + i, head.inv_freq, ks[j], vs[j], block,
+                            valid)
             h = h + lyr.mlp(lyr.post_attention_layernorm(h))
-        logits.append(head.lm_head(head.norm(h)))
-    return logits
+        h = head.finish(h)
+        logits.append(head.readout(h))
+        outs.append(h)
+    return logits, outs

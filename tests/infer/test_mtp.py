@@ -1,0 +1,178 @@
+"""MTP draft modules: the forward against a transformers reference, the native MiMo and DeepSeek-V3 layouts
+(every weight mapped, none left random), our export round trip, and lossless greedy decoding in the engine."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.engine import Engine
+from toolkit.infer.loading import load_draft
+from toolkit.infer.model import Transformer, load_target
+from toolkit.infer.mtp import MTPHead, load_mtp, save_mtp
+from toolkit.infer.sampling import SamplingParams
+from toolkit.infer.tree import TreeConfig
+
+H, I, HEADS, KV, V, LAYERS = 32, 48, 4, 2, 96, 3
+
+
+def hf_config(model_type="llama", **extra):
+    return {"architectures": ["LlamaForCausalLM"], "model_type": model_type, "vocab_size": V, "hidden_size": H,
+            "intermediate_size": I, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+            "num_key_value_heads": KV, "head_dim": H // HEADS, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 256,
+            "tie_word_embeddings": False, "eos_token_id": 2, **extra}
+
+
+def random_mtp(c: ModelConfig, seed=0) -> tuple[MTPHead, torch.Tensor]:
+    torch.manual_seed(seed)
+    lm_head = torch.randn(c.vocab_size, c.hidden_size)
+    head = MTPHead(c, lm_head)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if name != "lm_head.weight":
+                p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1) + (1.0 if p.dim() == 1 and "norm" in name else 0))
+    return head.eval(), lm_head
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_forward_matches_a_transformers_reference(family):
+    """eh_proj(cat[enorm(emb), hnorm(h)]) -> the target's own decoder layer (transformers') -> shared_head.norm
+    -> lm_head, over a whole causal sequence."""
+    import transformers
+
+    c = ModelConfig.from_hf(hf_config(family))
+    head, lm_head = random_mtp(c)
+    T = 7
+    g = torch.Generator().manual_seed(1)
+    emb, hid = torch.randn(1, T, H, generator=g), torch.randn(1, T, H, generator=g)
+    pos = torch.arange(T)[None]
+    logp, out = head(emb, hid, pos, head.new_cache(16))
+
+    kind = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    cfg = getattr(transformers, f"{kind}Config")(**{k: v for k, v in hf_config(family).items()
+                                                    if k not in ("architectures", "model_type")})
+    cfg._attn_implementation = "eager"
+    import importlib
+
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    layer = getattr(modeling, f"{kind}DecoderLayer")(cfg, 0)
+    layer.load_state_dict({k.removeprefix("block."): v for k, v in head.state_dict().items()
+                           if k.startswith("block.")})
+    rope = getattr(modeling, f"{kind}RotaryEmbedding")(cfg)
+
+    def rms(x, w):
+        return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    with torch.no_grad():
+        x = torch.cat([rms(emb, head.enorm.weight), rms(hid, head.hnorm.weight)], -1) @ head.eh_proj.weight.T
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        y = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=rope(x, pos))
+        y = y[0] if isinstance(y, tuple) else y
+        want_out = rms(y, head.shared_head.norm.weight)
+        want = (want_out @ lm_head.T).log_softmax(-1)
+    assert (out - want_out).abs().max() < 1e-4
+    assert (logp - want).abs().max() < 1e-4
+
+
+def write_native(folder, layout: str, n_mtp: int = 2, drop: str | None = None, extra: str | None = None):
+    """A tiny target that ships MTP layers: MiMo (Qwen2 body, model.mtp_layers.{i}.*) or DeepSeek-V3-style
+    (num_nextn_predict_layers, model.layers.{L + i}.*) over a Llama body. Returns (config, raw weights)."""
+    cfg = hf_config("mimo" if layout == "mimo" else "llama", num_nextn_predict_layers=n_mtp)
+    cfg["architectures"] = ["MiMoForCausalLM" if layout == "mimo" else "LlamaForCausalLM"]
+    torch.manual_seed(3)
+    body = Transformer(ModelConfig.from_hf(cfg))
+    w = {("" if k == "lm_head.weight" else "model.") + k: v.detach().clone() for k, v in body.state_dict().items()}
+    g = torch.Generator().manual_seed(4)
+    block = {k: torch.randn(v.shape, generator=g) * 0.2 for k, v in body.layers[0].state_dict().items()}
+    for i in range(n_mtp):
+        if layout == "mimo":
+            p = f"model.mtp_layers.{i}."
+            special = {"token_layernorm.weight": [H], "hidden_layernorm.weight": [H], "input_proj.weight": [H, 2 * H],
+                       "final_layernorm.weight": [H]}
+        else:
+            p = f"model.layers.{LAYERS + i}."
+            special = {"enorm.weight": [H], "hnorm.weight": [H], "eh_proj.weight": [H, 2 * H],
+                       "shared_head.norm.weight": [H], "shared_head.head.weight": [V, H], "embed_tokens.weight": [V, H]}
+        for k, shape in special.items():
+            w[p + k] = torch.randn(*shape, generator=g) * 0.2 + (1 if k.endswith("norm.weight") else 0)
+        for k, v in block.items():
+            w[p + k] = v + i
+    if drop:
+        w.pop(drop)
+    if extra:
+        w[extra] = torch.zeros(3)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.contiguous() for k, v in w.items()}, str(folder / "model.safetensors"))
+    return cfg, w
+
+
+@pytest.mark.parametrize("layout", ["mimo", "deepseek"])
+def test_native_mtp_layers_map_every_weight(tmp_path, layout):
+    _, w = write_native(tmp_path / "t", layout)
+    target = load_target(tmp_path / "t")  # the MTP weights are not the target's, and are not refused
+    head = load_draft(str(tmp_path / "t"), target, None)
+    assert isinstance(head, MTPHead) and head.aux_layers == [-1]
+    p = "model.mtp_layers.0." if layout == "mimo" else f"model.layers.{LAYERS}."
+    names = ({"enorm": "token_layernorm", "hnorm": "hidden_layernorm", "shared_head.norm": "final_layernorm"}
+             if layout == "mimo" else {"enorm": "enorm", "hnorm": "hnorm", "shared_head.norm": "shared_head.norm"})
+    for ours, theirs in names.items():
+        assert torch.equal(head.get_submodule(ours).weight, w[p + theirs + ".weight"])
+    proj = w[p + ("input_proj" if layout == "mimo" else "eh_proj") + ".weight"]
+    want = torch.cat([proj[:, H:], proj[:, :H]], 1) if layout == "mimo" else proj  # MiMo: [hidden, emb]
+    assert torch.equal(head.eh_proj.weight, want)
+    for k, v in head.block.state_dict().items():
+        assert torch.equal(v, w[p + k]), k
+    assert torch.equal(head.lm_head.weight, target.lm_head.weight)  # the target's head, not shared_head.head
+    # every weight of the module must come from the file: a missing one is refused by name
+    write_native(tmp_path / "m", layout, drop=p + "post_attention_layernorm.weight")
+    with pytest.raises(ValueError, match="post_attention_layernorm"):
+        load_mtp(tmp_path / "m", load_target(tmp_path / "m"))
+    write_native(tmp_path / "x", layout, extra=p + "mystery.weight")
+    with pytest.raises(ValueError, match="mystery"):
+        load_mtp(tmp_path / "x", load_target(tmp_path / "x"))
+
+
+def test_a_folder_without_mtp_layers_is_refused_clearly(tmp_path):
+    write_native(tmp_path / "t", "deepseek", n_mtp=0)
+    cfg = json.loads((tmp_path / "t" / "config.json").read_text())
+    with pytest.raises(ValueError, match="no MTP weights"):
+        load_mtp(tmp_path / "t", load_target(tmp_path / "t"))
+    assert cfg["num_nextn_predict_layers"] == 0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_export_round_trip_in_mimo_layout(tmp_path, family):
+    c = ModelConfig.from_hf(hf_config(family))
+    head, _ = random_mtp(c)
+    torch.manual_seed(0)
+    target = Transformer(c)
+    head.lm_head.weight = torch.nn.Parameter(target.lm_head.weight.detach().clone(), requires_grad=False)
+    save_mtp(head, tmp_path / "d", hf_config(family), "tiny", "fp")
+    w = load_file(str(tmp_path / "d" / "model.safetensors"))
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["architectures"] == ["MiMoMTP"] and cfg["toolkit"]["head"] == "mtp"
+    assert all(k.startswith("model.mtp_layers.0.") for k in w) and "model.mtp_layers.0.input_proj.weight" in w
+    assert "model.mtp_layers.0.self_attn.q_proj.bias" in w  # MiMo's Qwen2 block: zeros for a Llama block
+    back = load_draft(str(tmp_path / "d"), target, None)
+    emb, hid = torch.randn(1, 5, H), torch.randn(1, 5, H)
+    ref = MTPHead(c, target.lm_head.weight.detach())
+    ref.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in head.trained_state().items()}, strict=False)
+    a, _ = back(emb, hid, torch.arange(5)[None], back.new_cache(8))
+    b, _ = ref(emb, hid, torch.arange(5)[None], ref.new_cache(8))
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("tree", [TreeConfig(1, 1, 2), TreeConfig(2, 1, 3), TreeConfig(4, 1, 5),
+                                  TreeConfig(3, 2, 6)], ids=["steps1", "steps2", "steps4", "tree"])
+def test_greedy_with_an_mtp_draft_equals_plain_decoding(tmp_path, tree):
+    cfg, _ = write_native(tmp_path / "t", "mimo", n_mtp=1)
+    target = load_target(tmp_path / "t")
+    head = load_draft(str(tmp_path / "t"), target, None)
+    prompts = [[5, 17, 33, 8, 61], [9, 4, 70]]
+    p = SamplingParams(max_new_tokens=24)
+    want = [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p)]
+    got = Engine(target, head, tree, max_len=64, max_batch=2).generate_batch(prompts, p)
+    assert [r.tokens for r in got] == want
+    assert all(r.verify_steps > 0 for r in got)

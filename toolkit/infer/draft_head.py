@@ -1,0 +1,84 @@
+"""What every draft head shares (EAGLE-3, EAGLE-1/2, MTP): the engine and the training-time-test unroll drive
+them through this one interface.
+
+A head reads the pair (embedding of token t+1, hidden state of position t) and predicts token t+2:
+    residual, x = fuse(emb, hidden)            # the head's own input rule (fc / eh_proj / norms)
+    h = residual + layers[0].self_attn(x)      # the first layer's attention over the draft's KV cache
+    h = h + layers[0].mlp(post_attention_layernorm(h))
+    h = layers[k](h) for k >= 1                # plain decoder blocks
+    h = finish(h)                              # identity, or MTP's shared_head.norm
+    logits = readout(h)                        # over the draft vocabulary (target ids via d2t)
+`hidden` is the target's feature at step 0 (aux layers `aux_layers` of the target, concatenated) and the
+head's own output `h` afterwards. Shapes: B batch, T tokens, H hidden, N draft vocab.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.kv_cache import KVCache
+from toolkit.infer.model import attention_masks, rope_cos_sin
+
+
+class DraftHead(nn.Module):
+    config: ModelConfig
+    aux_layers: list[int]   # target layers whose outputs feed step 0 (-1 = the final normed hidden state)
+    d2t: torch.Tensor       # draft id -> target id offset [N]
+
+    def fuse(self, emb: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (residual [B, T, H], input of the first layer's attention [B, T, *])."""
+        raise NotImplementedError
+
+    def finish(self, h: torch.Tensor) -> torch.Tensor:
+        """The output hidden state after the last layer (fed to the next step and read out); MTP norms it."""
+        return h
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] -> draft-vocabulary logits [B, T, N]."""
+        raise NotImplementedError
+
+    def layers(self) -> list[nn.Module]:
+        """The first layer (attention + MLP after fuse), then plain decoder blocks."""
+        raise NotImplementedError
+
+    def new_cache(self, max_len: int, dtype=torch.float32, device="cpu", batch: int = 1) -> KVCache:
+        return KVCache(replace(self.config, num_layers=len(self.layers())), batch, max_len, dtype, device)
+
+    def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None):
+        """emb [B, T, H]; hidden [B, T, *]; positions/slots [B, T]; mask bool [B, T, S] (default causal).
+        Returns (log-probs over the draft vocab [B, T, N], output hidden [B, T, H])."""
+        slots = positions if slots is None else slots
+        kv_len = int(slots.max()) + 1
+        if kv_len > cache.max_len:
+            raise ValueError(f"draft needs {kv_len} cache slots but its KV cache holds {cache.max_len}")
+        if mask is None:
+            mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
+        cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype)
+        bias = attention_masks(mask, emb.dtype)
+        first, *rest = self.layers()
+        h, x = self.fuse(emb, hidden)
+        h = h + first.self_attn(x, cos, sin, bias, cache, 0, slots, kv_len)
+        h = h + first.mlp(first.post_attention_layernorm(h))
+        for k, layer in enumerate(rest):
+            h = layer(h, cos, sin, bias, cache, k + 1, slots, kv_len)
+        h = self.finish(h)
+        return self.readout(h).float().log_softmax(-1), h
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+
+def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
+    """EAGLE heads are plain Llama layers of the target's sizes whatever the target's family."""
+    return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
+                   attention_bias=False, tie_word_embeddings=False)
+
+
+def vocab_rows(lm_head: torch.Tensor, vocab_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A readout over the target's lm_head [V, H], optionally truncated to FR-Spec's `vocab_ids`:
+    (weight rows [N, H], d2t [N])."""
+    ids = torch.arange(lm_head.shape[0]) if vocab_ids is None else vocab_ids.sort().values
+    return lm_head[ids].clone(), ids - torch.arange(len(ids))

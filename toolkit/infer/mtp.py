@@ -1,0 +1,175 @@
+"""Multi-token-prediction (MTP) draft modules, DeepSeek-V3 "NextN" style, served as a chain draft.
+
+One module predicts token t+2 from (token t+1, the target's final normed hidden state at t):
+    x = eh_proj(cat[enorm(embed(t+1)), hnorm(h_t)])        # 2H -> H
+    h = x + attn(input_layernorm(x)); h = h + mlp(post_attention_layernorm(h))   # one block of the target's kind
+    out = shared_head.norm(h)                               # fed to the next step (as SGLang feeds it back)
+    logits = lm_head(out)                                   # the target's lm_head and embedding, shared, frozen
+Applied k times for a k-token chain, as SGLang's NEXTN does with one layer.
+
+Weight layouts read (docs/formats.md section 14):
+- MiMo: `model.mtp_layers.{i}.{token_layernorm, hidden_layernorm, input_proj, final_layernorm, <block>}`;
+  MiMo concatenates [hidden, embedding] (the reverse of DeepSeek), so input_proj's two column halves swap.
+  Our exported draft folders use this layout (SGLang loads it as `MiMoMTP`).
+- DeepSeek-V3: `model.layers.{num_hidden_layers + i}.{enorm, hnorm, eh_proj, shared_head.norm, <block>}`
+  (embed_tokens and shared_head.head are the target's and are not read).
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.draft_head import DraftHead, vocab_rows
+from toolkit.infer.model import Block, RMSNorm
+
+MIMO = {"token_layernorm": "enorm", "hidden_layernorm": "hnorm", "input_proj": "eh_proj",
+        "final_layernorm": "shared_head.norm"}
+DEEPSEEK = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "shared_head.norm": "shared_head.norm"}
+
+
+class MTPHead(DraftHead):
+    def __init__(self, c: ModelConfig, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None = None):
+        """c: the target's config (the block is of its kind); lm_head: the target's [V, H]."""
+        super().__init__()
+        rows, d2t = vocab_rows(lm_head, vocab_ids)
+        self.config, self.aux_layers = replace(c, num_layers=1), [-1]
+        H = c.hidden_size
+        self.enorm, self.hnorm = RMSNorm(H, c.rms_norm_eps), RMSNorm(H, c.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * H, H, bias=False)
+        self.block = Block(self.config)
+        self.shared_head = nn.Module()
+        self.shared_head.norm = RMSNorm(H, c.rms_norm_eps)
+        self.lm_head = nn.Linear(H, len(d2t), bias=False)
+        self.lm_head.weight = nn.Parameter(rows, requires_grad=False)  # the target's, frozen
+        self.register_buffer("d2t", d2t.long())
+        self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
+
+    def layers(self) -> list[nn.Module]:
+        return [self.block]
+
+    def fuse(self, emb, hidden):
+        x = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(hidden.to(emb.dtype))], -1))   # [B, T, H]
+        return x, self.block.input_layernorm(x)
+
+    def finish(self, h):
+        return self.shared_head.norm(h)
+
+    def readout(self, h):
+        return self.lm_head(h)
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """The weights a checkpoint holds (not the target's lm_head)."""
+        return {k: v for k, v in self.state_dict().items() if k not in ("lm_head.weight", "d2t")}
+
+
+def _swap_halves(w: torch.Tensor) -> torch.Tensor:
+    """[H, 2H] with columns [a | b] -> [b | a] (MiMo's [hidden, emb] order <-> DeepSeek's [emb, hidden])."""
+    a, b = w.chunk(2, dim=1)
+    return torch.cat([b, a], 1)
+
+
+def find_layout(folder: Path, cfg: dict) -> tuple[str, str, int]:
+    """(layout, weight prefix, number of MTP layers) of the MTP weights in `folder`, or a clear error."""
+    names = set()
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as sf:
+            names |= set(sf.keys())
+    text = cfg.get("text_config", cfg)
+    n_layers = text.get("num_hidden_layers", 0)
+    mimo = sorted({int(m.group(1)) for k in names if (m := re.match(r"model\.mtp_layers\.(\d+)\.", k))})
+    if mimo:
+        return "mimo", "model.mtp_layers.0.", len(mimo)
+    nextn = sorted({int(m.group(1)) for k in names if (m := re.match(r"model\.layers\.(\d+)\.", k))
+                    and int(m.group(1)) >= n_layers})
+    if nextn and text.get("num_nextn_predict_layers"):
+        return "deepseek", f"model.layers.{nextn[0]}.", len(nextn)
+    raise ValueError(f"{folder}: no MTP weights found (looked for model.mtp_layers.{{i}}.* (MiMo) and "
+                     f"model.layers.{{num_hidden_layers + i}}.* with num_nextn_predict_layers (DeepSeek-V3))")
+
+
+def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dtype=torch.float32) -> MTPHead:
+    """The first MTP module in `folder` (our draft folder, or a target that ships MTP layers) for `target`
+    (a Transformer whose lm_head is shared). Every weight of the module must be found: none is left random."""
+    from toolkit.tokenmap.maps import load_freq
+
+    folder = Path(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    layout, prefix, count = find_layout(folder, cfg)
+    if count > 1:
+        print(f"{folder}: {count} MTP layers; drafting with the first, applied once per draft step",
+              file=sys.stderr)
+    names = MIMO if layout == "mimo" else DEEPSEEK
+    w = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as sf:
+            for key in sf.keys():
+                if not key.startswith(prefix):
+                    continue
+                rest = key[len(prefix):]
+                if rest.startswith(("embed_tokens.", "shared_head.head.")):
+                    continue  # the target's embedding and lm_head are used
+                special = next((ours + rest[len(theirs):] for theirs, ours in names.items()
+                                if rest.startswith(theirs + ".")), None)
+                w[special or f"block.{rest}"] = sf.get_tensor(key).float()
+    if layout == "mimo" and "eh_proj.weight" in w:
+        w["eh_proj.weight"] = _swap_halves(w["eh_proj.weight"])
+    tc = target.config
+    if w.get("eh_proj.weight") is not None and tuple(w["eh_proj.weight"].shape) != (tc.hidden_size, 2 * tc.hidden_size):
+        raise ValueError(f"MTP draft {folder}: eh_proj {tuple(w['eh_proj.weight'].shape)} does not fit the "
+                         f"target's hidden size {tc.hidden_size}")
+    if not tc.qkv_bias:  # a Llama-kind block written in MiMo's (Qwen2) layout carries zero q/k/v biases
+        for k in [k for k in w if re.fullmatch(r"block\.self_attn\.[qkv]_proj\.bias", k)]:
+            if w[k].abs().max() > 0:
+                raise ValueError(f"MTP draft {folder}: {k} is non-zero but the target's attention has no bias")
+            del w[k]
+    ids = None
+    if token_map is not None:
+        ids = torch.tensor(load_freq(token_map))
+        if int(ids.max()) >= tc.vocab_size:
+            raise ValueError(f"token map {token_map} has ids beyond the target vocabulary")
+    head = MTPHead(tc, target.lm_head.weight.detach().float().cpu(), ids)
+    missing, unexpected = head.load_state_dict(w, strict=False)
+    missing = [k for k in missing if k not in ("d2t", "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"MTP draft {folder} ({layout} layout): weights left unmapped: missing {missing[:8]}, "
+                         f"unexpected {unexpected[:8]}")
+    return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()
+
+
+def save_mtp(head: MTPHead, folder: str | Path, target_hf_config: dict, target: str, target_fingerprint: str,
+             extra: dict | None = None) -> None:
+    """Write a draft folder in MiMo's MTP layout (bf16), which SGLang loads as `MiMoMTP`, atomically per file."""
+    from safetensors.torch import save_file
+
+    from toolkit.atomic import atomic_path, write_text
+
+    t = dict(target_hf_config.get("text_config", target_hf_config))
+    ours_to_mimo = {v: k for k, v in MIMO.items()}
+    weights = {}
+    for k, v in head.trained_state().items():
+        special = next((ours_to_mimo[o] + k[len(o):] for o in ours_to_mimo if k.startswith(o + ".")), None)
+        name = special or k.removeprefix("block.")
+        weights[f"model.mtp_layers.0.{name}"] = v
+    weights["model.mtp_layers.0.input_proj.weight"] = _swap_halves(weights["model.mtp_layers.0.input_proj.weight"])
+    c = head.config
+    if not c.qkv_bias:  # MiMo's block is Qwen2's (q/k/v with bias): zeros keep a Llama block exact
+        for p, n in (("q", c.num_heads), ("k", c.num_kv_heads), ("v", c.num_kv_heads)):
+            weights[f"model.mtp_layers.0.self_attn.{p}_proj.bias"] = torch.zeros(n * c.head_dim)
+    weights = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in weights.items()}
+    cfg = {**t, "architectures": ["MiMoMTP"], "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
+           "toolkit": {"format_version": 1, "head": "mtp", "layout": "mimo", "target": target,
+                       "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
+                       "target_model_type": t.get("model_type"), **(extra or {})}}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(folder / "model.safetensors") as tmp:
+        save_file(weights, str(tmp), metadata={"format": "pt"})
+    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
