@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     from toolkit.data import prepare, regenerate
     from toolkit.infer import bench
     from toolkit.serve import server
-    from toolkit.train import eagle3, hidden_states
+    from toolkit.train import hidden_states, trainer
 
     # name, module (with add_args, main and a docstring whose first paragraph describes it), one-line help
     commands = [
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", server, "OpenAI-compatible speculative server: continuous batching, streaming, metrics"),
         ("prepare-data", prepare, "conversations -> input_ids + assistant loss_mask, a datasets folder for training"),
         ("regenerate", regenerate, "replace assistant turns with the target's own answers (on-policy data)"),
-        ("train", eagle3, "train an EAGLE-3 head (same as toolkit/train/eagle3.py)"),
+        ("train", trainer, "train the draft head a recipe names: eagle3, eagle (EAGLE-1/2) or mtp"),
         ("dump-hidden-states", hidden_states, "write the target's hidden states for offline training"),
     ]
     for name, module, text in commands:

@@ -85,6 +85,47 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
     return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()
 
 
+def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, target: str, target_fingerprint: str,
+               extra: dict | None = None) -> None:
+    """Write a draft folder in the SafeAILab EAGLE layout (SGLang: LlamaForCausalLMEagle), bf16, atomically
+    per file: fc.{weight,bias}, layers.{k}.* (layer 0's input_layernorm is written as ones, unused); the
+    lm_head and embedding are the target's and are not written."""
+    from safetensors.torch import save_file
+
+    from toolkit.atomic import atomic_path, write_text
+
+    t = target_hf_config.get("text_config", target_hf_config)
+    c = head.config
+    weights = {}
+    for k, v in head.state_dict().items():
+        if k in ("d2t", "lm_head.weight"):
+            continue
+        if k.startswith("midlayer."):
+            k = "layers.0." + k.removeprefix("midlayer.")
+        elif k.startswith("additional_layers."):
+            _, i, rest = k.split(".", 2)
+            k = f"layers.{int(i) + 1}.{rest}"
+        weights[k] = v
+    weights["layers.0.input_layernorm.weight"] = torch.ones(c.hidden_size)
+    weights = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in weights.items()}
+    rope = {k: t[k] for k in ("rope_theta", "rope_scaling", "rope_parameters") if k in t}
+    cfg = {"architectures": ["LlamaForCausalLMEagle"], "model_type": "llama", "hidden_size": c.hidden_size,
+           "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
+           "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
+           "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": c.num_layers, "vocab_size": t["vocab_size"],
+           "max_position_embeddings": t.get("max_position_embeddings", c.max_position_embeddings),
+           "bias": True, "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope,
+           **{k: t[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in t},
+           "toolkit": {"format_version": 1, "head": "eagle", "target": target,
+                       "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
+                       **(extra or {})}}
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(folder / "model.safetensors") as tmp:
+        save_file(weights, str(tmp), metadata={"format": "pt"})
+    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
+
+
 def _our_name(name: str) -> str:
     """SafeAILab names -> ours: layers.0.* -> midlayer.*, layers.k.* -> additional_layers.{k-1}.*."""
     if not name.startswith("layers."):

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import torch
 
-from toolkit.infer.drafts import save_eagle3
-
 
 class Progress:
     """Counters saved with the accelerate state (register_for_checkpointing needs state_dict/load_state_dict)."""
@@ -32,15 +30,15 @@ def latest(output_dir: Path) -> Path | None:
     return max(done)[1] if done else None
 
 
-def export_draft(accelerator, model, template_head, folder: Path, target_cfg: dict, target: str,
+def export_draft(accelerator, model, template_head, folder: Path, save, target_cfg: dict, target: str,
                  fingerprint: str, extra: dict) -> None:
     """Gather the full head weights (a collective under ZeRO-3: every rank calls this) and write the draft
-    folder from the main process."""
+    folder from the main process with `save` (the head kind's writer)."""
     state = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         head = template_head
         head.load_state_dict({k.removeprefix("head."): v.float() for k, v in state.items() if k.startswith("head.")})
-        save_eagle3(head, folder, target_cfg, target, fingerprint, extra)
+        save(head, folder, target_cfg, target, fingerprint, extra)
 
 
 def save(accelerator, model, template_head, output_dir: Path, step: int, keep: int, export_args: tuple) -> Path:

@@ -18,12 +18,15 @@ class TrainConfig:
     hidden_states: str | None = None         # offline mode: shards folder (toolkit dump-hidden-states)
     output_dir: str = "runs/eagle3"
     # the head
-    head: str = "eagle3"
+    head: str = "eagle3"                     # eagle3 | eagle (EAGLE-1/2) | mtp; each has its entry script
     num_layers: int = 1
     aux_layers: list[int] | None = None      # target layer outputs fused by fc (default [1, L//2-1, L-4])
     token_map: str | None = None             # vocab_map_N.safetensors; else built from the data's assistant tokens
     draft_vocab_size: int = 32000            # used when token_map is absent (capped at the target vocab)
     init_lm_head: str = "target"             # "target": rows of the target's lm_head; "random" (SpecForge)
+    init_block: str = "target_last"          # mtp: start the block from the target's last layer, or "random"
+    regression_weight: float = 1.0           # eagle: smooth-L1 on the next hidden state (EAGLE paper: 1.0)
+    token_weight: float = 0.1                # eagle: soft cross-entropy through the frozen lm_head (paper: 0.1)
     # training-time test
     ttt_steps: int = 7
     loss_decay: float = 0.8
@@ -56,8 +59,17 @@ class TrainConfig:
         problems = []
         if not self.data:
             problems.append("data: give the prepared dataset folder (toolkit prepare-data --out)")
-        if self.head != "eagle3":
-            problems.append(f"head {self.head!r}: this trainer takes eagle3")
+        if self.head not in ("eagle3", "eagle", "mtp"):
+            problems.append(f"head {self.head!r}: accepted eagle3, eagle, mtp")
+        if self.head != "eagle3" and (self.token_map or self.aux_layers):
+            problems.append(f"token_map / aux_layers: an {self.head} head reads the target's final hidden state "
+                            "and its full lm_head (serve it with --token-map freq_N.pt to truncate the vocabulary)")
+        if self.head == "mtp" and self.num_layers != 1:
+            problems.append(f"num_layers {self.num_layers}: an MTP module is one decoder block")
+        if self.init_block not in ("target_last", "random"):
+            problems.append(f"init_block {self.init_block!r}: accepted target_last, random")
+        if self.regression_weight < 0 or self.token_weight < 0 or self.regression_weight + self.token_weight == 0:
+            problems.append("regression_weight and token_weight must be >= 0, not both 0")
         if not 1 <= self.num_layers <= 8:
             problems.append(f"num_layers {self.num_layers}: give 1..8 draft decoder layers (1 is the layout "
                             "SGLang serves; more are extra plain decoder layers)")
@@ -108,8 +120,10 @@ def _coerce(name: str, kind, text: str):
     return value
 
 
-def load_config(path: str | None, overrides: list[str] = (), **flags) -> TrainConfig:
-    """Recipe YAML (optional) <- key=value overrides <- flags that are not None."""
+def load_config(path: str | None, overrides: list[str] = (), default_head: str | None = None,
+                **flags) -> TrainConfig:
+    """Recipe YAML (optional) <- key=value overrides <- flags that are not None; `head` defaults to the
+    entry script's kind."""
     fields = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
     values = {}
     if path:
@@ -125,6 +139,8 @@ def load_config(path: str | None, overrides: list[str] = (), **flags) -> TrainCo
         k, v = item.split("=", 1)
         values[k.strip()] = v
     values.update({k: v for k, v in flags.items() if v is not None})
+    if default_head:
+        values.setdefault("head", default_head)
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise ValueError(f"unknown config keys {unknown}; accepted: {', '.join(fields)}")

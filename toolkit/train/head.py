@@ -1,7 +1,6 @@
-"""Building the EAGLE-3 head to train: the draft vocabulary (given, or the most frequent assistant tokens of
-the training data), the head itself (lm_head rows copied from the target, or random as SpecForge starts it),
-and the module that accelerate / DDP / DeepSpeed wrap: the head plus the target's frozen embedding, whose
-forward is the whole training-time-test unroll (so wrappers see one forward per micro-batch)."""
+"""Building a head to train: the target weights it borrows (embedding, lm_head, a decoder layer), EAGLE-3's
+draft vocabulary (given, or the most frequent assistant tokens of the training data) and head (lm_head rows
+copied from the target, or random as SpecForge starts it), and the signature a resumed run must match."""
 from __future__ import annotations
 
 import json
@@ -13,19 +12,8 @@ from safetensors import safe_open
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.drafts import Eagle3Head, draft_config
-from toolkit.train.ttt import unroll
-
-
-class Eagle3Trainable(nn.Module):
-    def __init__(self, head: Eagle3Head, embed_weight: torch.Tensor, steps: int):
-        super().__init__()
-        self.head, self.steps = head, steps
-        self.embed = nn.Embedding.from_pretrained(embed_weight.float(), freeze=True)  # the target's, frozen
-
-    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor) -> list[torch.Tensor]:
-        """aux [B, L, 3Ht], input_ids [B, L], valid [B, L] -> `steps` x draft logits [B, L, N]."""
-        return unroll(self.head, self.embed, aux.to(self.embed.weight.dtype), input_ids, self.steps, valid)
+from toolkit.infer.draft_head import draft_config
+from toolkit.infer.drafts import Eagle3Head
 
 
 def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
@@ -44,6 +32,21 @@ def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tens
     missing = [n for n in names if n not in found]
     if missing:
         raise ValueError(f"target {folder}: weights {missing} not found")
+    return found
+
+
+def target_layer(folder: str | Path, index: int) -> dict[str, torch.Tensor]:
+    """The target's decoder layer `index` as a Block state dict (MTP can start from the last one)."""
+    prefix = f"layers.{index}."
+    found = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as sf:
+            for key in sf.keys():
+                short = key.removeprefix("model.")
+                if short.startswith(prefix):
+                    found[short[len(prefix):]] = sf.get_tensor(key)
+    if not found:
+        raise ValueError(f"target {folder}: no weights for layer {index}")
     return found
 
 
@@ -68,13 +71,12 @@ def build_head(target_cfg: ModelConfig, vocab_ids: list[int], aux_layers: list[i
     return head
 
 
-def head_signature(head: Eagle3Head, target_fingerprint: str) -> dict:
-    """What a resumed run must share with the saved one."""
-    c = head.config
-    return {"target_fingerprint": target_fingerprint, "aux_layers": head.aux_layers, "num_layers": c.num_layers,
-            "hidden_size": c.hidden_size,
-            "draft_vocab_size": len(head.d2t), "d2t_sum": int(head.d2t.sum()), "num_heads": c.num_heads,
-            "num_kv_heads": c.num_kv_heads, "intermediate_size": c.intermediate_size}
+def head_signature(kind: str, head: nn.Module, target_fingerprint: str) -> dict:
+    """What a resumed run must share with the saved one: the head kind, its target, its weight shapes and
+    (EAGLE-3) its draft vocabulary."""
+    return {"head": kind, "target_fingerprint": target_fingerprint, "aux_layers": list(head.aux_layers),
+            "draft_vocab_size": len(head.d2t), "d2t_sum": int(head.d2t.sum()),
+            "shapes": {k: list(v.shape) for k, v in head.state_dict().items() if k not in ("d2t", "lm_head.weight")}}
 
 
 def check_signature(saved_path: Path, now: dict) -> None:

@@ -1,0 +1,109 @@
+"""MTP and EAGLE-1/2 heads trained by the shared loop on a tiny random target: multi-step loss falls, the
+exported folders load in the engine and decode losslessly, the MTP block can start from the target's last
+layer, offline shards give the online loss, and a recipe for another head is refused."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from toolkit.cli import main
+from toolkit.infer.engine import Engine
+from toolkit.infer.loading import load_draft
+from toolkit.infer.model import load_target
+from toolkit.infer.sampling import SamplingParams
+from toolkit.infer.tree import TreeConfig
+from toolkit.train.tracking import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMON = ["batch_size=2", "max_len=96", "log_every=1", "eval_samples=2", "eval_max_new_tokens=6", "threads=1",
+          "lr=3e-3", "warmup_ratio=0"]
+
+
+def train(head, tiny_target, prepared, out, *extra):
+    return main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(out),
+                 f"head={head}", *COMMON, *extra])
+
+
+def records(out):
+    return [r for r in read_metrics(Path(out) / "metrics.jsonl") if "loss" in r]
+
+
+def lossless(tiny_target, draft, tree):
+    target = load_target(tiny_target)
+    head = load_draft(str(draft), target, None)
+    prompts = [[1, 520, 3300, 28, 991], [1, 44, 9000]]
+    p = SamplingParams(max_new_tokens=20)
+    want = [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p)]
+    got = Engine(target, head, tree, max_len=64, max_batch=2).generate_batch(prompts, p)
+    assert [r.tokens for r in got] == want
+    return head
+
+
+def test_mtp_multi_step_training_lowers_every_step_loss_and_serves_losslessly(tiny_target, prepared, tmp_path):
+    out = tmp_path / "mtp"
+    assert train("mtp", tiny_target, prepared, out, "max_steps=16", "ttt_steps=3", "save_every=16") == 0
+    recs = records(out)
+    first, last = recs[0], recs[-1]
+    assert len(last["loss_i"]) == 3 and last["loss"] < 0.8 * first["loss"]
+    assert all(b < a for a, b in zip(first["loss_i"], last["loss_i"])), (first["loss_i"], last["loss_i"])
+    ev = [r for r in read_metrics(out / "metrics.jsonl") if "eval_engine_tau" in r][-1]
+    assert ev["eval_engine_tau"] >= 1
+    cfg = json.loads((out / "draft/config.json").read_text())
+    assert cfg["architectures"] == ["MiMoMTP"] and cfg["toolkit"]["head"] == "mtp"
+    assert not list(out.glob("vocab_map_*"))  # the full vocabulary: no token map of its own
+    head = lossless(tiny_target, out / "draft", TreeConfig(3, 1, 4))
+    assert type(head).__name__ == "MTPHead"
+
+
+def test_mtp_block_starts_from_the_target_last_layer_or_random(tiny_target, prepared, tmp_path):
+    w = load_file(str(tiny_target / "model.safetensors"))
+    last = {k.removeprefix("model.layers.7."): v for k, v in w.items() if k.startswith("model.layers.7.")}
+    for init in ("target_last", "random"):
+        out = tmp_path / init
+        assert train("mtp", tiny_target, prepared, out, "max_steps=1", "lr=1e-12", "save_every=1",
+                     f"init_block={init}", "eval_samples=0") == 0
+        saved = load_file(str(out / "draft/model.safetensors"))
+        q = saved["model.mtp_layers.0.self_attn.q_proj.weight"].float()
+        same = torch.allclose(q, last["self_attn.q_proj.weight"].to(torch.bfloat16).float(), atol=1e-6)
+        assert same == (init == "target_last")
+
+
+def test_eagle_regression_training_exports_the_safeailab_layout(tiny_target, prepared, tmp_path):
+    out = tmp_path / "eagle"
+    assert train("eagle", tiny_target, prepared, out, "max_steps=16", "ttt_steps=2", "save_every=16") == 0
+    recs = records(out)
+    assert recs[-1]["loss"] < 0.8 * recs[0]["loss"] and len(recs[-1]["acc_i"]) == 2
+    w = load_file(str(out / "draft/model.safetensors"))
+    assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight"} <= set(w) and "lm_head.weight" not in w
+    cfg = json.loads((out / "draft/config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle"] and cfg["toolkit"]["head"] == "eagle"
+    head = lossless(tiny_target, out / "draft", TreeConfig(3, 3, 8))
+    assert type(head).__name__ == "Eagle2Head"
+
+
+@pytest.mark.parametrize("head", ["mtp", "eagle"])
+def test_offline_shards_give_the_online_loss(tiny_target, prepared, tmp_path, head):
+    shards = tmp_path / "hidden"
+    assert main(["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out", str(shards),
+                 "--max-len", "96", "--dtype", "float32"]) == 0
+    assert train(head, tiny_target, prepared, tmp_path / "on", "max_steps=3", "ttt_steps=2") == 0
+    assert train(head, tiny_target, prepared, tmp_path / "off", "max_steps=3", "ttt_steps=2",
+                 f"hidden_states={shards}") == 0
+    on = {r["step"]: r["loss"] for r in records(tmp_path / "on")}
+    off = {r["step"]: r["loss"] for r in records(tmp_path / "off")}
+    assert all(abs(on[s] - off[s]) <= 1e-5 * abs(on[s]) for s in on), (on, off)
+
+
+def test_entry_scripts_refuse_a_recipe_for_another_head(tiny_target, prepared, tmp_path):
+    cmd = [sys.executable, str(ROOT / "toolkit/train/eagle3.py"), "--model", str(tiny_target), "--data",
+           str(prepared), "--output-dir", str(tmp_path / "x"), "head=mtp", "max_steps=1"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 2 and "launch toolkit/train/mtp.py" in done.stderr
+    assert train("mtp", tiny_target, prepared, tmp_path / "y", "num_layers=2") == 2
+    assert train("eagle", tiny_target, prepared, tmp_path / "z", "token_map=x.safetensors") == 2

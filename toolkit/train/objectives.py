@@ -1,0 +1,122 @@
+"""What each kind of draft head learns from the frozen target; the training loop (trainer.py) is shared.
+
+- eagle3: fc over three aux layers, TTT soft cross-entropy on a reduced draft vocabulary (losses.ttt_loss).
+- eagle (EAGLE-1/2): fc over [embedding, final normed hidden], one decoder layer, read out by the target's
+  frozen lm_head; smooth-L1 regression on the next hidden state plus token loss, as the EAGLE paper trains
+  it (regression_weight 1.0, token_weight 0.1); ttt_steps > 1 feeds it its own output, like TTT.
+- mtp (DeepSeek-V3 / MiMo NextN): eh_proj over [enorm(embedding), hnorm(final normed hidden)], one block of
+  the target's own kind, shared_head norm, the target's lm_head; multi-step training feeds the module its own
+  output for ttt_steps steps (the loss of step i weighs loss_decay ** i).
+Every head sees step 0's feature at row t and predicts token t + 2 (see ttt.py); eagle and mtp read the whole
+target vocabulary (an FR-Spec freq_N.pt truncates it at serve time).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from toolkit.infer.config import ModelConfig
+from toolkit.train.losses import ttt_loss
+from toolkit.train.ttt import unroll
+
+
+class DraftTrainable(nn.Module):
+    """What accelerate / DDP / DeepSpeed wrap: the head plus the target's frozen embedding; its forward is the
+    whole TTT unroll, so wrappers see one forward per micro-batch."""
+
+    def __init__(self, head: nn.Module, embed_weight: torch.Tensor, steps: int):
+        super().__init__()
+        self.head, self.steps = head, steps
+        self.embed = nn.Embedding.from_pretrained(embed_weight.float(), freeze=True)  # the target's, frozen
+
+    def forward(self, feats: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor):
+        """feats [B, L, F], input_ids/valid [B, L] -> (steps x logits [B, L, N], steps x hidden [B, L, H])."""
+        return unroll(self.head, self.embed, feats.to(self.embed.weight.dtype), input_ids, self.steps, valid)
+
+
+@dataclass
+class Objective:
+    name: str                  # the recipe's `head`
+    script: str                # the accelerate entry script
+
+    def features(self, offline_batch: dict) -> torch.Tensor:
+        """Step 0's input from a dumped-hidden-states batch (online runs take the target's aux_layers)."""
+        return offline_batch["final_hidden"]
+
+    def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d):
+        """-> (weighted loss, per-step token losses [K], per-step accuracies [K], per-step counted rows [K])."""
+        return ttt_loss(step_logits, target_logits, loss_mask, t2d, cfg.loss_decay)
+
+
+class Eagle3(Objective):
+    def __init__(self):
+        super().__init__("eagle3", "toolkit/train/eagle3.py")
+
+    def features(self, offline_batch):
+        return offline_batch["aux"]
+
+    def build(self, cfg, tcfg: ModelConfig, vocab_ids: list[int], aux_layers: list[int], parts: dict, folder):
+        from toolkit.train.head import build_head
+
+        lm_head = parts["lm_head.weight"] if cfg.init_lm_head == "target" else None
+        return build_head(tcfg, vocab_ids, aux_layers, lm_head, cfg.seed, cfg.num_layers)
+
+    def save(self, head, folder, *args):
+        from toolkit.infer.drafts import save_eagle3
+
+        save_eagle3(head, folder, *args)
+
+
+class Eagle(Objective):
+    def __init__(self):
+        super().__init__("eagle", "toolkit/train/eagle.py")
+
+    def build(self, cfg, tcfg, vocab_ids, aux_layers, parts, folder):
+        from toolkit.infer.draft_head import draft_config
+        from toolkit.infer.eagle2 import Eagle2Head
+
+        torch.manual_seed(cfg.seed)
+        return Eagle2Head(draft_config(tcfg, cfg.num_layers), parts["lm_head.weight"].float())
+
+    def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d):
+        token, losses, accs, counts = ttt_loss(step_logits, target_logits, loss_mask, t2d, cfg.loss_decay)
+        L = loss_mask.shape[1]
+        regression = 0.0
+        for i, h in enumerate(step_hidden[:len(losses)]):
+            n = L - (i + 2)
+            rows = loss_mask[:, i + 2:i + 2 + n].bool()            # the same rows the token loss counts
+            # step i at row t predicts the target's hidden state at t + i + 1 (whose lm_head gives token t + i + 2)
+            err = F.smooth_l1_loss(h[:, :n].float(), feats[:, i + 1:i + 1 + n].float(), reduction="none").mean(-1)
+            regression = regression + cfg.loss_decay ** i * (err * rows).sum() / rows.sum().clamp_min(1)
+        return cfg.regression_weight * regression + cfg.token_weight * token, losses, accs, counts
+
+    def save(self, head, folder, *args):
+        from toolkit.infer.eagle2 import save_eagle
+
+        save_eagle(head, folder, *args)
+
+
+class MTP(Objective):
+    def __init__(self):
+        super().__init__("mtp", "toolkit/train/mtp.py")
+
+    def build(self, cfg, tcfg, vocab_ids, aux_layers, parts, folder):
+        from toolkit.infer.mtp import MTPHead
+        from toolkit.train.head import target_layer
+
+        torch.manual_seed(cfg.seed)
+        head = MTPHead(tcfg, parts["lm_head.weight"].float())
+        if cfg.init_block == "target_last":  # start from the target's last decoder layer (else torch's init)
+            head.block.load_state_dict({k: v.float() for k, v in target_layer(folder, tcfg.num_layers - 1).items()})
+        return head
+
+    def save(self, head, folder, *args):
+        from toolkit.infer.mtp import save_mtp
+
+        save_mtp(head, folder, *args)
+
+
+OBJECTIVES = {o.name: o for o in (Eagle3(), Eagle(), MTP())}

@@ -1,0 +1,264 @@
+"""The training loop every draft head shares (EAGLE-3, EAGLE-1/2, MTP): a frozen target, a head unrolled
+for `ttt_steps` training-time-test steps, accelerate for distribution. What differs per head (its build,
+features, loss and export) is in objectives.py; the entry scripts eagle3.py, eagle.py and mtp.py pick one.
+
+Online mode runs the target in-process per batch; offline mode (`hidden_states=DIR`) reads the shards of
+`toolkit dump-hidden-states`. accelerate owns distribution (single process, CPU ranks over gloo, GPUs,
+DeepSpeed ZeRO-2/3 via `accelerate launch --config_file recipes/accelerate/<x>.yaml`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="recipe YAML (recipes/*.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override any recipe key")
+    for flag, key in (("--model", "model"), ("--data", "data"), ("--output-dir", "output_dir"),
+                      ("--max-steps", "max_steps"), ("--token-map", "token_map"),
+                      ("--hidden-states", "hidden_states")):
+        p.add_argument(flag, dest=key, default=None, help=f"same as {key}=...")
+    p.add_argument("--resume", action="store_true", help="continue the run in output_dir from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir first")
+
+
+def make_accelerator(cfg):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs
+
+    # CPU ranks talk over gloo (without this handler accelerate + DeepSpeed on CPU see 1 process per rank)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not torch.cuda.is_available() else []
+    log_with = ["wandb"] if cfg.wandb_project else None
+    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers)
+    if acc.state.deepspeed_plugin is not None:  # fill the DeepSpeed config's "auto" values from the recipe
+        ds = acc.state.deepspeed_plugin.deepspeed_config
+        ds["train_micro_batch_size_per_gpu"] = cfg.batch_size
+        ds["gradient_accumulation_steps"] = cfg.grad_accum
+        if ds.get("gradient_clipping", "auto") == "auto":
+            ds["gradient_clipping"] = cfg.max_grad_norm
+        ds.setdefault("bf16", {})["enabled"] = acc.mixed_precision == "bf16"
+    return acc
+
+
+def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
+    """Train the head the recipe names (`head:`); an entry script passes its own kind, and a recipe for
+    another kind is refused."""
+    from tqdm import tqdm
+    from transformers import get_scheduler
+
+    from toolkit.data.chat import ChatRenderer, load_tokenizer
+    from toolkit.infer.model import load_target
+    from toolkit.models import fingerprint, resolve_target
+    from toolkit.tokenmap.maps import load_vocab_map, save_vocab_map, vocab_map
+    from toolkit.train import checkpoint as ckpt
+    from toolkit.train.config import load_config
+    from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches
+    from toolkit.train.head import check_signature, draft_vocab, head_signature, target_tensors
+    from toolkit.train.losses import simulated_tau
+    from toolkit.train.objectives import OBJECTIVES, DraftTrainable
+    from toolkit.train.tracking import Tracker
+
+    cfg = load_config(args.config, args.overrides, model=args.model, data=args.data, output_dir=args.output_dir,
+                      max_steps=args.max_steps, token_map=args.token_map, hidden_states=args.hidden_states,
+                      default_head=head_kind)
+    objective = OBJECTIVES[cfg.head]
+    if head_kind and cfg.head != head_kind:
+        raise ValueError(f"the recipe trains an {cfg.head} head: launch {objective.script} (or toolkit train)")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    acc = make_accelerator(cfg)
+    acc.print(f"accelerate: {acc.distributed_type.value}, {acc.num_processes} process(es) on {acc.device}, "
+              f"mixed precision {acc.mixed_precision}")
+    out = Path(cfg.output_dir)
+    previous = (out / "run.json").exists()
+    if previous and not (args.resume or args.overwrite):
+        raise ValueError(f"output_dir {out} holds a previous run; pass --resume to continue it or --overwrite "
+                         "to replace it")
+    if args.resume and not previous:
+        raise ValueError(f"--resume: output_dir {out} holds no run to resume")
+    if args.overwrite and previous and acc.is_main_process:
+        shutil.rmtree(out)
+    acc.wait_for_everyone()
+
+    # --- target, data and draft vocabulary -------------------------------------------------------------
+    folder = resolve_target(cfg.model)
+    target_hf = json.loads((folder / "config.json").read_text())
+    target_fp = fingerprint(folder)
+    device = acc.device
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    data = PreparedData(cfg.data, cfg.max_len)
+    if cfg.eval_samples >= len(data):
+        raise ValueError(f"eval_samples {cfg.eval_samples} leaves no training rows of the {len(data)} in {cfg.data}")
+    held = list(range(len(data) - cfg.eval_samples, len(data)))  # the last rows: never trained on
+    train_rows = list(range(len(data) - cfg.eval_samples))
+    offline = cfg.hidden_states is not None
+    shards = HiddenStateShards(cfg.hidden_states, cfg.max_len) if offline else None
+    if offline and not shards.covers(len(train_rows)):
+        raise ValueError(f"hidden_states {cfg.hidden_states} does not cover the {len(train_rows)} training rows "
+                         f"of {cfg.data}; dump them for this dataset")
+    if offline and shards.index["target_fingerprint"] != target_fp:
+        raise ValueError(f"hidden_states {cfg.hidden_states} were dumped from another target "
+                         f"({shards.index['target']})")
+    target = load_target(folder, dtype, device).requires_grad_(False) if not offline else None
+    parts = target_tensors(folder, ["embed_tokens.weight", "lm_head.weight"])
+    from toolkit.infer.config import ModelConfig
+
+    tcfg = ModelConfig.from_folder(folder)
+    aux_layers = cfg.aux_layers or (shards.index["aux_layer_ids"] if offline else tcfg.default_aux_layers())
+    if offline and cfg.head == "eagle3" and aux_layers != shards.index["aux_layer_ids"]:
+        raise ValueError(f"aux_layers {aux_layers} differ from the shards' {shards.index['aux_layer_ids']}")
+    if cfg.head != "eagle3":  # EAGLE-1/2 and MTP read out through the target's whole lm_head
+        vocab_ids = list(range(tcfg.vocab_size))
+        d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
+    elif cfg.token_map:
+        d2t, t2d = load_vocab_map(cfg.token_map)
+        vocab_ids = (torch.arange(len(d2t)) + d2t).tolist()
+    else:  # FR-Spec rule on the training data's assistant tokens, the template's special tokens kept
+        forced = ChatRenderer(load_tokenizer(model=str(folder))).template_special_ids()
+        vocab_ids = draft_vocab(data.assistant_tokens(train_rows), cfg.draft_vocab_size, tcfg.vocab_size, forced)
+        d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
+    if int(t2d.sum()) == 0 or len(t2d) != tcfg.vocab_size:
+        raise ValueError(f"token map {cfg.token_map}: does not fit the target vocabulary ({tcfg.vocab_size})")
+
+    # --- the head, optimizer, schedule; resume ---------------------------------------------------------
+    head = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
+    # a CPU copy that exports and evaluations load the gathered weights into
+    template = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
+    signature = head_signature(cfg.head, head, target_fp)
+    if args.resume:
+        check_signature(out / "run.json", signature)
+    model = DraftTrainable(head, parts["embed_tokens.weight"], cfg.ttt_steps)
+    rows_per_step = cfg.batch_size * cfg.grad_accum * acc.num_processes
+    total = cfg.max_steps or max(1, int(cfg.epochs * len(train_rows) / rows_per_step))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                            weight_decay=cfg.weight_decay)
+    # the schedule counts optimizer steps; accelerate steps it once per process per step, hence the scaling
+    sched = get_scheduler(cfg.scheduler, opt, int(cfg.warmup_ratio * total) * acc.num_processes,
+                          total * acc.num_processes)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    progress = ckpt.Progress()
+    acc.register_for_checkpointing(progress)
+    if args.resume and (last := ckpt.latest(out)) is not None:
+        acc.load_state(str(last))
+        acc.print(f"resumed from {last} at step {progress.step}")
+    if acc.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        from toolkit.atomic import write_text
+
+        write_text(out / "run.json", json.dumps(signature, indent=2) + "\n")
+        write_text(out / "train_config.json", cfg.to_json() + "\n")
+        if cfg.head == "eagle3":
+            save_vocab_map(out / f"vocab_map_{len(vocab_ids)}.safetensors", d2t, t2d,
+                           {"source": cfg.data, "method": "assistant-token frequency" if not cfg.token_map else
+                            "given"})
+    t2d = t2d.to(device)
+    lm_w = parts["lm_head.weight"].to(device, dtype) if offline else None
+    export_args = (objective.save, target_hf, cfg.model, target_fp, {"ttt_steps": cfg.ttt_steps,
+                                                                      "train_data": cfg.data})
+    tracker = Tracker(acc, out, cfg)
+    stop_ids = {int(i) for i in ([target_hf.get("eos_token_id")] if isinstance(target_hf.get("eos_token_id"), int)
+                                 else target_hf.get("eos_token_id") or [])}
+
+    def run_eval(step: int) -> None:
+        from toolkit.train.evaluate import evaluate
+
+        state = acc.get_state_dict(model)  # collective under ZeRO-3
+        if acc.is_main_process and cfg.eval_samples:
+            template.load_state_dict({k.removeprefix("head."): v.float() for k, v in state.items()
+                                      if k.startswith("head.")})
+            full = target if target is not None else load_target(folder, dtype, device)
+            res = evaluate(template.to(device, dtype), full, [data[r] for r in held], cfg.ttt_steps,
+                           cfg.loss_decay, cfg.eval_max_new_tokens, stop_ids)
+            template.to("cpu", torch.float32)
+            tracker.log(step, res)
+        acc.wait_for_everyone()
+
+    # --- the loop ---------------------------------------------------------------------------------------
+    # Data order depends only on (seed, epoch): skipping the micro-batches already consumed resumes exactly.
+    batches = micro_batches(data.lengths, train_rows, cfg.batch_size, cfg.seed, acc.process_index,
+                            acc.num_processes, skip=progress.step * cfg.grad_accum)
+    source = shards if offline else data
+    window = {"loss": 0.0, "losses": 0.0, "acc": 0.0, "count": 0.0, "tokens": 0, "n": 0}
+    bar = tqdm(total=total, initial=progress.step, disable=not acc.is_main_process, unit="step", desc="train")
+    t_log, grad_norm = time.perf_counter(), None
+    model.train()
+    while progress.step < total:
+        for _ in range(cfg.grad_accum):
+            epoch, rows = next(batches)
+            batch = {k: v.to(device) for k, v in collate([source[r] for r in rows]).items()}
+            with torch.no_grad():  # the frozen target's features (3 aux layers, or the final normed state)
+                if offline:
+                    feats, target_logits = objective.features(batch), batch["final_hidden"].to(dtype) @ lm_w.T
+                else:
+                    target_logits, hs = target(batch["input_ids"], aux_layers=head.aux_layers)
+                    feats = torch.cat(hs, -1)
+            with acc.accumulate(model):
+                step_logits, step_hidden = model(feats, batch["input_ids"], batch["valid"])
+                loss, losses, accs, counts = objective.loss(cfg, step_logits, step_hidden, feats, target_logits,
+                                                            batch["loss_mask"], t2d)
+                acc.backward(loss)
+                if acc.sync_gradients:
+                    grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            window["loss"] += float(loss.detach())
+            window["losses"] = window["losses"] + losses.detach() * counts
+            window["acc"] = window["acc"] + accs * counts
+            window["count"] = window["count"] + counts
+            window["tokens"] += int(batch["valid"].sum())
+            window["n"] += 1
+        progress.step += 1
+        bar.update(1)
+        if progress.step % cfg.log_every == 0 or progress.step == total:
+            sums = acc.reduce(torch.stack([window["losses"], window["acc"], window["count"].float()]), "sum")
+            tokens = int(acc.reduce(torch.tensor(window["tokens"], device=device), "sum"))
+            progress.tokens += tokens
+            n_i = sums[2].clamp_min(1)
+            acc_i = (sums[1] / n_i).cpu()
+            seconds = time.perf_counter() - t_log
+            rec = {"epoch": epoch, "loss": window["loss"] / window["n"], "loss_i": (sums[0] / n_i).tolist(),
+                   "acc_i": acc_i.tolist(), "simulated_tau": simulated_tau(acc_i), "lr": sched.get_last_lr()[0],
+                   "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                   "tokens_per_second": tokens / seconds, "tokens": progress.tokens,
+                   "peak_memory_gb": ckpt.peak_memory_gb(device)}
+            tracker.log(progress.step, rec)
+            bar.set_postfix(loss=f"{rec['loss']:.3f}", tau=f"{rec['simulated_tau']:.2f}",
+                            tok_s=f"{rec['tokens_per_second']:.0f}")
+            window = {"loss": 0.0, "losses": 0.0, "acc": 0.0, "count": 0.0, "tokens": 0, "n": 0}
+            t_log = time.perf_counter()
+        if progress.step % cfg.save_every == 0 or progress.step == total:
+            last = ckpt.save(acc, model, template, out, progress.step, cfg.keep_checkpoints, export_args)
+        if (cfg.eval_every and progress.step % cfg.eval_every == 0) or progress.step == total:
+            run_eval(progress.step)
+    bar.close()
+    if acc.is_main_process:
+        ckpt.publish_draft(ckpt.latest(out), out)
+        print(f"done: {progress.step} steps; draft in {out / 'draft'} (toolkit bench --draft {out / 'draft'} "
+              f"--prompts ...)", file=sys.stderr)
+    tracker.finish()
+    acc.wait_for_everyone()
+    return 0
+
+
+def cli(script: str, doc: str, head_kind: str, argv: list[str] | None = None) -> int:
+    """An entry script's command line (`accelerate launch toolkit/train/<head>.py ...`)."""
+    p = argparse.ArgumentParser(prog=script, description=doc.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_args(p)
+    args = p.parse_args(argv)
+    try:
+        return main(args, head_kind)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"{script}: error: {err}", file=sys.stderr)
+        return 2
