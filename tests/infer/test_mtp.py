@@ -20,7 +20,8 @@ H, I, HEADS, KV, V, LAYERS = 32, 48, 4, 2, 96, 3
 def hf_config(model_type="llama", **extra):
     return {"architectures": ["LlamaForCausalLM"], "model_type": model_type, "vocab_size": V, "hidden_size": H,
             "intermediate_size": I, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
-            "num_key_value_heads": KV, "head_dim": H // HEADS, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 256,
+            "num_key_value_heads": KV, "head_dim": H // HEADS, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+            "max_position_embeddings": 256,
             "tie_word_embeddings": False, "eos_token_id": 2, **extra}
 
 
@@ -31,7 +32,8 @@ def random_mtp(c: ModelConfig, seed=0) -> tuple[MTPHead, torch.Tensor]:
     with torch.no_grad():
         for name, p in head.named_parameters():
             if name != "lm_head.weight":
-                p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1) + (1.0 if p.dim() == 1 and "norm" in name else 0))
+                base = 1.0 if p.dim() == 1 and "norm" in name else 0.0
+                p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1) + base)
     return head.eval(), lm_head
 
 

@@ -41,10 +41,11 @@ def test_data_is_required():
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_loads_and_its_header_gives_the_command(recipe):
     cfg = load_config(str(recipe))
-    assert cfg.ttt_steps == 7 and cfg.max_grad_norm == 0.5
+    assert cfg.ttt_steps == {"eagle3": 7, "eagle": 1, "mtp": 3}[cfg.head] and cfg.max_grad_norm == 0.5
     header = " ".join(line.lstrip("#").strip().rstrip("\\").strip() for line in recipe.read_text().splitlines()
                       if line.startswith("#"))
-    assert f"toolkit/train/eagle3.py --config recipes/{recipe.name}" in header
+    assert f"toolkit/train/{cfg.head}.py --config recipes/{recipe.name}" in header
+    assert recipe.name.endswith(f"-{cfg.head}.yaml")
     if "8b" in recipe.name:
         assert 5e-5 <= cfg.lr <= 1e-4 and cfg.max_len == 2048
 

@@ -21,10 +21,10 @@ from toolkit.infer.tree import TreeConfig
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", required=True, help="EAGLE-3 folder (docs/formats.md section 7) or an EAGLE-1/2 "
-                                                  "folder (SafeAILab layout)")
-    p.add_argument("--token-map", default=None, help="FR-Spec freq_N.pt for an EAGLE-1/2 head (EAGLE-3 heads "
-                                                     "carry their vocabulary)")
+    p.add_argument("--draft", required=True, help="draft folder: EAGLE-3, EAGLE-1/2 (SafeAILab layout) or MTP "
+                                                  "(ours, or a target that ships MTP layers); docs/formats.md")
+    p.add_argument("--token-map", default=None, help="FR-Spec freq_N.pt for an EAGLE-1/2 or MTP head (EAGLE-3 "
+                                                     "heads carry their vocabulary)")
     p.add_argument("--model", default=None, help="target (default: the one the draft records, else "
                                                  f"{DEFAULT_MODEL})")
     p.add_argument("--prompts", required=True, help="JSONL/JSON prompts: MT-bench turns or any corpus schema")

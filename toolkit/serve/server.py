@@ -20,9 +20,10 @@ from toolkit.embedded import DEFAULT_MODEL
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", default=None, help="EAGLE-3 or EAGLE-1/2 draft folder (without it: plain decoding)")
+    p.add_argument("--draft", default=None, help="EAGLE-3, EAGLE-1/2 or MTP draft folder, or a target that ships "
+                                                 "MTP layers (without it: plain decoding)")
     p.add_argument("--model", default=None, help=f"target (default: the one the draft records, else {DEFAULT_MODEL})")
-    p.add_argument("--token-map", default=None, help="FR-Spec freq_N.pt for an EAGLE-1/2 head")
+    p.add_argument("--token-map", default=None, help="FR-Spec freq_N.pt for an EAGLE-1/2 or MTP head")
     p.add_argument("--served-model-name", default=None, help="the name clients send (default: --model, else the "
                                                              "draft's recorded target)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes the server)")
