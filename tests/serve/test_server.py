@@ -210,3 +210,30 @@ def test_plain_decoding_modes_serve_the_draft_target(serve, tiny_target, tiny_dr
     assert body["choices"][0]["message"]["content"] == chat_ref(QUESTION, 12)[0]
     spec = body["usage"]["speculative"]
     assert spec["tau"] == 1.0 and spec["verify_steps"] == body["usage"]["completion_tokens"] - 1
+
+
+@pytest.mark.parametrize("kind", ["mtp", "eagle"])
+def test_mtp_and_eagle_drafts_serve_as_chains_equal_to_plain_greedy(serve, tiny_target, reference, tmp_path, kind):
+    """`toolkit serve --draft` takes the folders toolkit/train/mtp.py and eagle.py write (random weights here),
+    with the chain settings MTP is served with."""
+    import torch
+
+    from toolkit.infer.config import ModelConfig
+    from toolkit.infer.draft_head import draft_config
+    from toolkit.infer.eagle2 import Eagle2Head, save_eagle
+    from toolkit.infer.mtp import MTPHead, save_mtp
+    from toolkit.models import fingerprint
+
+    c, cfg = ModelConfig.from_folder(tiny_target), json.loads((tiny_target / "config.json").read_text())
+    torch.manual_seed(0)
+    lm_head = torch.randn(c.vocab_size, c.hidden_size)
+    head = MTPHead(c, lm_head) if kind == "mtp" else Eagle2Head(draft_config(c), lm_head)
+    (save_mtp if kind == "mtp" else save_eagle)(head, tmp_path / kind, cfg, str(tiny_target), fingerprint(tiny_target))
+    _, chat_ref, _ = reference
+    with serve("--draft", str(tmp_path / kind), "--num-steps", "3", "--topk", "1", "--num-draft-tokens", "4",
+               "--max-seq-len", "256") as (base, proc):
+        r = httpx.post(f"{base}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 16, "temperature": 0})
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == chat_ref(QUESTION, 16)[0]
+    spec = body["usage"]["speculative"]
+    assert spec["verify_steps"] >= 1 and len(spec["accept_rate_by_position"]) <= 3
