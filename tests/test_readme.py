@@ -81,5 +81,5 @@ def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir, serve)
         assert done.returncode == 0, (cmd, done.stderr[-2000:])
     assert (tmp_path / "out/maps/freq_2048.pt").is_file() and (tmp_path / "out/llama3-maps/freq_32768.pt").is_file()
     assert json.loads((tmp_path / "out/bench.json").read_text())["greedy_identical_to_hf"] is True
-    for run in ("eagle3", "eagle3-offline"):
+    for run in ("eagle3", "eagle3-offline", "mtp", "eagle"):
         assert (tmp_path / "out" / run / "draft/model.safetensors").is_file()
