@@ -152,7 +152,8 @@ def main(args: argparse.Namespace) -> int:
         [{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False, add_generation_prompt=True))
 
     results, spec_answers, wall = run_engine(Engine(target, head, tree, max_len), tok, prompts, params, args.seed)
-    report = {"draft": args.draft, "target": str(folder), "tree": vars(tree), "sampling": vars(params),
+    report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,
+              "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
               "probe_agreement": agree,
               "prompts": len(prompts), "speculative": summarize(results, wall), "per_category": {}}
     for cat in sorted({r.category for r in results}):
