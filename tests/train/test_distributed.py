@@ -62,3 +62,22 @@ def test_ddp_and_zero_stages_agree(runs):
         assert all(abs(a - b) <= 1e-4 * abs(a) for a, b in zip(loss["ddp"], loss[name])), loss
     tokens = {n: [r for r in read_metrics(p / "metrics.jsonl") if "loss" in r][-1]["tokens"] for n, p in runs.items()}
     assert len(set(tokens.values())) == 1  # both ranks' tokens counted, the same batches everywhere
+
+
+def test_mtp_trains_under_zero3_with_its_frozen_lm_head_and_exports(tiny_target, prepared, tmp_path):
+    """The same launcher runs the MTP entry script; its module holds the target's frozen lm_head, which
+    ZeRO-3 partitions and gathers for the export like any other weight."""
+    from toolkit.infer.loading import load_draft
+    from toolkit.infer.model import load_target
+
+    flags, env = LAUNCHES["zero3"]
+    cmd = ["accelerate", "launch", *flags, "--main_process_port", str(free_port()), "toolkit/train/mtp.py",
+           "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(tmp_path / "run"),
+           "max_steps=2", "batch_size=2", "max_len=96", "log_every=1", "save_every=2", "eval_samples=2",
+           "eval_max_new_tokens=4", "threads=1", "lr=3e-3", "ttt_steps=2"]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 process(es)" in proc.stdout
+    assert [r["step"] for r in read_metrics(tmp_path / "run/metrics.jsonl") if "loss" in r] == [1, 2]
+    head = load_draft(str(tmp_path / "run/draft"), load_target(tiny_target), None)
+    assert type(head).__name__ == "MTPHead"
