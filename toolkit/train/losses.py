@@ -17,7 +17,8 @@ def ttt_loss(step_logits: list[torch.Tensor], target_logits: torch.Tensor, loss_
     B, L, _ = target_logits.shape
     draft_ids = torch.nonzero(t2d).flatten()                                   # target id of each draft id
     # the target's distribution over the draft vocabulary, computed once for all steps
-    p_all = target_logits[..., draft_ids].float().softmax(-1)                 # [B, L, N]
+    full = len(draft_ids) == target_logits.shape[-1]  # EAGLE-1/2 and MTP: no [B, L, V] gather copy
+    p_all = (target_logits if full else target_logits[..., draft_ids]).float().softmax(-1)   # [B, L, N]
     target_top = target_logits.argmax(-1)                                      # [B, L]
     total, losses, accs, counts = 0.0, [], [], []
     for i, logits in enumerate(step_logits):
