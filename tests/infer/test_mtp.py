@@ -178,3 +178,11 @@ def test_greedy_with_an_mtp_draft_equals_plain_decoding(tmp_path, tree):
     got = Engine(target, head, tree, max_len=64, max_batch=2).generate_batch(prompts, p)
     assert [r.tokens for r in got] == want
     assert all(r.verify_steps > 0 for r in got)
+
+
+def test_a_target_that_ships_mtp_layers_drafts_for_itself(tmp_path):
+    """`toolkit serve --draft DIR` with no --model: a folder with its own MTP layers is its own target."""
+    from toolkit.infer.loading import draft_target
+
+    write_native(tmp_path / "t", "mimo", n_mtp=1)
+    assert draft_target(str(tmp_path / "t"), None) == tmp_path / "t"
