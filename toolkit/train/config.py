@@ -24,7 +24,7 @@ class TrainConfig:
     token_map: str | None = None             # vocab_map_N.safetensors; else built from the data's assistant tokens
     draft_vocab_size: int = 32000            # used when token_map is absent (capped at the target vocab)
     init_lm_head: str = "target"             # "target": rows of the target's lm_head; "random" (SpecForge)
-    init_block: str = "target_last"          # mtp: start the block from the target's last layer, or "random"
+    init_block: str = "random"               # mtp: "target_last" starts the block from the target's last layer
     regression_weight: float = 1.0           # eagle: smooth-L1 on the next hidden state (EAGLE paper: 1.0)
     token_weight: float = 0.1                # eagle: soft cross-entropy through the frozen lm_head (paper: 0.1)
     # training-time test
