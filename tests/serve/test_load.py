@@ -1,7 +1,7 @@
-"""Load on the real SmolLM2 (CPU): 32 concurrent streaming clients through the `openai` package, batch 16, two
+"""Load on the real SmolLM2 (CPU): 32 concurrent streaming clients through the `openai` package, batch 16, three
 rounds. Every response is complete and equal to the same prompt's solo greedy output (so a request's output
 does not depend on the 15 others beside it), nothing fails, and the server's memory does not grow from the
-first round to the second."""
+second round to the third (the first may still settle the allocator's arenas on a loaded machine)."""
 import json
 import threading
 import time
@@ -60,12 +60,12 @@ def test_32_streaming_clients_get_their_solo_greedy_outputs(serve, random_draft,
                                                messages=[{"role": "user", "content": q}])
             solo.append((r.choices[0].message.content, r.choices[0].finish_reason))
         memory = []
-        for _ in range(2):
+        for _ in range(3):  # a leak grows every round; allocator arenas settle after the first (under load)
             got = run_round(client, questions)
             errors = [g for g in got if not isinstance(g, tuple)]
             assert not errors, errors[:3]
             assert got == solo
             memory.append(rss_mb(proc.pid))
-        assert memory[1] - memory[0] < max(32.0, 0.03 * memory[0]), memory
+        assert memory[2] - memory[1] < max(32.0, 0.03 * memory[1]), memory
         metrics = httpx.get(f"{base}/metrics").text
-    assert 'toolkit_requests_total{code="200",endpoint="/v1/chat/completions"} 96.0' in metrics
+    assert 'toolkit_requests_total{code="200",endpoint="/v1/chat/completions"} 128.0' in metrics
