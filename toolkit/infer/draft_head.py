@@ -13,7 +13,9 @@ head's own output `h` afterwards. Shapes: B batch, T tokens, H hidden, N draft v
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -82,3 +84,16 @@ def vocab_rows(lm_head: torch.Tensor, vocab_ids: torch.Tensor | None) -> tuple[t
     (weight rows [N, H], d2t [N])."""
     ids = torch.arange(lm_head.shape[0]) if vocab_ids is None else vocab_ids.sort().values
     return lm_head[ids].clone(), ids - torch.arange(len(ids))
+
+
+def write_draft_folder(folder: str | Path, weights: dict[str, torch.Tensor], config: dict) -> None:
+    """A draft folder: model.safetensors (the tensors as given) and config.json, each written atomically."""
+    from safetensors.torch import save_file
+
+    from toolkit.atomic import atomic_path, write_text
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with atomic_path(folder / "model.safetensors") as tmp:
+        save_file({k: v.contiguous().cpu() for k, v in weights.items()}, str(tmp), metadata={"format": "pt"})
+    write_text(folder / "config.json", json.dumps(config, indent=2) + "\n")

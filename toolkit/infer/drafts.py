@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.draft_head import DraftHead, draft_config
+from toolkit.infer.draft_head import DraftHead, draft_config, write_draft_folder
 from toolkit.infer.model import MLP, Attention, Block, RMSNorm
 
 
@@ -107,10 +107,6 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
 def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, target: str,
                 target_fingerprint: str, extra: dict | None = None) -> None:
     """Write a draft folder in the docs/formats.md section 7 layout (bf16 weights), atomically per file."""
-    from safetensors.torch import save_file
-
-    from toolkit.atomic import atomic_path, write_text
-
     t = target_hf_config.get("text_config", target_hf_config)
     c, n = head.config, len(head.d2t)
     rope = {k: t[k] for k in ("rope_theta", "rope_scaling", "rope_parameters") if k in t}
@@ -131,11 +127,7 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, ta
     ids = torch.arange(n) + head.d2t.cpu()
     weights["d2t"] = head.d2t.cpu().long().contiguous()
     weights["t2d"] = torch.zeros(t["vocab_size"], dtype=torch.bool).index_fill_(0, ids, True)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(folder / "model.safetensors") as tmp:
-        save_file(weights, str(tmp), metadata={"format": "pt"})
-    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
+    write_draft_folder(folder, weights, cfg)
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.draft_head import DraftHead, vocab_rows
+from toolkit.infer.draft_head import DraftHead, vocab_rows, write_draft_folder
 from toolkit.infer.model import MLP, Attention, Block, RMSNorm
 
 
@@ -90,10 +90,6 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
     """Write a draft folder in the SafeAILab EAGLE layout (SGLang: LlamaForCausalLMEagle), bf16, atomically
     per file: fc.{weight,bias}, layers.{k}.* (layer 0's input_layernorm is written as ones, unused); the
     lm_head and embedding are the target's and are not written."""
-    from safetensors.torch import save_file
-
-    from toolkit.atomic import atomic_path, write_text
-
     t = target_hf_config.get("text_config", target_hf_config)
     c = head.config
     weights = {}
@@ -119,11 +115,7 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
            "toolkit": {"format_version": 1, "head": "eagle", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
                        **(extra or {})}}
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(folder / "model.safetensors") as tmp:
-        save_file(weights, str(tmp), metadata={"format": "pt"})
-    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
+    write_draft_folder(folder, weights, cfg)
 
 
 def _our_name(name: str) -> str:

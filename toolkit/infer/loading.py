@@ -41,7 +41,8 @@ def draft_target(draft: str, model: str | None) -> Path:
     from toolkit.models import fingerprint, resolve_target
 
     recorded = recorded_target(draft)
-    if not recorded and _ships_mtp(draft):  # a target with its own MTP layers drafts for itself
+    if not recorded and _ships_mtp(json.loads((Path(draft) / "config.json").read_text())):
+        # a target with its own MTP layers drafts for itself
         recorded = {"target": str(draft)}
     folder = resolve_target(model or recorded.get("target") or DEFAULT_MODEL)
     if model and recorded.get("target_fingerprint") and recorded["target_fingerprint"] != fingerprint(folder):
@@ -50,9 +51,9 @@ def draft_target(draft: str, model: str | None) -> Path:
     return folder
 
 
-def _ships_mtp(folder: str | Path) -> bool:
-    """True for a folder holding MTP layers: our MTP drafts and targets such as MiMo or DeepSeek-V3."""
-    cfg = json.loads((Path(folder) / "config.json").read_text())
+def _ships_mtp(cfg: dict) -> bool:
+    """True for a folder (its config.json) holding MTP layers: our MTP drafts and targets such as MiMo or
+    DeepSeek-V3."""
     return bool(cfg.get("text_config", cfg).get("num_nextn_predict_layers")) or \
         (cfg.get("toolkit") or {}).get("head") == "mtp"
 
@@ -64,13 +65,14 @@ def load_draft(folder: str, target, token_map: str | None):
     from toolkit.infer.eagle2 import load_eagle2
     from toolkit.infer.mtp import load_mtp
 
-    arch = json.loads((Path(folder) / "config.json").read_text()).get("architectures") or []
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    arch = cfg.get("architectures") or []
     if "LlamaForCausalLMEagle3" in arch and token_map is not None:
         raise ValueError("--token-map applies to EAGLE-1/2 and MTP heads; an EAGLE-3 head carries its own d2t")
     dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
     if "LlamaForCausalLMEagle3" in arch:
         return load_eagle3(folder, target.config, dtype, device)
-    if _ships_mtp(folder):
+    if _ships_mtp(cfg):
         return load_mtp(folder, target, token_map, dtype)
     return load_eagle2(folder, target, token_map, dtype)
 

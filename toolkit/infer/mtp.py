@@ -27,7 +27,7 @@ from safetensors import safe_open
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.draft_head import DraftHead, vocab_rows
+from toolkit.infer.draft_head import DraftHead, vocab_rows, write_draft_folder
 from toolkit.infer.model import Block, RMSNorm
 
 MIMO = {"token_layernorm": "enorm", "hidden_layernorm": "hnorm", "input_proj": "eh_proj",
@@ -147,10 +147,6 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
 def save_mtp(head: MTPHead, folder: str | Path, target_hf_config: dict, target: str, target_fingerprint: str,
              extra: dict | None = None) -> None:
     """Write a draft folder in MiMo's MTP layout (bf16), which SGLang loads as `MiMoMTP`, atomically per file."""
-    from safetensors.torch import save_file
-
-    from toolkit.atomic import atomic_path, write_text
-
     t = dict(target_hf_config.get("text_config", target_hf_config))
     ours_to_mimo = {v: k for k, v in MIMO.items()}
     weights = {}
@@ -168,8 +164,4 @@ def save_mtp(head: MTPHead, folder: str | Path, target_hf_config: dict, target: 
            "toolkit": {"format_version": 1, "head": "mtp", "layout": "mimo", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
                        "target_model_type": t.get("model_type"), **(extra or {})}}
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with atomic_path(folder / "model.safetensors") as tmp:
-        save_file(weights, str(tmp), metadata={"format": "pt"})
-    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
+    write_draft_folder(folder, weights, cfg)
