@@ -249,9 +249,13 @@ class Engine:
                 path, out = greedy_verify(tree.tokens, tree.parents, logits[b])
             else:
                 path, out = sample_verify(tree.tokens, tree.parents, target_probs(logits[b], s.params), s.generator)
-            src = torch.tensor(path, device=dev) + s.prefix
-            for kv in (self.cache.k, self.cache.v):  # keep only the accepted path, in order
-                kv[:, b, :, s.prefix:s.prefix + len(path)] = kv[:, b, :, src]
+            # keep only the accepted path, in order; nodes already in their slot (path[j] == j: always the
+            # root, and a whole chain) are not copied
+            moved = next((j for j, node in enumerate(path) if node != j), len(path))
+            if moved < len(path):
+                src = torch.tensor(path[moved:], device=dev) + s.prefix
+                for kv in (self.cache.k, self.cache.v):
+                    kv[:, b, :, s.prefix + moved:s.prefix + len(path)] = kv[:, b, :, src]
             paths.append(path)
             emitted.append(out)
         return paths, emitted, aux
