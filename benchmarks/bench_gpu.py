@@ -2,6 +2,7 @@
 
     python benchmarks/bench_gpu.py                       # Llama-3.1-8B shape, bf16, CUDA, 1k context
     python benchmarks/bench_gpu.py --config tiny --device cpu --dtype float32 --iters 3   # CPU smoke run
+    add --cuda-graphs to time the engine's graphed steps (toolkit/infer/graphs.py; on CPU: eager replays)
 
 Figures (batch 1, KV cache filled to --context): plain decode step and tok/s against the roofline (weight
 bytes / measured device copy bandwidth; goal >= 90%), target verify step for 2..64 tree tokens against the
@@ -18,6 +19,7 @@ import torch
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.drafts import random_head
+from toolkit.infer.graphs import eager_capture, graph_draft, graph_target
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.model import Transformer
 
@@ -52,11 +54,13 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--attention", choices=["torch", "triton"], default="torch")
+    ap.add_argument("--cuda-graphs", action="store_true", help="replay the steps from CUDA graphs, as the engine "
+                    "does on a GPU (the forward then attends over the whole cache)")
     args = ap.parse_args()
     dev, dtype, c = args.device, getattr(torch, args.dtype), CONFIGS[args.config]
     torch.manual_seed(0)
     with torch.device(dev):
-        model = Transformer(c).to(dtype).eval()
+        model = Transformer(c).to(dtype).eval().fuse()  # fused q/k/v and gate/up, as load_target does
         head = random_head(c, list(range(min(32000, c.vocab_size)))).to(dtype)  # a 32k draft vocab
     model.set_attention_backend(args.attention)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -67,11 +71,15 @@ def main() -> None:
     cache = KVCache(c, 1, ctx + 80, dtype, dev)
     cache.k.normal_()
     cache.v.normal_()
+    capture = None if dev == "cuda" else eager_capture
 
     def step(n: int):
         tokens = torch.randint(0, c.vocab_size, (1, n), device=dev)
         positions = torch.arange(ctx, ctx + n, device=dev)[None]
         mask = torch.ones(1, n, ctx + n, dtype=torch.bool, device=dev).tril(diagonal=ctx)
+        if args.cuda_graphs:
+            graphed = graph_target(model, cache, [], [1], [n], capture)
+            return lambda: graphed(tokens=tokens, positions=positions, slots=positions, mask=mask)
         return lambda: model(tokens, positions, cache=cache, mask=mask)
 
     with torch.no_grad():
@@ -81,12 +89,18 @@ def main() -> None:
         emb = torch.randn(1, 1, c.hidden_size, device=dev, dtype=dtype)
         hid = torch.randn(1, 1, c.hidden_size, device=dev, dtype=dtype)
         pos = torch.tensor([[ctx]], device=dev)
-        draft = timed(lambda: head(emb, hid, pos, dcache), args.iters, dev)
+        if args.cuda_graphs:
+            graphed = graph_draft(head, dcache, c.hidden_size, [1], [1], capture)
+            mask = torch.ones(1, 1, ctx + 1, dtype=torch.bool, device=dev)
+            draft = timed(lambda: graphed(emb=emb, hidden=hid, positions=pos, slots=pos, mask=mask), args.iters, dev)
+        else:
+            draft = timed(lambda: head(emb, hid, pos, dcache), args.iters, dev)
     roofline = weight_bytes / bandwidth
     predicted = {f"tau={tau}, chain k={k}": round(tau * decode / (verify.get(k + 1, verify[8]) + k * draft), 2)
                  for tau in (2, 3, 4) for k in (3, 7) if k + 1 in verify}
     out = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
-           "dtype": args.dtype, "context": ctx, "attention": args.attention, "weight_gb": round(weight_bytes / 1e9, 3),
+           "dtype": args.dtype, "context": ctx, "attention": args.attention,
+           "cuda_graphs": args.cuda_graphs, "weight_gb": round(weight_bytes / 1e9, 3),
            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "decode_ms": round(decode * 1e3, 3),
            "decode_tok_s": round(1 / decode, 1), "roofline_ms": round(roofline * 1e3, 3),
            "decode_vs_roofline": round(roofline / decode, 3),

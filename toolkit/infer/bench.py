@@ -49,6 +49,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--max-len", type=int, default=4096, help="KV cache length per sequence")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
+                   "verify and draft steps from graphs per batch/token bucket)")
     p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
 
 
@@ -148,10 +150,14 @@ def main(args: argparse.Namespace) -> int:
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
     prompts = read_prompts(args.prompts, args.limit)
     max_len = min(args.max_len, target.config.max_position_embeddings)
+
+    def make(draft, cfg):  # CUDA graphs on a GPU unless --eager
+        return Engine(target, draft, cfg, max_len, cuda_graphs=False if args.eager else None)
+
     agree = probe(head, target, tok, tok.apply_chat_template(
         [{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False, add_generation_prompt=True))
 
-    results, spec_answers, wall = run_engine(Engine(target, head, tree, max_len), tok, prompts, params, args.seed)
+    results, spec_answers, wall = run_engine(make(head, tree), tok, prompts, params, args.seed)
     report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,
               "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
               "probe_agreement": agree,
@@ -160,7 +166,7 @@ def main(args: argparse.Namespace) -> int:
         report["per_category"][cat] = summarize([r for r in results if r.category == cat])["tau"]
     spec_tps = report["speculative"]["tokens_per_second"]
     if args.baseline:
-        base, base_answers, base_wall = run_engine(Engine(target, None, None, max_len), tok, prompts, params,
+        base, base_answers, base_wall = run_engine(make(None, None), tok, prompts, params,
                                                    args.seed)
         report["baseline"] = summarize(base, base_wall)
         report["speedup_vs_baseline"] = spec_tps / report["baseline"]["tokens_per_second"]
@@ -182,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
     if args.sweep:
         report["sweep"] = []
         for cfg in parse_sweep(args.sweep):
-            res, _, w = run_engine(Engine(target, head, cfg, max_len), tok, prompts, params, args.seed)
+            res, _, w = run_engine(make(head, cfg), tok, prompts, params, args.seed)
             s = summarize(res, w)
             report["sweep"].append({**vars(cfg), "tau": s["tau"], "tokens_per_second": s["tokens_per_second"]})
         best = max(report["sweep"], key=lambda r: r["tokens_per_second"])

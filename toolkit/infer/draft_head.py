@@ -49,11 +49,13 @@ class DraftHead(nn.Module):
     def new_cache(self, max_len: int, dtype=torch.float32, device="cpu", batch: int = 1) -> KVCache:
         return KVCache(replace(self.config, num_layers=len(self.layers())), batch, max_len, dtype, device)
 
-    def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None):
+    def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None, kv_len: int | None = None):
         """emb [B, T, H]; hidden [B, T, *]; positions/slots [B, T]; mask bool [B, T, S] (default causal).
-        Returns (log-probs over the draft vocab [B, T, N], output hidden [B, T, H])."""
+        Returns (log-probs over the draft vocab [B, T, N], output hidden [B, T, H]). kv_len (= S, with a
+        mask): the cache slots attended, given by CUDA-graph callers (no host sync on the slots)."""
         slots = positions if slots is None else slots
-        kv_len = int(slots.max()) + 1
+        if kv_len is None:
+            kv_len = int(slots.max()) + 1
         if kv_len > cache.max_len:
             raise ValueError(f"draft needs {kv_len} cache slots but its KV cache holds {cache.max_len}")
         if mask is None:

@@ -85,9 +85,12 @@ def _pad(rows: list[list], value) -> torch.Tensor:
 
 class Engine:
     def __init__(self, target: Transformer, head: Eagle3Head | None = None, tree: TreeConfig | None = None,
-                 max_len: int | None = 2048, max_batch: int = 1, memory_fraction: float = 0.3):
+                 max_len: int | None = 2048, max_batch: int = 1, memory_fraction: float = 0.3,
+                 cuda_graphs: bool | None = None, graph_capture=None):
         """max_len None: size the KV cache from free memory (memory_fraction of it), capped by the
-        target's max_position_embeddings."""
+        target's max_position_embeddings. cuda_graphs (default: on for a CUDA target) replays the verify /
+        decode step and the draft step from graphs per (batch, tokens) bucket (graphs.py); False is eager.
+        graph_capture: how graphs are captured (default torch.cuda.graph; tests pass eager_capture)."""
         self.target, self.head = target, head
         self.tree = tree or TreeConfig(num_steps=1, topk=1, num_draft_tokens=2)
         if head is not None and self.tree.topk > len(head.d2t):
@@ -100,13 +103,42 @@ class Engine:
         if max_len < 2:
             raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
         self.max_len, self.max_batch = max_len, max_batch
-        self.cache = KVCache(target.config, max_batch, max_len + self.tree.num_draft_tokens, dtype, self.device)
+        graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        scratch = int(graphs)  # graphs send padding to one extra, never-attended cache slot
+        self.cache = KVCache(target.config, max_batch, max_len + self.tree.num_draft_tokens + scratch, dtype,
+                             self.device)
         self.draft_cache, self.aux_layers = None, head.aux_layers if head is not None else ()
         if head is not None:
             spare = self.tree.num_steps * self.tree.topk + 1
-            self.draft_cache = head.new_cache(max_len + spare, dtype, self.device, max_batch)
+            self.draft_cache = head.new_cache(max_len + spare + scratch, dtype, self.device, max_batch)
+        self.target_graphs = self.draft_graphs = None
+        if graphs:
+            self._capture(graph_capture)
         self.running: list[Sequence] = []  # running sequence i is in cache row i
         self.seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0}  # engine time so far, by phase
+
+    def _capture(self, capture) -> None:
+        """Graphs for every batch bucket: the target at 1 token (plain decoding) and num_draft_tokens (verify),
+        the draft at topk tokens over its own outputs (a tree step) and at 1..num_steps + 1 tokens over the
+        target's features (extending over what was accepted): two input widths, two sets of graphs."""
+        from toolkit.infer.graphs import batch_buckets, graph_draft, graph_target
+
+        sizes, t = batch_buckets(self.max_batch), self.tree
+        self.target_graphs = graph_target(self.target, self.cache, self.aux_layers, sizes,
+                                          sorted({1, t.num_draft_tokens}), capture)
+        if self.head is not None:
+            H = self.target.config.hidden_size
+            self.draft_graphs = {
+                "tree": graph_draft(self.head, self.draft_cache, H, sizes, [t.topk], capture),
+                "extend": graph_draft(self.head, self.draft_cache, len(self.aux_layers) * H, sizes,
+                                      list(range(1, t.num_steps + 2)), capture)}
+
+    def _draft(self, emb, hidden, positions, slots, mask, kind: str = "tree"):
+        """The head over the draft cache's rows 0..B-1, replayed from a graph when one holds the shape."""
+        out = None if self.draft_graphs is None else self.draft_graphs[kind](
+            emb=emb, hidden=hidden, positions=positions, slots=slots, mask=mask)
+        return out if out is not None else self.head(emb, hidden, positions, self.draft_cache, slots=slots,
+                                                     mask=mask)
 
     def check(self, prompt: list[int], params: SamplingParams) -> None:
         """Refuse what cannot fit: an empty prompt, or prompt + max_new_tokens beyond the cache."""
@@ -168,7 +200,7 @@ class Engine:
         if self.head is not None and speculate:
             trees = draft_trees(self.head, self.target.embed_tokens, self.draft_cache, prefix, roots,
                                 torch.stack([s.root_out for s in seqs]), torch.stack([s.root_logp for s in seqs]),
-                                self.tree)
+                                self.tree, self._draft)
         else:
             trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
         t2 = time.perf_counter()
@@ -218,8 +250,13 @@ class Engine:
         right-padded) and keep each one's output at prefix-1: the draft's prediction after its root."""
         width, m = tokens.shape[1], len(seqs)
         pos = torch.tensor([[st + j for j in range(width)] for st in start], device=self.device)
-        cache = None if self.draft_cache is None else self.draft_cache.rows(row0, row0 + m)
-        logp, out = self.head(self.target.embed_tokens(tokens), hidden, pos, cache)
+        emb = self.target.embed_tokens(tokens)
+        if row0 == 0:  # the running rows (a step): causal by position, through the graphs when on
+            mask = torch.arange(int(pos.max()) + 1, device=self.device)[None, None, :] <= pos[:, :, None]
+            logp, out = self._draft(emb, hidden, pos, pos, mask, "extend")
+        else:  # rows being admitted (a prefill)
+            cache = None if self.draft_cache is None else self.draft_cache.rows(row0, row0 + m)
+            logp, out = self.head(emb, hidden, pos, cache)
         for b, (s, st) in enumerate(zip(seqs, start)):
             last = max(s.prefix - st - 1, 0)  # s.prefix is already the new end
             s.root_logp, s.root_out = logp[b, last].clone(), out[b, last].clone()  # not views of the batch
@@ -241,8 +278,13 @@ class Engine:
             mask[b, :, p:p + n] = tree.ancestor_mask()
         tokens = torch.stack([t.tokens for t in trees]).to(dev)
         positions = torch.stack([p + t.depth for p, t in zip(prefix, trees)]).to(dev)
-        logits, aux = self.target(tokens, positions, cache=self.cache, slots=slots, mask=mask,
-                                  aux_layers=self.aux_layers)
+        out = None if self.target_graphs is None else self.target_graphs(
+            tokens=tokens, positions=positions, slots=slots, mask=mask)
+        if out is None:
+            logits, aux = self.target(tokens, positions, cache=self.cache, slots=slots, mask=mask,
+                                      aux_layers=self.aux_layers)
+        else:
+            logits, *aux = out
         paths, emitted = [], []
         for b, (tree, s) in enumerate(zip(trees, seqs)):
             if s.params.greedy:

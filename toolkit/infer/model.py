@@ -168,15 +168,17 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, slots: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, aux_layers: list[int] = ()):
+                mask: torch.Tensor | None = None, aux_layers: list[int] = (), kv_len: int | None = None):
         """input_ids/positions/slots [B, T]; mask bool [B, T, S] over cache slots (or over the T new tokens
         without a cache), default causal by position. Returns logits [B, T, V] and [aux hidden [B, T, H]]
-        for each id in aux_layers (a layer's output; -1 = after the final norm)."""
+        for each id in aux_layers (a layer's output; -1 = after the final norm). kv_len (= S, with a mask):
+        the cache slots attended, given by CUDA-graph callers so no shape depends on the slots' values."""
         B, T = input_ids.shape
         if positions is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
         slots = positions if slots is None else slots
-        kv_len = int(slots.max()) + 1 if cache is not None else T
+        if kv_len is None:
+            kv_len = int(slots.max()) + 1 if cache is not None else T
         if cache is not None and kv_len > cache.max_len:
             raise ValueError(f"sequence needs {kv_len} cache slots but the KV cache holds {cache.max_len}; "
                              f"raise --max-seq-len or shorten the prompt")

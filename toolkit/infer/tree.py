@@ -80,11 +80,17 @@ class _Growth:
 
 @torch.no_grad()
 def draft_trees(head: Eagle3Head, embed: torch.nn.Embedding, cache: KVCache, prefixes: list[int],
-                roots: list[int], root_out: torch.Tensor, root_logp: torch.Tensor, cfg: TreeConfig) -> list[Tree]:
+                roots: list[int], root_out: torch.Tensor, root_logp: torch.Tensor, cfg: TreeConfig,
+                forward=None) -> list[Tree]:
     """Grow one tree per sequence after its root (the last emitted token), all sequences in lockstep.
     root_out [B, H], root_logp [B, N]. Sequence b's draft cache holds positions 0..prefixes[b]-1 (the
-    root's own pair is the last); its expanded nodes go to slots prefixes[b], prefixes[b] + 1, ..."""
+    root's own pair is the last); its expanded nodes go to slots prefixes[b], prefixes[b] + 1, ...
+    forward(emb, hidden, positions, slots, mask) runs the head over `cache` (the engine passes its CUDA-graphed
+    one); default: the head itself."""
     device = root_logp.device
+    if forward is None:
+        def forward(emb, hidden, positions, slots, mask):
+            return head(emb, hidden, positions, cache, slots=slots, mask=mask)
     grow = [_Growth(r, p, root_out[b]) for b, (r, p) in enumerate(zip(roots, prefixes))]
     for b, g in enumerate(grow):
         g.add_children(0, root_logp[b], head, cfg.topk)
@@ -108,7 +114,7 @@ def draft_trees(head: Eagle3Head, embed: torch.nn.Embedding, cache: KVCache, pre
                     j = g.parent[j]
         emb = embed(torch.tensor([[g.token[i] for i in ns] for g, ns in zip(grow, nodes)], device=device))
         hid = torch.stack([torch.stack([g.out[g.parent[i]] for i in ns]) for g, ns in zip(grow, nodes)])
-        logp, h = head(emb, hid, positions, cache, slots=slots, mask=mask)
+        logp, h = forward(emb, hid, positions, slots, mask)
         for b, (g, ns) in enumerate(zip(grow, nodes)):
             g.frontier = []
             for r, i in enumerate(ns):

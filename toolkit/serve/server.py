@@ -46,6 +46,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
+                   "verify and draft steps from graphs per batch/token bucket)")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -103,7 +105,8 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
             [{"role": "user", "content": "Explain what a hash map is, briefly."}], tokenize=False,
             add_generation_prompt=True))
     max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
-    engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size)
+    engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
+                    cuda_graphs=False if args.eager else None)
     recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(tree.num_steps + 1)

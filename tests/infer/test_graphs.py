@@ -1,0 +1,97 @@
+"""CUDA graphs (toolkit/infer/graphs.py): bucketing, padding and the scratch slot, tested on CPU through
+eager_capture (the same static buffers, no graph); an engine replaying graphs generates exactly what the eager
+engine does, for plain decoding, chains and trees, with padded batches. The CUDA test captures real graphs."""
+import pytest
+import torch
+
+from toolkit.infer.drafts import random_head
+from toolkit.infer.engine import Engine
+from toolkit.infer.graphs import GraphedForward, batch_buckets, eager_capture
+from toolkit.infer.model import load_target
+from toolkit.infer.sampling import SamplingParams
+from toolkit.infer.tree import TreeConfig
+
+PROMPTS = [[1, 504, 3575, 282, 19], [1, 88, 9], [1, 4000, 17, 2201, 77, 301, 5, 6, 7]]
+
+
+def test_batch_buckets():
+    assert batch_buckets(1) == [1]
+    assert batch_buckets(6) == [1, 2, 4, 6]
+    assert batch_buckets(8) == [1, 2, 4, 8]
+
+
+def test_inputs_are_padded_into_the_smallest_bucket():
+    seen = []
+
+    def fn(x, slots, mask):
+        seen.append((x.clone(), slots.clone(), mask.clone()))
+        return (x * 2.0, mask.sum(-1))
+
+    g = GraphedForward(fn, {"x": torch.zeros(1, 1, 3)}, [(1, 1), (2, 4), (4, 4)], scratch=9, mask_len=10,
+                       capture=eager_capture)
+    assert g.bucket(1, 1) == (1, 1) and g.bucket(2, 2) == (2, 4) and g.bucket(3, 1) == (4, 4)
+    assert g.bucket(5, 1) is None and g.bucket(1, 5) is None
+    x = torch.arange(2 * 3 * 3, dtype=torch.float).view(2, 3, 3)
+    mask = torch.ones(2, 3, 6, dtype=torch.bool)
+    doubled, attended = g(x=x, slots=torch.tensor([[0, 1, 2], [3, 4, 5]]), mask=mask)
+    assert torch.equal(doubled, 2 * x) and torch.equal(attended, torch.full((2, 3), 6))
+    _, slots, m = seen[-1]                                     # what the (2, 4) graph computed on
+    assert slots[:, 3].tolist() == [9, 9]                      # the pad token writes to the scratch slot ...
+    assert m[:, 3].nonzero()[:, 1].tolist() == [9, 9]          # ... and attends to it alone
+    assert not m[:, :3, 6:].any()                              # real tokens: the mask is zero-padded on the right
+    # a smaller call into the same bucket leaves nothing of the bigger one behind
+    g(x=x[:1, :1], slots=torch.tensor([[4]]), mask=torch.ones(1, 1, 2, dtype=torch.bool))
+    _, slots, m = seen[-1]
+    assert slots.tolist() == [[4]] and m[0, 0].nonzero().flatten().tolist() == [0, 1]
+    assert g(x=torch.zeros(5, 1, 3), slots=torch.zeros(5, 1, dtype=torch.long),
+             mask=torch.ones(5, 1, 2, dtype=torch.bool)) is None
+    with pytest.raises(ValueError, match="mask over 11 slots"):
+        g(x=x, slots=torch.zeros(2, 3, dtype=torch.long), mask=torch.ones(2, 3, 11, dtype=torch.bool))
+
+
+def counting(calls):
+    def capture(fn, static, pool):
+        replay, out = eager_capture(fn, static, pool)
+
+        def counted():
+            calls.append(tuple(static["slots"].shape))
+            replay()
+
+        return counted, out
+
+    return capture
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    return load_target(tiny_target)
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(4, 1, 5), TreeConfig(3, 3, 8)], ids=["plain", "chain", "tree"])
+def test_graphed_engine_equals_eager(target, tree):
+    head = None if tree is None else random_head(target.config, seed=1)
+    params = SamplingParams(max_new_tokens=12)
+    eager = Engine(target, head, tree, max_len=64, max_batch=4, cuda_graphs=False)
+    want = [eager.generate_batch(PROMPTS, params), eager.generate_batch(PROMPTS[:1], params)]
+    calls = []
+    graphed = Engine(target, head, tree, max_len=64, max_batch=4, cuda_graphs=True, graph_capture=counting(calls))
+    calls.clear()  # capture itself replays nothing
+    got = [graphed.generate_batch(PROMPTS, params), graphed.generate_batch(PROMPTS[:1], params)]
+    for w, g in zip(want, got):
+        assert [r.tokens for r in g] == [r.tokens for r in w]
+        assert [r.accepted for r in g] == [r.accepted for r in w]  # the same drafts were accepted
+    n = 1 if tree is None else tree.num_draft_tokens
+    assert (4, n) in calls and (1, n) in calls  # 3 running rows padded to the 4-row bucket; then 1 row
+    if tree is not None:
+        assert (4, tree.topk) in calls  # draft steps replayed too
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tree", [None, TreeConfig(3, 3, 8)], ids=["plain", "tree"])
+def test_cuda_graphs_equal_eager_on_gpu(tiny_target, tree):
+    gpu = load_target(tiny_target, torch.float32, "cuda")
+    head = None if tree is None else random_head(gpu.config, seed=1).cuda()
+    params = SamplingParams(max_new_tokens=12)
+    want = Engine(gpu, head, tree, max_len=64, max_batch=4, cuda_graphs=False).generate_batch(PROMPTS, params)
+    got = Engine(gpu, head, tree, max_len=64, max_batch=4, cuda_graphs=True).generate_batch(PROMPTS, params)
+    assert [r.tokens for r in got] == [r.tokens for r in want]

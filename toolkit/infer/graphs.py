@@ -1,0 +1,146 @@
+"""CUDA graphs for the engine's fixed-shape forwards (the target's decode / verify step and the draft head's
+step), one graph per (batch, tokens) bucket, as SGLang and vLLM capture them.
+
+A graph replays fixed shapes and fixed memory, so each bucket owns static input buffers: a call copies its
+inputs into the leading corner of the smallest bucket that holds them, replays, and returns the outputs'
+leading [B, T] corner. The forward attends over the whole KV cache (kv_len = every slot, so no shape depends
+on the sequence length) with the caller's mask zero-padded on the right. Padding entries (rows past B,
+tokens past T) write their key/value to a scratch slot that no real mask includes and attend to that slot
+alone (an all-masked row would be NaN, and a NaN value in the cache poisons every query that multiplies it
+by a zero weight).
+
+`capture` is torch.cuda.graph on a GPU; `eager_capture` runs the same buffers without a graph, so the
+bucketing, padding and scratch-slot logic is tested on CPU (tests/infer/test_graphs.py) and the CUDA-only
+test compares graph replays with eager forwards.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Forward = Callable[..., tuple]  # fn(**inputs) -> tuple of tensors [B, T, ...]
+
+
+def cuda_capture(fn: Forward, static: dict, pool) -> tuple[Callable[[], None], tuple]:
+    """Warm up on a side stream (as torch requires before capture), then capture one call of fn."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn(**static)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn(**static)
+    return graph.replay, out
+
+
+def eager_capture(fn: Forward, static: dict, pool=None) -> tuple[Callable[[], None], tuple]:
+    """The same contract without a graph: replay re-runs fn on the static buffers into the same outputs."""
+    out = fn(**static)
+
+    def replay() -> None:
+        for dst, src in zip(out, fn(**static)):
+            dst.copy_(src)
+
+    return replay, out
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to max_batch (always included)."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_batch]
+
+
+class GraphedForward:
+    def __init__(self, fn: Forward, example: dict[str, torch.Tensor], buckets: list[tuple[int, int]],
+                 scratch: int, mask_len: int, capture=None):
+        """fn(**inputs) must take `slots` [B, T] and `mask` bool [B, T, mask_len] among its inputs; `example`
+        gives each other input's dtype, device and trailing dims (its first two dims are ignored). `scratch`
+        is the cache slot padding writes to. Buckets are (batch, tokens) pairs, captured largest first so
+        smaller graphs reuse the shared memory pool."""
+        if not buckets:
+            raise ValueError("CUDA graphs need at least one (batch, tokens) bucket")
+        if not 0 <= scratch < mask_len:
+            raise ValueError(f"scratch slot {scratch} outside the {mask_len} cache slots")
+        if capture is None:
+            capture = cuda_capture
+        self.scratch, self.mask_len = scratch, mask_len
+        self.buckets = sorted(set(buckets))
+        pool = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
+        self.graphs = {}
+        for b, t in reversed(self.buckets):
+            static = {k: torch.zeros((b, t, *v.shape[2:]), dtype=v.dtype, device=v.device)
+                      for k, v in example.items() if k not in ("slots", "mask")}
+            device = next(iter(example.values())).device
+            static["slots"] = torch.full((b, t), scratch, dtype=torch.long, device=device)
+            static["mask"] = torch.zeros(b, t, mask_len, dtype=torch.bool, device=device)
+            static["mask"][..., scratch] = True  # the capture's own writes go to the scratch slot
+            replay, out = capture(fn, static, pool)
+            self.graphs[(b, t)] = (static, replay, out)
+
+    def bucket(self, batch: int, tokens: int) -> tuple[int, int] | None:
+        """The smallest captured bucket holding (batch, tokens), or None (the caller runs eagerly)."""
+        return next(((b, t) for b, t in self.buckets if b >= batch and t >= tokens), None)
+
+    def __call__(self, **inputs: torch.Tensor) -> tuple | None:
+        """Inputs [B, T, ...] (mask [B, T, S] with S <= mask_len) -> outputs [B, T, ...], or None when no
+        bucket holds (B, T)."""
+        B, T = inputs["slots"].shape
+        S = inputs["mask"].shape[-1]
+        if S > self.mask_len:
+            raise ValueError(f"mask over {S} slots; the graphs attend over {self.mask_len}")
+        key = self.bucket(B, T)
+        if key is None:
+            return None
+        static, replay, out = self.graphs[key]
+        for name, x in inputs.items():
+            if name not in static:
+                raise ValueError(f"input {name!r} was not captured; captured: {sorted(static)}")
+            if name != "mask":
+                static[name][:B, :T].copy_(x)
+        static["slots"][B:] = self.scratch
+        static["slots"][:, T:] = self.scratch
+        mask = static["mask"]
+        mask.zero_()
+        mask[:B, :T, :S] = inputs["mask"]
+        mask[B:, :, self.scratch] = True
+        mask[:, T:, self.scratch] = True
+        replay()
+        return tuple(o[:B, :T].clone() for o in out)  # the buffers are overwritten by the next replay
+
+
+def graph_target(target, cache, aux_layers, batch_sizes: list[int], token_counts: list[int],
+                 capture=None) -> GraphedForward:
+    """The target's forward over `cache` (whose last slot is scratch): inputs tokens/positions/slots [B, T]
+    and mask [B, T, S]; outputs (logits [B, T, V], *aux hidden [B, T, H])."""
+    S, device = cache.max_len, cache.k.device
+
+    def fn(tokens, positions, slots, mask):
+        logits, aux = target(tokens, positions, cache=cache, slots=slots, mask=mask, aux_layers=aux_layers,
+                             kv_len=S)
+        return (logits, *aux)
+
+    ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+    return GraphedForward(fn, {"tokens": ids, "positions": ids}, [(b, t) for b in batch_sizes for t in token_counts],
+                          scratch=S - 1, mask_len=S, capture=capture)
+
+
+def graph_draft(head, cache, hidden_width: int, batch_sizes: list[int], token_counts: list[int],
+                capture=None) -> GraphedForward:
+    """The draft head's forward over `cache` (last slot scratch): inputs emb [B, T, H], hidden
+    [B, T, hidden_width], positions/slots [B, T], mask [B, T, S]; outputs (log-probs [B, T, N], hidden)."""
+    S, device, dtype = cache.max_len, cache.k.device, cache.k.dtype
+
+    def fn(emb, hidden, positions, slots, mask):
+        return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=S)
+
+    example = {"emb": torch.zeros(1, 1, head.config.hidden_size, dtype=dtype, device=device),
+               "hidden": torch.zeros(1, 1, hidden_width, dtype=dtype, device=device),
+               "positions": torch.zeros(1, 1, dtype=torch.long, device=device)}
+    return GraphedForward(fn, example, [(b, t) for b in batch_sizes for t in token_counts],
+                          scratch=S - 1, mask_len=S, capture=capture)
