@@ -1,5 +1,6 @@
-"""Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, SmolLM2) read from
-an HF config.json (transformers 4.x or 5.x spelling), validated on construction."""
+"""Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, SmolLM2) and
+DeepSeek-V3 (MLA attention, MoE MLPs: toolkit/infer/deepseek.py) read from an HF config.json (transformers 4.x
+or 5.x spelling), validated on construction."""
 from __future__ import annotations
 
 import json
@@ -15,8 +16,41 @@ FAMILIES = {  # model_type -> (q/k/v bias, per-head q/k RMSNorm)
     "qwen2": (True, False),
     "qwen3": (False, True),
     "mimo": (True, False),  # Xiaomi MiMo: a Qwen2 body plus MTP layers (toolkit/infer/mtp.py)
+    "deepseek_v3": (False, False),  # MLA + MoE (toolkit/infer/deepseek.py), NextN MTP layers
 }
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class MLA:
+    """DeepSeek multi-head latent attention sizes (the HF config's names)."""
+    q_lora_rank: int | None     # None: a plain q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True  # rotary dims paired (x0, x1), (x2, x3), ... as DeepSeek's weights are laid out
+
+
+@dataclass(frozen=True)
+class MoE:
+    """DeepSeek-V3 mixture of experts: sigmoid scores, group-limited top-k, shared experts."""
+    num_experts: int
+    top_k: int
+    n_group: int
+    topk_group: int
+    intermediate_size: int      # per expert
+    n_shared_experts: int
+    first_dense: int            # layers below this index keep a dense MLP (first_k_dense_replace)
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+
+    def __post_init__(self):
+        if self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
+            raise ConfigError(f"MoE: n_routed_experts {self.num_experts} must split into n_group {self.n_group} "
+                              f"groups and topk_group {self.topk_group} must be in 1..n_group")
+        if not 1 <= self.top_k <= self.num_experts // self.n_group * self.topk_group:
+            raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} exceeds the experts of topk_group groups")
 
 
 class ConfigError(ValueError):
@@ -41,6 +75,8 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     attention_bias: bool = False  # o_proj bias (Llama `attention_bias` puts it on q/k/v/o alike)
+    mla: MLA | None = None        # DeepSeek attention (head_dim is then the rotary dims, qk_rope_head_dim)
+    moe: MoE | None = None        # DeepSeek MoE MLPs from layer moe.first_dense on
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:
@@ -55,6 +91,16 @@ class ModelConfig:
         kind = self.rope_scaling.get("rope_type", "default")
         if kind not in ROPE_TYPES:
             raise ConfigError(f"rope type {kind!r} is not supported; accepted: {ROPE_TYPES}")
+        if kind == "yarn" and "original_max_position_embeddings" not in self.rope_scaling:
+            raise ConfigError("yarn rope scaling needs original_max_position_embeddings")
+
+    @property
+    def cache_dims(self) -> tuple[int, int, int]:
+        """(cached heads, key dim, value dim) per token and layer: MLA caches every head's expanded k and v."""
+        if self.mla is not None:
+            m = self.mla
+            return self.num_heads, m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+        return self.num_kv_heads, self.head_dim, self.head_dim
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":
@@ -67,6 +113,10 @@ class ModelConfig:
         rope.setdefault("rope_type", rope.pop("type", "default"))
         bias, qk_norm = FAMILIES[kind]
         heads = cfg["num_attention_heads"]
+        mla = moe = None
+        if kind == "deepseek_v3":
+            mla, moe = _deepseek(cfg)
+            cfg = {**cfg, "head_dim": mla.qk_rope_head_dim}
         return cls(
             model_type=kind, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
@@ -76,7 +126,7 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bias or bool(cfg.get("attention_bias", False)), qk_norm=qk_norm,
-            attention_bias=bool(cfg.get("attention_bias", False)))
+            attention_bias=bool(cfg.get("attention_bias", False)), mla=mla, moe=moe)
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
@@ -94,6 +144,8 @@ class ModelConfig:
         kind, s = self.rope_scaling.get("rope_type", "default"), self.rope_scaling
         if kind == "linear":
             inv = inv / s["factor"]
+        elif kind == "yarn":
+            inv = _yarn(d, self.rope_theta, s)
         elif kind == "llama3":
             factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
             old = s.get("original_max_position_embeddings", 8192)
@@ -104,3 +156,59 @@ class ModelConfig:
             medium = (wavelen >= old / high) & (wavelen <= old / low)
             inv = torch.where(medium, smoothed, scaled)
         return inv
+
+    def rope_attention_factor(self) -> float:
+        """What cos and sin are multiplied by (yarn's attention factor; 1 otherwise), as transformers does."""
+        s = self.rope_scaling
+        if s.get("rope_type", "default") != "yarn":
+            return 1.0
+        if s.get("attention_factor") is not None:
+            return float(s["attention_factor"])
+        factor = _yarn_factor(s, self.max_position_embeddings)
+        if s.get("mscale") and s.get("mscale_all_dim"):
+            return _mscale(factor, s["mscale"]) / _mscale(factor, s["mscale_all_dim"])
+        return _mscale(factor)
+
+
+def _mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_factor(s: dict, max_positions: int) -> float:
+    return s.get("factor") or max_positions / s["original_max_position_embeddings"]
+
+
+def _yarn(d: int, theta: float, s: dict) -> torch.Tensor:
+    """YaRN: interpolated frequencies below a ramp over the dims, the original ones above (as transformers)."""
+    factor, old = s["factor"], s["original_max_position_embeddings"]
+    fast, slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
+
+    def dim_of(rotations):  # the dim whose wavelength makes `rotations` turns over the original context
+        return d * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(fast), dim_of(slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate (divided by factor)
+    base = theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)  # the same float32 ops as transformers
+    return 1.0 / (factor * base) * (1 - keep) + 1.0 / base * keep
+
+
+def _deepseek(cfg: dict) -> tuple[MLA, MoE]:
+    if cfg.get("quantization_config"):
+        raise ConfigError(f"a quantized DeepSeek checkpoint ({cfg['quantization_config'].get('quant_method')}) "
+                          "is not supported: dequantize it to bf16 first")
+    if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise ConfigError("DeepSeek MoE routing: accepted scoring_func sigmoid with topk_method noaux_tc "
+                          "(DeepSeek-V3); got " + f"{cfg.get('scoring_func')}/{cfg.get('topk_method')}")
+    mla = MLA(cfg.get("q_lora_rank"), cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
+              cfg["v_head_dim"], bool(cfg.get("rope_interleave", True)))
+    moe = MoE(cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg.get("n_group") or 1,
+              cfg.get("topk_group") or 1, cfg["moe_intermediate_size"], cfg.get("n_shared_experts") or 0,
+              cfg.get("first_k_dense_replace", 0), float(cfg.get("routed_scaling_factor", 1.0)),
+              bool(cfg.get("norm_topk_prob", True)))
+    return mla, moe

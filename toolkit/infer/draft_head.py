@@ -60,7 +60,7 @@ class DraftHead(nn.Module):
             raise ValueError(f"draft needs {kv_len} cache slots but its KV cache holds {cache.max_len}")
         if mask is None:
             mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype, self.config.rope_attention_factor())
         bias = attention_masks(mask, emb.dtype)
         first, *rest = self.layers()
         h, x = self.fuse(emb, hidden)
@@ -78,7 +78,8 @@ class DraftHead(nn.Module):
 def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
     """EAGLE heads are plain Llama layers of the target's sizes whatever the target's family."""
     return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
-                   attention_bias=False, tie_word_embeddings=False)
+                   attention_bias=False, tie_word_embeddings=False, mla=None, moe=None,
+                   head_dim=target.hidden_size // target.num_heads if target.mla else target.head_dim)
 
 
 def vocab_rows(lm_head: torch.Tensor, vocab_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

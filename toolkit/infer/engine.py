@@ -103,7 +103,9 @@ class Engine:
         if max_len < 2:
             raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
         self.max_len, self.max_batch = max_len, max_batch
-        graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        graphs = self.device.type == "cuda" and target.graphable if cuda_graphs is None else cuda_graphs
+        if graphs and not target.graphable:
+            raise ValueError("CUDA graphs cannot hold a MoE target's routing: run it eagerly (--eager)")
         scratch = int(graphs)  # graphs send padding to one extra, never-attended cache slot
         self.cache = KVCache(target.config, max_batch, max_len + self.tree.num_draft_tokens + scratch, dtype,
                              self.device)

@@ -1,4 +1,4 @@
-"""KV cache allocated once: k/v [layers, batch, kv heads, max_len, head dim]; tokens are written to the
+"""KV cache allocated once: k/v [layers, batch, kv heads, max_len, k/v head dim]; tokens are written to the
 slots the caller gives (per sequence), so tree tokens can be written and later overwritten."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from toolkit.infer.config import ModelConfig
 
 def max_len_for_memory(config: ModelConfig, budget_bytes: int, batch: int = 1, dtype=torch.float32) -> int:
     """The longest per-sequence cache (k and v, all layers) that fits `budget_bytes` for `batch` sequences."""
-    per_slot = 2 * config.num_layers * config.num_kv_heads * config.head_dim * torch.finfo(dtype).bits // 8
+    heads, k_dim, v_dim = config.cache_dims
+    per_slot = config.num_layers * heads * (k_dim + v_dim) * torch.finfo(dtype).bits // 8
     return int(budget_bytes // (per_slot * batch))
 
 
@@ -27,9 +28,9 @@ class KVCache:
     def __init__(self, config: ModelConfig, batch: int, max_len: int, dtype=torch.float32, device="cpu"):
         if batch <= 0 or max_len <= 0:
             raise ValueError(f"KV cache needs batch >= 1 and max_len >= 1, got {batch}, {max_len}")
-        shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        heads, k_dim, v_dim = config.cache_dims
+        self.k = torch.zeros((config.num_layers, batch, heads, max_len, k_dim), dtype=dtype, device=device)
+        self.v = torch.zeros((config.num_layers, batch, heads, max_len, v_dim), dtype=dtype, device=device)
         self.max_len = max_len
 
     def rows(self, start: int, stop: int) -> "KVCache":

@@ -33,13 +33,17 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [B, T] -> cos, sin [B, 1, T, D] (angles in float32, as transformers computes them). The
-    first half of sin is negated, so that `rotate` needs one roll instead of HF's rotate_half (split, neg,
-    cat); the products are the same numbers."""
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype, factor: float = 1.0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, T] -> cos, sin [B, 1, T, D] (angles in float32, as transformers computes them; times
+    yarn's attention factor). The first half of sin is negated, so that `rotate` needs one roll instead of
+    HF's rotate_half (split, neg, cat); the products are the same numbers."""
     angles = positions[:, None, :, None].float() * inv_freq
-    sin = angles.sin()
-    return torch.cat([angles, angles], dim=-1).cos().to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
+    cos, sin = torch.cat([angles, angles], dim=-1).cos(), angles.sin()
+    sin = torch.cat([-sin, sin], dim=-1)
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
+    return cos.to(dtype), sin.to(dtype)
 
 
 def attention_masks(mask: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,11 +103,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, intermediate: int | None = None):  # a MoE expert has its own size
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        inner = intermediate or c.intermediate_size
+        self.gate_proj = nn.Linear(c.hidden_size, inner, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, inner, bias=False)
+        self.down_proj = nn.Linear(inner, c.hidden_size, bias=False)
         self.register_buffer("gate_up", None, persistent=False)   # fused [gate; up] weight: Transformer.fuse
 
     def forward(self, x):
@@ -114,9 +119,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelConfig, layer: int = 0):
+        """Layer `layer` of a model of config c: DeepSeek's MLA and (from moe.first_dense on) MoE, else Llama's."""
         super().__init__()
-        self.self_attn, self.mlp = Attention(c), MLP(c)
+        from toolkit.infer.deepseek import MLAAttention, MoE
+
+        self.self_attn = MLAAttention(c) if c.mla is not None else Attention(c)
+        self.mlp = MoE(c) if c.moe is not None and layer >= c.moe.first_dense else MLP(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
@@ -130,7 +139,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = c
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(Block(c) for _ in range(c.num_layers))
+        self.layers = nn.ModuleList(Block(c, i) for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
@@ -160,11 +169,18 @@ class Transformer(nn.Module):
 
         for layer in self.layers:
             a, mlp = layer.self_attn, layer.mlp
-            join([a.q_proj, a.k_proj, a.v_proj], a, "qkv")
-            if a.q_proj.bias is not None:
-                a.qkv_b = torch.cat([a.q_proj.bias.detach(), a.k_proj.bias.detach(), a.v_proj.bias.detach()])
-            join([mlp.gate_proj, mlp.up_proj], mlp, "gate_up")
+            if isinstance(a, Attention):  # not DeepSeek's MLA
+                join([a.q_proj, a.k_proj, a.v_proj], a, "qkv")
+                if a.q_proj.bias is not None:
+                    a.qkv_b = torch.cat([a.q_proj.bias.detach(), a.k_proj.bias.detach(), a.v_proj.bias.detach()])
+            if isinstance(mlp, MLP):  # not a MoE
+                join([mlp.gate_proj, mlp.up_proj], mlp, "gate_up")
         return self
+
+    @property
+    def graphable(self) -> bool:
+        """False for MoE targets: their routing reads which experts were hit on the host."""
+        return self.config.moe is None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, slots: torch.Tensor | None = None,
@@ -186,7 +202,7 @@ class Transformer(nn.Module):
         if mask is None:  # causal by position over the slots that hold them (slot == position here)
             mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype)        # [B, 1, T, D]
+        cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, self.config.rope_attention_factor())
         bias = None if causal else attention_masks(mask, h.dtype)
         kept = {}
         for i, layer in enumerate(self.layers):

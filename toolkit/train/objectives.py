@@ -107,6 +107,9 @@ class MTP(Objective):
         from toolkit.infer.mtp import MTPHead
         from toolkit.train.head import target_layer
 
+        if tcfg.mla is not None:  # ttt.py's unrolled attention is the Llama kind's
+            raise ValueError("training an MTP head for a DeepSeek (MLA) target is not supported; serving the MTP "
+                             "layers it ships is (toolkit serve --draft TARGET_DIR)")
         torch.manual_seed(cfg.seed)
         head = MTPHead(tcfg, parts["lm_head.weight"].float())
         if cfg.init_block == "target_last":  # start from the target's last decoder layer (else torch's init)
