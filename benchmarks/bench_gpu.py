@@ -6,7 +6,8 @@
 
 Figures (batch 1, KV cache filled to --context): plain decode step and tok/s against the roofline (weight
 bytes / measured device copy bandwidth; goal >= 90%), target verify step for 2..64 tree tokens against the
-decode step (goal: 8 tokens <= 1.10x), EAGLE-3 draft step against the target step (goal <= 5%), and the
+decode step (goal: 8 tokens <= 1.10x), EAGLE-3 draft step against the target step (goal <= 5%), the whole
+draft loop of a 60-token tree (6 steps x topk 10), and the
 batch-1 speedup they predict for a chain at tau = 2, 3, 4: tau * t_decode / (t_verify(k+1) + k * t_draft).
 """
 from __future__ import annotations
@@ -19,9 +20,10 @@ import torch
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.drafts import random_head
-from toolkit.infer.graphs import eager_capture, graph_draft, graph_target
+from toolkit.infer.graphs import GraphedDraftLoop, eager_capture, graph_draft, graph_target
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.model import Transformer
+from toolkit.infer.tree import TreeConfig, draft_trees
 
 CONFIGS = {
     "llama3.1-8b": ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -95,6 +97,16 @@ def main() -> None:
             draft = timed(lambda: graphed(emb=emb, hidden=hid, positions=pos, slots=pos, mask=mask), args.iters, dev)
         else:
             draft = timed(lambda: head(emb, hid, pos, dcache), args.iters, dev)
+        # the whole draft loop of a round (EAGLE-2 tree, 6 steps x topk 10 -> 60 tokens), host bookkeeping included
+        tree = TreeConfig(6, 10, 60)
+        state = (torch.tensor([ctx], device=dev), torch.tensor([1], device=dev), hid[:, 0],
+                 torch.randn(1, len(head.d2t), device=dev).log_softmax(-1))
+        if args.cuda_graphs:
+            loop = GraphedDraftLoop(head, model.embed_tokens, dcache, tree, [1], capture)
+            draft_loop = timed(lambda: loop(*state), args.iters, dev)
+        else:
+            draft_loop = timed(lambda: draft_trees(head, model.embed_tokens, dcache, [ctx], [1], state[2], state[3],
+                                                   tree), args.iters, dev)
     roofline = weight_bytes / bandwidth
     predicted = {f"tau={tau}, chain k={k}": round(tau * decode / (verify.get(k + 1, verify[8]) + k * draft), 2)
                  for tau in (2, 3, 4) for k in (3, 7) if k + 1 in verify}
@@ -107,6 +119,7 @@ def main() -> None:
            "verify_ms": {n: round(t * 1e3, 3) for n, t in verify.items()},
            "verify_vs_decode": {n: round(t / decode, 3) for n, t in verify.items()},
            "draft_step_ms": round(draft * 1e3, 3), "draft_vs_decode": round(draft / decode, 3),
+           "draft_loop_tree60_ms": round(draft_loop * 1e3, 3),
            "predicted_bs1_speedup": predicted}
     print(json.dumps(out, indent=2))
 

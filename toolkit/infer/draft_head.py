@@ -54,8 +54,8 @@ class DraftHead(nn.Module):
         Returns (log-probs over the draft vocab [B, T, N], output hidden [B, T, H]). kv_len (= S, with a
         mask): the cache slots attended, given by CUDA-graph callers (no host sync on the slots)."""
         slots = positions if slots is None else slots
-        if kv_len is None:
-            kv_len = int(slots.max()) + 1
+        if kv_len is None:  # a mask says how many slots it covers; else the slots written reach
+            kv_len = mask.shape[-1] if mask is not None else int(slots.max()) + 1
         if kv_len > cache.max_len:
             raise ValueError(f"draft needs {kv_len} cache slots but its KV cache holds {cache.max_len}")
         if mask is None:

@@ -20,7 +20,7 @@ from toolkit.infer.drafts import Eagle3Head
 from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memory
 from toolkit.infer.model import Transformer
 from toolkit.infer.sampling import SamplingParams, target_probs
-from toolkit.infer.tree import Tree, TreeConfig, draft_trees
+from toolkit.infer.tree import Tree, TreeConfig, ancestor_masks, draft_trees
 from toolkit.infer.verify import greedy_verify, sample_verify
 
 
@@ -113,7 +113,7 @@ class Engine:
         if head is not None:
             spare = self.tree.num_steps * self.tree.topk + 1
             self.draft_cache = head.new_cache(max_len + spare + scratch, dtype, self.device, max_batch)
-        self.target_graphs = self.draft_graphs = None
+        self.target_graphs = self.draft_graphs = self.draft_loop = None
         if graphs:
             self._capture(graph_capture)
         self.running: list[Sequence] = []  # running sequence i is in cache row i
@@ -121,23 +121,22 @@ class Engine:
 
     def _capture(self, capture) -> None:
         """Graphs for every batch bucket: the target at 1 token (plain decoding) and num_draft_tokens (verify),
-        the draft at topk tokens over its own outputs (a tree step) and at 1..num_steps + 1 tokens over the
-        target's features (extending over what was accepted): two input widths, two sets of graphs."""
-        from toolkit.infer.graphs import batch_buckets, graph_draft, graph_target
+        the whole draft loop (tree.grow), and the draft extending over what was accepted (1..num_steps + 1
+        tokens over the target's features)."""
+        from toolkit.infer.graphs import GraphedDraftLoop, batch_buckets, graph_draft, graph_target
 
         sizes, t = batch_buckets(self.max_batch), self.tree
         self.target_graphs = graph_target(self.target, self.cache, self.aux_layers, sizes,
                                           sorted({1, t.num_draft_tokens}), capture)
         if self.head is not None:
-            H = self.target.config.hidden_size
-            self.draft_graphs = {
-                "tree": graph_draft(self.head, self.draft_cache, H, sizes, [t.topk], capture),
-                "extend": graph_draft(self.head, self.draft_cache, len(self.aux_layers) * H, sizes,
-                                      list(range(1, t.num_steps + 2)), capture)}
+            width = len(self.aux_layers) * self.target.config.hidden_size
+            self.draft_graphs = graph_draft(self.head, self.draft_cache, width, sizes, list(range(1, t.num_steps + 2)),
+                                            capture)
+            self.draft_loop = GraphedDraftLoop(self.head, self.target.embed_tokens, self.draft_cache, t, sizes, capture)
 
-    def _draft(self, emb, hidden, positions, slots, mask, kind: str = "tree"):
+    def _draft(self, emb, hidden, positions, slots, mask):
         """The head over the draft cache's rows 0..B-1, replayed from a graph when one holds the shape."""
-        out = None if self.draft_graphs is None else self.draft_graphs[kind](
+        out = None if self.draft_graphs is None else self.draft_graphs(
             emb=emb, hidden=hidden, positions=positions, slots=slots, mask=mask)
         return out if out is not None else self.head(emb, hidden, positions, self.draft_cache, slots=slots,
                                                      mask=mask)
@@ -200,9 +199,14 @@ class Engine:
             return []
         prefix, roots = [s.prefix for s in seqs], [s.result.tokens[-1] for s in seqs]
         if self.head is not None and speculate:
-            trees = draft_trees(self.head, self.target.embed_tokens, self.draft_cache, prefix, roots,
-                                torch.stack([s.root_out for s in seqs]), torch.stack([s.root_logp for s in seqs]),
-                                self.tree, self._draft)
+            root_out, root_logp = torch.stack([s.root_out for s in seqs]), torch.stack([s.root_logp for s in seqs])
+            grown = None if self.draft_loop is None else self.draft_loop(
+                torch.tensor(prefix, device=self.device), torch.tensor(roots, device=self.device), root_out, root_logp)
+            if grown is not None:
+                trees = [Tree(*parts) for parts in zip(*grown)]
+            else:
+                trees = draft_trees(self.head, self.target.embed_tokens, self.draft_cache, prefix, roots, root_out,
+                                    root_logp, self.tree)
         else:
             trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
         t2 = time.perf_counter()
@@ -255,7 +259,7 @@ class Engine:
         emb = self.target.embed_tokens(tokens)
         if row0 == 0:  # the running rows (a step): causal by position, through the graphs when on
             mask = torch.arange(int(pos.max()) + 1, device=self.device)[None, None, :] <= pos[:, :, None]
-            logp, out = self._draft(emb, hidden, pos, pos, mask, "extend")
+            logp, out = self._draft(emb, hidden, pos, pos, mask)
         else:  # rows being admitted (a prefill)
             cache = None if self.draft_cache is None else self.draft_cache.rows(row0, row0 + m)
             logp, out = self.head(emb, hidden, pos, cache)
@@ -273,13 +277,14 @@ class Engine:
         emitted tokens, and the aux hidden states of the tree nodes. Accepted nodes' KV moves to contiguous
         slots right after the sequence's prefix."""
         n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
-        slots = torch.tensor([[p + j for j in range(n)] for p in prefix], device=dev)
-        mask = torch.zeros(len(trees), n, max(prefix) + n, dtype=torch.bool, device=dev)
-        for b, (tree, p) in enumerate(zip(trees, prefix)):
-            mask[b, :, :p] = True
-            mask[b, :, p:p + n] = tree.ancestor_mask()
+        start = torch.tensor(prefix, device=dev)[:, None]                              # [B, 1]
+        slots = start + torch.arange(n, device=dev)                                    # [B, n]
+        rel = torch.arange(max(prefix) + n, device=dev) - start                        # [B, S]: slot - prefix
+        tree = ancestor_masks(torch.stack([t.parents for t in trees]).to(dev), self.tree.num_steps)  # [B, n, n]
+        mask = (rel < 0)[:, None] | (tree.gather(2, rel.clamp(0, n - 1)[:, None].expand(-1, n, -1))
+                                     & (rel < n)[:, None])                             # [B, n, S]
         tokens = torch.stack([t.tokens for t in trees]).to(dev)
-        positions = torch.stack([p + t.depth for p, t in zip(prefix, trees)]).to(dev)
+        positions = start + torch.stack([t.depth for t in trees]).to(dev)
         out = None if self.target_graphs is None else self.target_graphs(
             tokens=tokens, positions=positions, slots=slots, mask=mask)
         if out is None:

@@ -144,3 +144,46 @@ def graph_draft(head, cache, hidden_width: int, batch_sizes: list[int], token_co
                "positions": torch.zeros(1, 1, dtype=torch.long, device=device)}
     return GraphedForward(fn, example, [(b, t) for b in batch_sizes for t in token_counts],
                           scratch=S - 1, mask_len=S, capture=capture)
+
+
+class GraphedDraftLoop:
+    """The whole draft loop (tree.grow: num_steps head forwards and the tree bookkeeping, all on the device)
+    replayed from one graph per batch bucket. Padding rows draft for prefix 1 in their own (free) rows."""
+
+    def __init__(self, head, embed, cache, cfg, batch_sizes: list[int], capture=None):
+        from toolkit.infer.tree import grow
+
+        if capture is None:
+            capture = cuda_capture
+        S, device, dtype = cache.max_len, cache.k.device, cache.k.dtype
+
+        def fn(prefix, roots, root_out, root_logp):
+            def forward(emb, hidden, positions, slots, mask):
+                return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=S)
+
+            return grow(head, embed, forward, prefix, roots, root_out, root_logp, cfg, mask_len=S)
+
+        pool = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
+        self.sizes, self.graphs = sorted(set(batch_sizes)), {}
+        for b in reversed(self.sizes):
+            static = {"prefix": torch.ones(b, dtype=torch.long, device=device),
+                      "roots": torch.zeros(b, dtype=torch.long, device=device),
+                      "root_out": torch.zeros(b, head.config.hidden_size, dtype=dtype, device=device),
+                      "root_logp": torch.zeros(b, len(head.d2t), dtype=torch.float32, device=device)}
+            replay, out = capture(fn, static, pool)
+            self.graphs[b] = (static, replay, out)
+
+    def __call__(self, prefix: torch.Tensor, roots: torch.Tensor, root_out: torch.Tensor, root_logp: torch.Tensor
+                 ) -> tuple | None:
+        """prefix/roots [B], root_out [B, H], root_logp [B, N] -> (tokens, parents, depth) [B, n], or None when
+        B exceeds every bucket."""
+        B = len(prefix)
+        b = next((s for s in self.sizes if s >= B), None)
+        if b is None:
+            return None
+        static, replay, out = self.graphs[b]
+        for name, x in (("prefix", prefix), ("roots", roots), ("root_out", root_out), ("root_logp", root_logp)):
+            static[name][:B].copy_(x)
+        static["prefix"][B:] = 1
+        replay()
+        return tuple(o[:B].clone() for o in out)

@@ -193,8 +193,8 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
         slots = positions if slots is None else slots
-        if kv_len is None:
-            kv_len = int(slots.max()) + 1 if cache is not None else T
+        if kv_len is None:  # with a cache: the slots a mask covers, else the slots written reach
+            kv_len = T if cache is None else mask.shape[-1] if mask is not None else int(slots.max()) + 1
         if cache is not None and kv_len > cache.max_len:
             raise ValueError(f"sequence needs {kv_len} cache slots but the KV cache holds {cache.max_len}; "
                              f"raise --max-seq-len or shorten the prompt")

@@ -8,6 +8,10 @@ Step 0 takes the topk tokens of the draft's prediction at the root. Each later s
 the topk frontier nodes of highest cumulative log-prob, and adds their topk children as candidates. At the
 end all candidates are reranked by cumulative log-prob and the best num_draft_tokens - 1 are kept (a child
 never scores above its parent, so the kept set is a tree). Node 0 of the result is the root.
+
+Everything is tensors of fixed shapes, with no host sync (`grow`), so the whole draft loop can be captured as
+one CUDA graph per batch size (graphs.py). B sequences, k = topk, M = k + (num_steps - 1) k^2 candidates,
+E = (num_steps - 1) k expanded nodes (each gets a draft-cache slot: prefix + its expansion index).
 """
 from __future__ import annotations
 
@@ -15,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-from toolkit.infer.drafts import Eagle3Head
 from toolkit.infer.kv_cache import KVCache
 
 
@@ -45,79 +48,83 @@ class Tree:
 
     def ancestor_mask(self) -> torch.Tensor:
         """bool [n, n]: node i may attend to node j (j is i or one of its ancestors)."""
-        n = len(self.parents)
-        mask = torch.eye(n, dtype=torch.bool)
-        for i in range(1, n):
-            mask[i] |= mask[int(self.parents[i])]
-        return mask
+        return ancestor_masks(self.parents[None], int(self.depth.max()))[0]
 
 
-class _Growth:
-    """One sequence's candidate nodes while its tree grows; index 0 is the root."""
-
-    def __init__(self, root: int, prefix: int, root_out: torch.Tensor):
-        self.prefix = prefix
-        self.parent, self.token, self.score, self.depth = [-1], [root], [0.0], [0]
-        self.out = {0: root_out}  # expanded node -> draft output hidden (fed to its children)
-        self.slot_of: dict[int, int] = {}  # expanded node -> draft cache slot
-        self.frontier: list[int] = []  # candidates not expanded yet
-
-    def add_children(self, node: int, logp: torch.Tensor, head: Eagle3Head, k: int) -> None:
-        top = logp.topk(k)
-        for lp, t in zip(top.values.tolist(), head.to_target(top.indices).tolist()):
-            self.parent.append(node), self.token.append(t), self.depth.append(self.depth[node] + 1)
-            self.score.append(self.score[node] + lp)
-            self.frontier.append(len(self.token) - 1)
-
-    def tree(self, keep_count: int) -> Tree:
-        keep = sorted(range(1, len(self.token)), key=lambda i: (-self.score[i], self.depth[i]))[:keep_count]
-        order = [0] + sorted(keep)  # creation order: parents before children
-        index = {old: new for new, old in enumerate(order)}
-        return Tree(torch.tensor([self.token[i] for i in order]),
-                    torch.tensor([-1] + [index[self.parent[i]] for i in order[1:]]),
-                    torch.tensor([self.depth[i] for i in order]))
+def ancestor_masks(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """parents [B, n] (root -1) -> bool [B, n, n]: node i sees j when j is i or an ancestor of i."""
+    B, n = parents.shape
+    eye = torch.eye(n, dtype=torch.bool, device=parents.device).expand(B, n, n)
+    up = parents.clamp(min=0)[:, :, None].expand(B, n, n)
+    has_parent = (parents >= 0)[:, :, None]
+    mask = eye
+    for _ in range(max_depth):  # each pass inherits the parent's row: one more generation of ancestors
+        mask = eye | (mask.gather(1, up) & has_parent)
+    return mask
 
 
 @torch.no_grad()
-def draft_trees(head: Eagle3Head, embed: torch.nn.Embedding, cache: KVCache, prefixes: list[int],
-                roots: list[int], root_out: torch.Tensor, root_logp: torch.Tensor, cfg: TreeConfig,
-                forward=None) -> list[Tree]:
+def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: torch.Tensor, root_out: torch.Tensor,
+         root_logp: torch.Tensor, cfg: TreeConfig, mask_len: int | None = None
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The trees after each root, as tensors: (tokens, parents, depth), each [B, num_draft_tokens].
+    prefix/roots [B]; root_out [B, H]; root_logp [B, N]. forward(emb, hidden, positions, slots, mask) runs
+    the head over the draft cache, where sequence b holds positions 0..prefix[b]-1. mask_len: the width of
+    the masks given to forward (CUDA graphs attend over the whole cache); default: what the slots reach."""
+    B, k, dev = len(prefix), cfg.topk, root_logp.device
+    E = (cfg.num_steps - 1) * k
+    W = mask_len if mask_len is not None else int(prefix.max()) + E  # the host sync graphs avoid
+    lp, ids = root_logp.topk(k)                                                      # step 0: the root's children
+    tok, score = [roots[:, None], head.to_target(ids)], [torch.zeros_like(lp[:, :1]), lp]
+    parent = [torch.full((B, 1), -1, device=dev), torch.zeros(B, k, dtype=torch.long, device=dev)]
+    depth = [torch.zeros(B, 1, dtype=torch.long, device=dev), torch.ones(B, k, dtype=torch.long, device=dev)]
+    anc = torch.zeros(B, k, E, dtype=torch.bool, device=dev)  # the current layer's expanded ancestors
+    via = torch.zeros(B, k, dtype=torch.long, device=dev)      # which of the last step's outputs feeds each
+    first, prev_h = 1, root_out[:, None].expand(B, k, root_out.shape[-1])
+    cols = torch.arange(W, device=dev)
+    for step in range(1, cfg.num_steps):
+        pick = score[-1].topk(k).indices                                             # [B, k] within the layer
+        nodes = first + pick                                                         # node ids
+        e = (step - 1) * k + torch.arange(k, device=dev)                             # expansion indices
+        seen = anc.gather(1, pick[:, :, None].expand(B, k, E)) | (torch.arange(E, device=dev) == e[:, None])
+        rel = cols[None, :] - prefix[:, None]                                        # [B, W] slot - prefix
+        mask = (rel < 0)[:, None, :] | (seen.gather(2, rel.clamp(0, E - 1)[:, None, :].expand(B, k, W))
+                                        & (rel < E)[:, None, :])                     # [B, k, W]
+        d = depth[-1].gather(1, pick)
+        hid = prev_h.gather(1, via.gather(1, pick)[:, :, None].expand(B, k, prev_h.shape[-1]))
+        logp, prev_h = forward(embed(tok[-1].gather(1, pick)), hid, prefix[:, None] - 1 + d,
+                               prefix[:, None] + e, mask)                            # [B, k, N], [B, k, H]
+        lp, ids = logp.topk(k)                                                       # [B, k, k]
+        first += score[-1].shape[1]
+        tok.append(head.to_target(ids).flatten(1))
+        score.append((score[-1].gather(1, pick)[:, :, None] + lp).flatten(1))
+        parent.append(nodes[:, :, None].expand(B, k, k).flatten(1))
+        depth.append((d + 1)[:, :, None].expand(B, k, k).flatten(1))
+        anc = seen[:, :, None].expand(B, k, k, E).flatten(1, 2)
+        via = torch.arange(k, device=dev)[:, None].expand(k, k).flatten()[None].expand(B, k * k)
+    tok, score, parent, depth = (torch.cat(x, 1) for x in (tok, score, parent, depth))  # [B, 1 + M]
+    # rerank by (-score, depth), creation order breaking ties (stable sorts, innermost key last)
+    by_depth = depth[:, 1:].sort(stable=True, dim=1).indices
+    order = by_depth.gather(1, (-score[:, 1:].gather(1, by_depth)).sort(stable=True, dim=1).indices) + 1
+    keep = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev),
+                      order[:, :cfg.num_draft_tokens - 1].sort(1).values], 1)        # [B, n], creation order
+    new_id = torch.full_like(tok, -1).scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand_as(keep))
+    parents = new_id.gather(1, parent.gather(1, keep).clamp(min=0))
+    parents[:, 0] = -1
+    return tok.gather(1, keep), parents, depth.gather(1, keep)
+
+
+def draft_trees(head, embed: torch.nn.Embedding, cache: KVCache, prefixes: list[int], roots: list[int],
+                root_out: torch.Tensor, root_logp: torch.Tensor, cfg: TreeConfig, forward=None) -> list[Tree]:
     """Grow one tree per sequence after its root (the last emitted token), all sequences in lockstep.
     root_out [B, H], root_logp [B, N]. Sequence b's draft cache holds positions 0..prefixes[b]-1 (the
     root's own pair is the last); its expanded nodes go to slots prefixes[b], prefixes[b] + 1, ...
-    forward(emb, hidden, positions, slots, mask) runs the head over `cache` (the engine passes its CUDA-graphed
-    one); default: the head itself."""
-    device = root_logp.device
+    forward(emb, hidden, positions, slots, mask): the head over `cache` (default: the head itself)."""
     if forward is None:
         def forward(emb, hidden, positions, slots, mask):
             return head(emb, hidden, positions, cache, slots=slots, mask=mask)
-    grow = [_Growth(r, p, root_out[b]) for b, (r, p) in enumerate(zip(roots, prefixes))]
-    for b, g in enumerate(grow):
-        g.add_children(0, root_logp[b], head, cfg.topk)
-    for _ in range(1, cfg.num_steps):
-        nodes = [sorted(g.frontier, key=lambda i, g=g: -g.score[i])[: cfg.topk] for g in grow]  # [B][topk]
-        for g, ns in zip(grow, nodes):
-            k0 = len(g.slot_of)
-            for k, i in enumerate(ns):
-                g.slot_of[i] = g.prefix + k0 + k
-        slots = torch.tensor([[g.slot_of[i] for i in ns] for g, ns in zip(grow, nodes)], device=device)
-        positions = torch.tensor([[g.prefix - 1 + g.depth[i] for i in ns] for g, ns in zip(grow, nodes)],
-                                 device=device)
-        kv_len = int(slots.max()) + 1
-        mask = torch.zeros(len(grow), cfg.topk, kv_len, dtype=torch.bool, device=device)
-        for b, (g, ns) in enumerate(zip(grow, nodes)):
-            mask[b, :, :g.prefix] = True
-            for r, i in enumerate(ns):  # the node and its expanded ancestors
-                j = i
-                while j > 0:
-                    mask[b, r, g.slot_of[j]] = True
-                    j = g.parent[j]
-        emb = embed(torch.tensor([[g.token[i] for i in ns] for g, ns in zip(grow, nodes)], device=device))
-        hid = torch.stack([torch.stack([g.out[g.parent[i]] for i in ns]) for g, ns in zip(grow, nodes)])
-        logp, h = forward(emb, hid, positions, slots, mask)
-        for b, (g, ns) in enumerate(zip(grow, nodes)):
-            g.frontier = []
-            for r, i in enumerate(ns):
-                g.out[i] = h[b, r]
-                g.add_children(i, logp[b, r], head, cfg.topk)
-    return [g.tree(cfg.num_draft_tokens - 1) for g in grow]
+
+    dev = root_logp.device
+    tokens, parents, depth = grow(head, embed, forward, torch.tensor(prefixes, device=dev),
+                                  torch.tensor(roots, device=dev), root_out, root_logp, cfg)
+    return [Tree(t, p, d) for t, p, d in zip(tokens, parents, depth)]
