@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from toolkit.infer.drafts import random_head
-from toolkit.infer.engine import Engine, Sequence
+from toolkit.infer.engine import Engine
+from toolkit.infer.sequence import Sequence
 from toolkit.infer.model import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig

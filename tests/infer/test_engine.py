@@ -117,7 +117,7 @@ def test_stops_exactly_where_plain_decoding_stops(smollm2):
 
 
 def test_stop_strings_stop_where_plain_decoding_stops(smollm2):
-    from toolkit.infer.engine import StopStrings
+    from toolkit.infer.sequence import StopStrings
 
     model, tok = smollm2
     ids = tok(PROMPTS[1], add_special_tokens=False).input_ids

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from toolkit.infer.engine import Result
+from toolkit.infer.sequence import Result
 
 
 def summarize(results: list[Result], seconds: float | None = None) -> dict:

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from toolkit.infer.engine import Sequence, StopStrings
+from toolkit.infer.sequence import Sequence, StopStrings
 from toolkit.infer.metrics import summarize
 from toolkit.infer.sampling import SamplingParams
 from toolkit.serve.batcher import Batcher

@@ -12,7 +12,8 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
-from toolkit.infer.engine import Engine, Sequence
+from toolkit.infer.engine import Engine
+from toolkit.infer.sequence import Sequence
 from toolkit.serve.metrics import ServerMetrics
 from toolkit.serve.protocol import ApiError
 

@@ -30,7 +30,7 @@ from jinja2 import TemplateError
 from tqdm import tqdm
 
 from toolkit.data.chat import ChatRenderer, TemplateRenderer
-from toolkit.data.schemas import BadRecord, ReadStats, Sample, read_samples
+from toolkit.data.schemas import BadRecord, ReadStats, read_samples
 from toolkit.tokenmap.pieces import PieceCounter
 
 MODES = ("all", "assistant")

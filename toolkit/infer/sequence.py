@@ -1,0 +1,62 @@
+"""One request inside the engine (Sequence), what it produced (Result), and stop strings."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from toolkit.infer.sampling import SamplingParams
+
+
+@dataclass
+class Result:
+    tokens: list[int]                   # generated ids (prompt excluded), stops included
+    verify_steps: int = 0               # target forwards after prefill
+    accepted: list[int] = field(default_factory=list)  # draft tokens accepted per verify step
+    seconds: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
+    category: str = "all"               # the caller's label (bench groups τ by it)
+
+    @property
+    def tau(self) -> float:
+        """Tokens per verify step, the bonus token included (accepted + 1)."""
+        return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
+
+
+class StopStrings:
+    """True once the decoded generation contains one of `strings` (checked on a tail of tokens, so the cost
+    per token stays constant). Generation stops at the token that completes the string, as plain decoding
+    does; callers cut the text at the string."""
+
+    def __init__(self, tokenizer, strings: list[str]):
+        if not strings or any(not s for s in strings):
+            raise ValueError("stop strings must be non-empty")
+        self.tok, self.strings = tokenizer, list(strings)
+        self.tail = max(len(s) for s in strings) + 8  # tokens: each covers at least one character
+
+    def __call__(self, tokens: list[int]) -> bool:
+        # called after every new token, so a string found now was completed by the newest token
+        text = self.tok.decode(tokens[-self.tail:])
+        return any(s in text for s in self.strings)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine: what to generate and how far it has got."""
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset = frozenset()
+    stop_strings: StopStrings | None = None
+    generator: torch.Generator | None = None  # per request: a seed makes its sampling reproducible
+    result: Result = field(default_factory=lambda: Result([]))
+    done: bool = False
+    prefix: int = 0                            # tokens in the KV cache; the root (last token) is not yet
+    root_out: torch.Tensor | None = None       # the draft's output and log-probs after the root
+    root_logp: torch.Tensor | None = None
+
+    def add(self, token: int) -> bool:
+        """Append a generated token; True (and done) when generation stops here."""
+        toks = self.result.tokens
+        toks.append(token)
+        self.done = token in self.stop_ids or len(toks) >= self.params.max_new_tokens or (
+            self.stop_strings is not None and self.stop_strings(toks))
+        return self.done
