@@ -65,6 +65,7 @@ class Engine:
         self.running: list[Sequence] = []  # running sequence i is in cache row i
         self.seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0}  # engine time so far, by phase
 
+    @torch.no_grad()
     def _capture(self, capture) -> None:
         """Graphs for every batch bucket: the target at 1 token (plain decoding) and num_draft_tokens (verify),
         the whole draft loop (tree.grow), and the draft extending over what was accepted (1..num_steps + 1

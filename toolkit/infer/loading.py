@@ -69,12 +69,17 @@ def load_draft(folder: str, target, token_map: str | None):
     arch = cfg.get("architectures") or []
     if "LlamaForCausalLMEagle3" in arch and token_map is not None:
         raise ValueError("--token-map applies to EAGLE-1/2 and MTP heads; an EAGLE-3 head carries its own d2t")
+    from toolkit.infer.model import readout_layout
+
     dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
     if "LlamaForCausalLMEagle3" in arch:
-        return load_eagle3(folder, target.config, dtype, device)
-    if _ships_mtp(cfg):
-        return load_mtp(folder, target, token_map, dtype)
-    return load_eagle2(folder, target, token_map, dtype)
+        head = load_eagle3(folder, target.config, dtype, device)
+    elif _ships_mtp(cfg):
+        head = load_mtp(folder, target, token_map, dtype)
+    else:
+        head = load_eagle2(folder, target, token_map, dtype)
+    readout_layout(head.lm_head)
+    return head
 
 
 def stop_ids(tok) -> set[int]:

@@ -155,10 +155,13 @@ class Transformer(nn.Module):
 
     def fuse(self) -> "Transformer":
         """For inference: one weight for q/k/v and one for gate/up in each layer, so a decode step runs 4
-        GEMMs per layer instead of 7 (fewer, larger kernels: a plain decode step is ~2 ms faster on CPU).
+        GEMMs per layer instead of 7 (fewer, larger kernels: a plain decode step is ~2 ms faster on CPU), stored
+        [in, out] on CPU like the vocabulary projection (readout_layout).
         The separate modules' weights become views of the fused ones, so nothing is stored twice."""
         def join(mods, dst, name):
             fused = torch.cat([m.weight.detach() for m in mods])
+            if fused.device.type == "cpu":  # [in, out] storage: CPU BLAS runs these GEMVs 15-35% faster (measured)
+                fused = fused.t().contiguous().t()
             setattr(dst, name, fused)
             start = 0
             for m in mods:
@@ -175,6 +178,9 @@ class Transformer(nn.Module):
                     a.qkv_b = torch.cat([a.q_proj.bias.detach(), a.k_proj.bias.detach(), a.v_proj.bias.detach()])
             if isinstance(mlp, MLP):  # not a MoE
                 join([mlp.gate_proj, mlp.up_proj], mlp, "gate_up")
+        readout_layout(self.lm_head)
+        if self.config.tie_word_embeddings:
+            self.embed_tokens.weight = self.lm_head.weight
         return self
 
     @property
@@ -211,6 +217,13 @@ class Transformer(nn.Module):
                 kept[i] = h
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
         return self.lm_head(kept[-1]), [kept[i] for i in aux_layers]
+
+
+def readout_layout(linear: nn.Linear) -> None:
+    """On CPU, store a vocabulary projection [V, H] as [H, V] (a transposed view keeps its shape and values):
+    BLAS streams the decode GEMV ~2x faster from it (8-10 -> 20 GB/s measured). Inference only."""
+    if linear.weight.device.type == "cpu":
+        linear.weight = nn.Parameter(linear.weight.detach().t().contiguous().t(), requires_grad=False)
 
 
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
