@@ -169,6 +169,13 @@ class ModelConfig:
             return _mscale(factor, s["mscale"]) / _mscale(factor, s["mscale_all_dim"])
         return _mscale(factor)
 
+    def softmax_mscale(self) -> float:
+        """What DeepSeek's softmax scale is multiplied by: mscale(factor, mscale_all_dim)^2 under yarn, else 1."""
+        s = self.rope_scaling
+        if s.get("rope_type", "default") != "yarn" or not s.get("mscale_all_dim"):
+            return 1.0
+        return _mscale(_yarn_factor(s, self.max_position_embeddings), s["mscale_all_dim"]) ** 2
+
 
 def _mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0

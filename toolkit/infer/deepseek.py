@@ -17,8 +17,6 @@ a MoE target runs eagerly (no CUDA graphs).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,12 +52,7 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, 1e-6)
         self.kv_b_proj = nn.Linear(m.kv_lora_rank, Hq * (m.qk_nope_head_dim + m.v_head_dim), bias=False)
         self.o_proj = nn.Linear(Hq * m.v_head_dim, H, bias=c.attention_bias)
-        self.scale = self.qk_dim ** -0.5
-        s = c.rope_scaling
-        if s.get("rope_type") == "yarn" and s.get("mscale_all_dim"):
-            factor = s.get("factor") or c.max_position_embeddings / s["original_max_position_embeddings"]
-            if factor > 1:
-                self.scale *= (0.1 * s["mscale_all_dim"] * math.log(factor) + 1.0) ** 2
+        self.scale = self.qk_dim ** -0.5 * c.softmax_mscale()
 
     def forward(self, x, cos, sin, mask, cache, layer: int, slots, kv_len: int):
         """As model.Attention.forward; cos/sin over the R rotary dims."""

@@ -20,7 +20,7 @@ from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memor
 from toolkit.infer.model import Transformer
 from toolkit.infer.sampling import SamplingParams, target_probs
 from toolkit.infer.sequence import Result, Sequence, StopStrings
-from toolkit.infer.tree import Tree, TreeConfig, ancestor_masks, draft_trees
+from toolkit.infer.tree import Tree, TreeConfig, ancestor_masks, draft_trees, window_mask
 from toolkit.infer.verify import greedy_verify, sample_verify
 
 
@@ -226,10 +226,8 @@ class Engine:
         n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
         start = torch.tensor(prefix, device=dev)[:, None]                              # [B, 1]
         slots = start + torch.arange(n, device=dev)                                    # [B, n]
-        rel = torch.arange(max(prefix) + n, device=dev) - start                        # [B, S]: slot - prefix
         tree = ancestor_masks(torch.stack([t.parents for t in trees]).to(dev), self.tree.num_steps)  # [B, n, n]
-        mask = (rel < 0)[:, None] | (tree.gather(2, rel.clamp(0, n - 1)[:, None].expand(-1, n, -1))
-                                     & (rel < n)[:, None])                             # [B, n, S]
+        mask = window_mask(start[:, 0], tree, max(prefix) + n)                         # [B, n, S]
         tokens = torch.stack([t.tokens for t in trees]).to(dev)
         positions = start + torch.stack([t.depth for t in trees]).to(dev)
         out = None if self.target_graphs is None else self.target_graphs(

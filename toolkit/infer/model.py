@@ -159,16 +159,13 @@ class Transformer(nn.Module):
         [in, out] on CPU like the vocabulary projection (readout_layout).
         The separate modules' weights become views of the fused ones, so nothing is stored twice."""
         def join(mods, dst, name):
-            fused = torch.cat([m.weight.detach() for m in mods])
-            if fused.device.type == "cpu":  # [in, out] storage: CPU BLAS runs these GEMVs 15-35% faster (measured)
-                fused = fused.t().contiguous().t()
+            fused = in_out_storage(torch.cat([m.weight.detach() for m in mods]))  # 15-35% faster GEMVs on CPU
             setattr(dst, name, fused)
             start = 0
             for m in mods:
                 n = m.weight.shape[0]
                 m.weight = nn.Parameter(fused[start:start + n], requires_grad=False)
                 start += n
-            return fused
 
         for layer in self.layers:
             a, mlp = layer.self_attn, layer.mlp
@@ -219,11 +216,16 @@ class Transformer(nn.Module):
         return self.lm_head(kept[-1]), [kept[i] for i in aux_layers]
 
 
+def in_out_storage(w: torch.Tensor) -> torch.Tensor:
+    """On CPU, a Linear weight [out, in] stored as [in, out] (a transposed view: same shape, same values), the
+    layout CPU BLAS streams decode GEMVs fastest from; unchanged elsewhere."""
+    return w.t().contiguous().t() if w.device.type == "cpu" else w
+
+
 def readout_layout(linear: nn.Linear) -> None:
-    """On CPU, store a vocabulary projection [V, H] as [H, V] (a transposed view keeps its shape and values):
-    BLAS streams the decode GEMV ~2x faster from it (8-10 -> 20 GB/s measured). Inference only."""
-    if linear.weight.device.type == "cpu":
-        linear.weight = nn.Parameter(linear.weight.detach().t().contiguous().t(), requires_grad=False)
+    """A vocabulary projection in in_out_storage (its decode GEMV ~2x faster on CPU: 8-10 -> 20 GB/s
+    measured). Inference only: the weight is frozen."""
+    linear.weight = nn.Parameter(in_out_storage(linear.weight.detach()), requires_grad=False)
 
 
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:

@@ -63,6 +63,15 @@ def ancestor_masks(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
     return mask
 
 
+def window_mask(prefix: torch.Tensor, window: torch.Tensor, width: int) -> torch.Tensor:
+    """Which of `width` cache slots each new token sees: slot j < prefix[b] (the sequence so far), or slot
+    prefix[b] + e where window[b, t, e] is set. prefix [B], window bool [B, T, E] -> bool [B, T, width]."""
+    E = window.shape[-1]
+    rel = torch.arange(width, device=prefix.device) - prefix[:, None]                # [B, W]: slot - prefix
+    inside = window.gather(2, rel.clamp(0, E - 1)[:, None].expand(-1, window.shape[1], -1)) & (rel < E)[:, None]
+    return (rel < 0)[:, None] | inside
+
+
 @torch.no_grad()
 def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: torch.Tensor, root_out: torch.Tensor,
          root_logp: torch.Tensor, cfg: TreeConfig, mask_len: int | None = None
@@ -81,15 +90,12 @@ def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: 
     anc = torch.zeros(B, k, E, dtype=torch.bool, device=dev)  # the current layer's expanded ancestors
     via = torch.zeros(B, k, dtype=torch.long, device=dev)      # which of the last step's outputs feeds each
     first, prev_h = 1, root_out[:, None].expand(B, k, root_out.shape[-1])
-    cols = torch.arange(W, device=dev)
     for step in range(1, cfg.num_steps):
         pick = score[-1].topk(k).indices                                             # [B, k] within the layer
         nodes = first + pick                                                         # node ids
         e = (step - 1) * k + torch.arange(k, device=dev)                             # expansion indices
         seen = anc.gather(1, pick[:, :, None].expand(B, k, E)) | (torch.arange(E, device=dev) == e[:, None])
-        rel = cols[None, :] - prefix[:, None]                                        # [B, W] slot - prefix
-        mask = (rel < 0)[:, None, :] | (seen.gather(2, rel.clamp(0, E - 1)[:, None, :].expand(B, k, W))
-                                        & (rel < E)[:, None, :])                     # [B, k, W]
+        mask = window_mask(prefix, seen, W)                                          # [B, k, W]
         d = depth[-1].gather(1, pick)
         hid = prev_h.gather(1, via.gather(1, pick)[:, :, None].expand(B, k, prev_h.shape[-1]))
         logp, prev_h = forward(embed(tok[-1].gather(1, pick)), hid, prefix[:, None] - 1 + d,
