@@ -104,3 +104,22 @@ def test_cache_sized_from_memory(tmp_path):
     eng = Engine(model, max_len=None, max_batch=2)
     assert eng.max_len == c.max_position_embeddings  # plenty of RAM: capped by the model
     assert eng.cache.k.shape[3] >= eng.max_len
+
+
+def test_one_sequence_fast_paths_equal_the_masked_scatter(tmp_path):
+    """Batch 1 takes shortcuts: the prefill runs SDPA's causal kernel, a one-token decode no mask, and
+    contiguous slots are written with a plain copy. Each must give what the full forward gives."""
+    tiny_hf("llama", tmp_path)
+    model = load_target(tmp_path)
+    ids = torch.randint(0, TINY["vocab_size"], (1, 30), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full, _ = model(ids)
+        cache = KVCache(model.config, batch=1, max_len=64)
+        first, _ = model(ids[:, :20], cache=cache)                                # causal kernel, copy at 0
+        steps = [model(ids[:, t:t + 1], positions=torch.full((1, 1), t), cache=cache)[0] for t in range(20, 25)]
+        chunk, _ = model(ids[:, 25:], positions=torch.arange(25, 30)[None], cache=cache)  # copy at 25, masked
+    got = torch.cat([first, *steps, chunk], dim=1)
+    assert (got - full).abs().max() <= 1e-4
+    assert KVCache.slot_range(torch.tensor([[7, 8, 9]])) == 7
+    for scattered in (torch.tensor([[7, 9, 8]]), torch.tensor([[7, 8], [3, 4]])):  # out of order; 2 rows
+        assert torch.equal(KVCache.slot_range(scattered), scattered)

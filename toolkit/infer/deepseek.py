@@ -72,7 +72,7 @@ class MLAAttention(nn.Module):
             cache.write(layer, k, v, slots)
             k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[0],
-                                             is_causal=mask is None, scale=self.scale)  # [B, Hq, T, Dv]
+                                             is_causal=mask is None and T > 1, scale=self.scale)  # [B, Hq, T, Dv]
         return self.o_proj(out.transpose(1, 2).reshape(B, T, Hq * m.v_head_dim))
 
 

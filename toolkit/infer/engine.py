@@ -233,6 +233,8 @@ class Engine:
         out = None if self.target_graphs is None else self.target_graphs(
             tokens=tokens, positions=positions, slots=slots, mask=mask)
         if out is None:
+            if n == 1 and len(seqs) == 1:  # plain decoding of one sequence: it sees every slot, no mask needed
+                mask = None
             logits, aux = self.target(tokens, positions, cache=self.cache, slots=slots, mask=mask,
                                       aux_layers=self.aux_layers)
         else:

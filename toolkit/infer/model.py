@@ -96,9 +96,10 @@ class Attention(nn.Module):
             from toolkit.infer.kernels.tree_attention import tree_attention
 
             out = tree_attention(q, k, v, mask[1])
-        else:  # mask None = plain causal over the T new tokens (no cache): the fused causal kernel
+        else:  # mask None: causal over T > 1 new tokens (the fused causal kernel), or one token seeing all
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[0],
-                                                 is_causal=mask is None, enable_gqa=c.num_heads != c.num_kv_heads)
+                                                 is_causal=mask is None and T > 1,
+                                                 enable_gqa=c.num_heads != c.num_kv_heads)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
 
@@ -193,6 +194,7 @@ class Transformer(nn.Module):
         for each id in aux_layers (a layer's output; -1 = after the final norm). kv_len (= S, with a mask):
         the cache slots attended, given by CUDA-graph callers so no shape depends on the slots' values."""
         B, T = input_ids.shape
+        in_order = positions is None and slots is None  # token t at position t in slot t
         if positions is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
         slots = positions if slots is None else slots
@@ -201,12 +203,16 @@ class Transformer(nn.Module):
         if cache is not None and kv_len > cache.max_len:
             raise ValueError(f"sequence needs {kv_len} cache slots but the KV cache holds {cache.max_len}; "
                              f"raise --max-seq-len or shorten the prompt")
-        causal = mask is None and cache is None and T > 1
+        # no mask at all: T > 1 tokens without a cache or written in order from slot 0 (a prefill): SDPA's
+        # causal kernel; or one sequence's one token, which sees every slot up to its own (plain decoding)
+        unmasked = mask is None and ((T > 1 and (cache is None or in_order)) or (B == 1 and T == 1))
         if mask is None:  # causal by position over the slots that hold them (slot == position here)
             mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
         cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, self.config.rope_attention_factor())
-        bias = None if causal else attention_masks(mask, h.dtype)
+        bias = None if unmasked else attention_masks(mask, h.dtype)
+        if cache is not None:
+            slots = cache.slot_range(slots)  # one sequence's contiguous host slots -> int start (a plain copy)
         kept = {}
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, bias, cache, i, slots, kv_len)
