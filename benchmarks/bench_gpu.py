@@ -3,6 +3,8 @@
     python benchmarks/bench_gpu.py                       # Llama-3.1-8B shape, bf16, CUDA, 1k context
     python benchmarks/bench_gpu.py --config tiny --device cpu --dtype float32 --iters 3   # CPU smoke run
     add --cuda-graphs to time the engine's graphed steps (toolkit/infer/graphs.py; on CPU: eager replays)
+    add --engine N to also run the whole Engine (N new tokens after a --context prompt): plain decoding, a
+    chain of 5 and a 6 x 10 -> 60 tree with the random head (tau ~ 1), so a round's full cost is measured
 
 Figures (batch 1, KV cache filled to --context): plain decode step and tok/s against the roofline (weight
 bytes / measured device copy bandwidth; goal >= 90%), target verify step for 2..64 tree tokens against the
@@ -58,6 +60,8 @@ def main() -> None:
     ap.add_argument("--attention", choices=["torch", "triton"], default="torch")
     ap.add_argument("--cuda-graphs", action="store_true", help="replay the steps from CUDA graphs, as the engine "
                     "does on a GPU (the forward then attends over the whole cache)")
+    ap.add_argument("--engine", type=int, default=0, metavar="N",
+                    help="also time the Engine end to end for N new tokens (0: skip)")
     args = ap.parse_args()
     dev, dtype, c = args.device, getattr(torch, args.dtype), CONFIGS[args.config]
     torch.manual_seed(0)
@@ -121,7 +125,35 @@ def main() -> None:
            "draft_step_ms": round(draft * 1e3, 3), "draft_vs_decode": round(draft / decode, 3),
            "draft_loop_tree60_ms": round(draft_loop * 1e3, 3),
            "predicted_bs1_speedup": predicted}
+    if args.engine:
+        del cache, dcache
+        out["engine"] = engine_figures(model, head, ctx, args.engine, args.cuda_graphs, capture)
     print(json.dumps(out, indent=2))
+
+
+def engine_figures(model, head, ctx: int, new_tokens: int, graphs: bool, capture) -> dict:
+    """The Engine's own loop (host bookkeeping, graph input copies, cache compaction included) over a
+    ctx-token random prompt: tokens/s of plain decoding, and ms per round for a chain and a tree."""
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.sampling import SamplingParams
+
+    prompt = torch.randint(0, model.config.vocab_size, (ctx,)).tolist()
+    params = SamplingParams(max_new_tokens=new_tokens)
+    figures = {}
+    for name, draft, tree in (("plain", None, None), ("chain5", head, TreeConfig(5, 1, 6)),
+                              ("tree6x10_60", head, TreeConfig(6, 10, 60))):
+        eng = Engine(model, draft, tree, max_len=ctx + new_tokens + 8, cuda_graphs=graphs, graph_capture=capture)
+        eng.generate(prompt, SamplingParams(max_new_tokens=8))  # warm-up
+        r = eng.generate(prompt, params)
+        step_s = r.seconds["draft"] + r.seconds["verify"]
+        figures[name] = {"new_tokens": len(r.tokens), "rounds": r.verify_steps, "tau": round(r.tau, 3),
+                         "decode_tok_s": round((len(r.tokens) - 1) / step_s, 1),
+                         "round_ms": round(step_s / r.verify_steps * 1e3, 3),
+                         "draft_ms_per_round": round(r.seconds["draft"] / r.verify_steps * 1e3, 3),
+                         "verify_ms_per_round": round(r.seconds["verify"] / r.verify_steps * 1e3, 3),
+                         "prefill_ms": round(r.seconds["prefill"] * 1e3, 1)}
+        del eng
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """CUDA graphs (toolkit/infer/graphs.py): bucketing, padding and the scratch slot, tested on CPU through
 eager_capture (the same static buffers, no graph); an engine replaying graphs (target step, draft extend and
 the whole draft loop) generates exactly what the eager engine does, for plain decoding, chains and trees, with
-padded batches. The CUDA test captures real graphs."""
+padded batches. tests/infer/test_gpu.py captures real graphs on a GPU."""
 import pytest
 import torch
 
@@ -85,14 +85,3 @@ def test_graphed_engine_equals_eager(target, tree):
     assert (4, n) in calls and (1, n) in calls  # 3 running rows padded to the 4-row bucket; then 1 row
     if tree is not None:
         assert ("loop", 4) in calls and ("loop", 1) in calls  # the whole draft loop replayed too
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("tree", [None, TreeConfig(3, 3, 8)], ids=["plain", "tree"])
-def test_cuda_graphs_equal_eager_on_gpu(tiny_target, tree):
-    gpu = load_target(tiny_target, torch.float32, "cuda")
-    head = None if tree is None else random_head(gpu.config, seed=1).cuda()
-    params = SamplingParams(max_new_tokens=12)
-    want = Engine(gpu, head, tree, max_len=64, max_batch=4, cuda_graphs=False).generate_batch(PROMPTS, params)
-    got = Engine(gpu, head, tree, max_len=64, max_batch=4, cuda_graphs=True).generate_batch(PROMPTS, params)
-    assert [r.tokens for r in got] == [r.tokens for r in want]

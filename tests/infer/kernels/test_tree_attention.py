@@ -70,18 +70,19 @@ def test_model_with_the_kernel_equals_the_torch_path(tmp_path):
                                    num_attention_heads=4, num_key_value_heads=2)
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
-    model = load_target(tmp_path)
-    prompt = torch.randint(0, 97, (1, 20))
+    model = load_target(tmp_path, device=device)
+    prompt = torch.randint(0, 97, (1, 20), device=device)
     parents = [-1, 0, 0, 1, 2, 2]
-    tree = torch.randint(0, 97, (1, 6))
-    depth = torch.tensor([[0, 1, 1, 2, 2, 2]])
-    mask = tree_mask(1, 20, parents)
+    tree = torch.randint(0, 97, (1, 6), device=device)
+    depth = torch.tensor([[0, 1, 1, 2, 2, 2]], device=device)
+    mask = tree_mask(1, 20, parents).to(device)
     outs = []
     for backend in ("torch", "triton"):
         model.set_attention_backend(backend)
-        cache = KVCache(model.config, 1, 40)
+        cache = KVCache(model.config, 1, 40, device=device)
         with torch.no_grad():
             model(prompt, cache=cache)
-            logits, _ = model(tree, 20 + depth, cache=cache, slots=torch.arange(20, 26)[None], mask=mask)
+            logits, _ = model(tree, 20 + depth, cache=cache, slots=torch.arange(20, 26, device=device)[None],
+                               mask=mask)
         outs.append(logits)
     assert (outs[0] - outs[1]).abs().max() <= 1e-4

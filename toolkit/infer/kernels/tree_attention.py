@@ -53,13 +53,13 @@ def _tree_attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr,
             k, v = k.to(tl.float32), v.to(tl.float32)
         allowed = tl.load(m_ptr + b * smb + t[:, None] * smt + s[None, :],
                           mask=(t[:, None] < T) & (s[None, :] < S), other=0) != 0
-        scores = tl.dot(q, tl.trans(k)) * scale                       # [BLOCK_T, BLOCK_S]
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale                       # [BLOCK_T, BLOCK_S]
         scores = tl.where(allowed, scores, -1.0e30)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.where(allowed, tl.exp(scores - m_new[:, None]), 0.0)   # masked slots add nothing
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")  # fp32: no tf32
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                 # a row that sees nothing gives zeros
     tl.store(o_ptr + b * sob + h * soh + t[:, None] * sot + d[None, :], out.to(o_ptr.dtype.element_ty),
