@@ -71,9 +71,10 @@ def main() -> None:
             k = torch.randn(B, hkv, S, d, generator=g).to(dev, dtype)
             v = torch.randn(B, hkv, S, d, generator=g).to(dev, dtype)
             mask = tree_mask(B, T, S, dev, g)
-            bias, _ = attention_masks(mask, dtype)
+            bias, _, _ = attention_masks(mask, dtype)
+            _, mask8, lens = attention_masks(mask, dtype, "triton")  # as the model passes them: once per forward
             sdpa = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=hq != hkv)  # noqa: E731
-            tri = lambda: tree_attention(q, k, v, mask)  # noqa: E731
+            tri = lambda: tree_attention(q, k, v, mask8, lens=lens)  # noqa: E731
             plain = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=hq != hkv)  # noqa: E731
             want = reference_attention(q.float(), k.float(), v.float(), mask)
             err = (tri().float() - want).abs().max().item()

@@ -24,7 +24,7 @@ from toolkit.infer.config import ModelConfig
 from toolkit.infer.drafts import random_head
 from toolkit.infer.graphs import GraphedDraftLoop, eager_capture, graph_draft, graph_target
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import Transformer
+from toolkit.infer.model import Transformer, fuse_projections
 from toolkit.infer.tree import TreeConfig, draft_trees
 
 CONFIGS = {
@@ -50,6 +50,17 @@ def timed(fn, iters: int, device: str) -> float:
     return (time.perf_counter() - t) / iters
 
 
+def count_kernels(fn) -> int | None:
+    """Device kernels one eager call launches (torch.profiler; None off CUDA)."""
+    if not torch.cuda.is_available():
+        return None
+    fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="llama3.1-8b")
@@ -57,18 +68,23 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--attention", choices=["torch", "triton"], default="torch")
+    ap.add_argument("--kernels", choices=["torch", "triton"], default="torch",
+                    help="triton: fused attention / norm / RoPE + cache write / SiLU-mul kernels (model.set_kernels)")
     ap.add_argument("--cuda-graphs", action="store_true", help="replay the steps from CUDA graphs, as the engine "
                     "does on a GPU (the forward then attends over the whole cache)")
     ap.add_argument("--engine", type=int, default=0, metavar="N",
                     help="also time the Engine end to end for N new tokens (0: skip)")
+    ap.add_argument("--profile", action="store_true", help="print the GPU kernel time of one eager decode step by "
+                    "kernel, and the host (Python) time of the engine's chain rounds by function")
     args = ap.parse_args()
     dev, dtype, c = args.device, getattr(torch, args.dtype), CONFIGS[args.config]
     torch.manual_seed(0)
     with torch.device(dev):
         model = Transformer(c).to(dtype).eval().fuse()  # fused q/k/v and gate/up, as load_target does
         head = random_head(c, list(range(min(32000, c.vocab_size)))).to(dtype)  # a 32k draft vocab
-    model.set_attention_backend(args.attention)
+    fuse_projections(head)  # as loading.load_draft does
+    model.set_kernels(args.kernels)
+    head.set_kernels(args.kernels)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     buf = torch.empty(max(weight_bytes // 8, 1 << 20), dtype=torch.uint8, device=dev)
     copy_s = timed(lambda: buf.clone(), args.iters, dev)
@@ -89,6 +105,14 @@ def main() -> None:
         return lambda: model(tokens, positions, cache=cache, mask=mask)
 
     with torch.no_grad():
+        kernels_per_step = count_kernels(lambda: model(torch.zeros(1, 1, dtype=torch.long, device=dev),
+                                                       torch.tensor([[ctx]], device=dev), cache=cache,
+                                                       mask=torch.ones(1, 1, ctx + 1, dtype=torch.bool, device=dev)))
+        if args.profile and dev == "cuda":
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                step(1)()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14), flush=True)
         decode = timed(step(1), args.iters, dev)
         verify = {n: timed(step(n), args.iters, dev) for n in (2, 4, 8, 16, 32, 64)}
         dcache = head.new_cache(ctx + 80, dtype, dev)
@@ -115,10 +139,10 @@ def main() -> None:
     predicted = {f"tau={tau}, chain k={k}": round(tau * decode / (verify.get(k + 1, verify[8]) + k * draft), 2)
                  for tau in (2, 3, 4) for k in (3, 7) if k + 1 in verify}
     out = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
-           "dtype": args.dtype, "context": ctx, "attention": args.attention,
+           "dtype": args.dtype, "context": ctx, "kernels": args.kernels,
            "cuda_graphs": args.cuda_graphs, "weight_gb": round(weight_bytes / 1e9, 3),
            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "decode_ms": round(decode * 1e3, 3),
-           "decode_tok_s": round(1 / decode, 1), "roofline_ms": round(roofline * 1e3, 3),
+           "decode_tok_s": round(1 / decode, 1), "kernels_per_decode_step": kernels_per_step, "roofline_ms": round(roofline * 1e3, 3),
            "decode_vs_roofline": round(roofline / decode, 3),
            "verify_ms": {n: round(t * 1e3, 3) for n, t in verify.items()},
            "verify_vs_decode": {n: round(t / decode, 3) for n, t in verify.items()},
@@ -127,11 +151,11 @@ def main() -> None:
            "predicted_bs1_speedup": predicted}
     if args.engine:
         del cache, dcache
-        out["engine"] = engine_figures(model, head, ctx, args.engine, args.cuda_graphs, capture)
+        out["engine"] = engine_figures(model, head, ctx, args.engine, args.cuda_graphs, capture, args.profile)
     print(json.dumps(out, indent=2))
 
 
-def engine_figures(model, head, ctx: int, new_tokens: int, graphs: bool, capture) -> dict:
+def engine_figures(model, head, ctx: int, new_tokens: int, graphs: bool, capture, profile: bool = False) -> dict:
     """The Engine's own loop (host bookkeeping, graph input copies, cache compaction included) over a
     ctx-token random prompt: tokens/s of plain decoding, and ms per round for a chain and a tree."""
     from toolkit.infer.engine import Engine
@@ -144,6 +168,13 @@ def engine_figures(model, head, ctx: int, new_tokens: int, graphs: bool, capture
                               ("tree6x10_60", head, TreeConfig(6, 10, 60))):
         eng = Engine(model, draft, tree, max_len=ctx + new_tokens + 8, cuda_graphs=graphs, graph_capture=capture)
         eng.generate(prompt, SamplingParams(max_new_tokens=8))  # warm-up
+        if profile and name == "chain5":  # where the host time of a round goes
+            import cProfile
+            import pstats
+
+            with cProfile.Profile() as pr:
+                eng.generate(prompt, params)
+            pstats.Stats(pr).sort_stats("tottime").print_stats(18)
         r = eng.generate(prompt, params)
         step_s = r.seconds["draft"] + r.seconds["verify"]
         figures[name] = {"new_tokens": len(r.tokens), "rounds": r.verify_steps, "tau": round(r.tau, 3),

@@ -1,5 +1,5 @@
 """CUDA-only checks (skipped without a GPU): real CUDA graphs replay exactly what the eager engine computes,
-the compiled Triton attention gives the engine the same tokens as SDPA, and bf16 runs on the GPU.
+the compiled Triton kernels give the engine the same tokens as torch's, and bf16 runs on the GPU.
 The targets are tiny random Llamas written here, so no model download is needed on a GPU machine."""
 import os
 
@@ -51,17 +51,18 @@ def test_cuda_graphs_equal_eager(folder, tree):
 
 
 @pytest.mark.parametrize("tree", TREES[1:], ids=["chain", "tree"])
-def test_triton_attention_gives_the_engine_the_same_tokens(folder, tree):
+def test_triton_kernels_give_the_engine_the_same_tokens(folder, tree):
     gpu = load_target(folder, torch.float32, "cuda")
     want = run(gpu, tree, cuda_graphs=True)
-    gpu.set_attention_backend("triton")
+    gpu.set_kernels("triton")
     for graphs in (False, True):
         got = run(gpu, tree, cuda_graphs=graphs)
         assert [r.tokens for r in got] == [r.tokens for r in want]
 
 
-def test_bf16_speculation_on_the_gpu_equals_plain_bf16_decoding(folder):
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_bf16_speculation_on_the_gpu_equals_plain_bf16_decoding(folder, kernels):
     """The lossless claim in the dtype the GPU runs: greedy with a tree equals plain greedy, both graphed."""
-    gpu = load_target(folder, torch.bfloat16, "cuda")
+    gpu = load_target(folder, torch.bfloat16, "cuda").set_kernels(kernels)
     plain, spec = run(gpu, None), run(gpu, TREES[2])
     assert [r.tokens for r in spec] == [r.tokens for r in plain]

@@ -46,6 +46,23 @@ class DraftHead(nn.Module):
         """The first layer (attention + MLP after fuse), then plain decoder blocks."""
         raise NotImplementedError
 
+    kernels = "torch"
+
+    def set_kernels(self, kernels: str) -> "DraftHead":
+        """Inference only (the Triton kernels have no backward): "torch", or "triton" for the fused kernels
+        of model.Transformer.set_kernels; their RoPE + cache write needs fused projections (fuse_projections)."""
+        from toolkit.infer.model import MLP, Attention, RMSNorm
+
+        if kernels not in ("torch", "triton"):
+            raise ValueError(f"kernels {kernels!r}; accepted: torch, triton")
+        if kernels == "triton" and self.config.mla is not None:
+            raise ValueError("--kernels triton covers Llama-family attention; a head with MLA layers runs with torch")
+        self.kernels = kernels
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, Attention, MLP)):
+                m.kernels = kernels
+        return self
+
     def new_cache(self, max_len: int, dtype=torch.float32, device="cpu", batch: int = 1) -> KVCache:
         return KVCache(replace(self.config, num_layers=len(self.layers())), batch, max_len, dtype, device)
 
@@ -61,11 +78,12 @@ class DraftHead(nn.Module):
         if mask is None:
             mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
         cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype, self.config.rope_attention_factor())
-        bias = attention_masks(mask, emb.dtype)
+        bias = attention_masks(mask, emb.dtype, self.kernels)
         first, *rest = self.layers()
         h, x = self.fuse(emb, hidden)
-        h = h + first.self_attn(x, cos, sin, bias, cache, 0, slots, kv_len)
-        h = h + first.mlp(first.post_attention_layernorm(h))
+        a = first.self_attn(x, cos, sin, bias, cache, 0, slots, kv_len)
+        h, x = first.post_attention_layernorm(a, residual=h)  # h + a, and its norm
+        h = h + first.mlp(x)
         for k, layer in enumerate(rest):
             h = layer(h, cos, sin, bias, cache, k + 1, slots, kv_len)
         h = self.finish(h)

@@ -9,6 +9,7 @@ Shapes: B batch, T new tokens, S cache slots, H hidden, D head dim, Hq/Hkv query
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -21,11 +22,21 @@ from toolkit.infer.kv_cache import KVCache
 
 
 class RMSNorm(nn.Module):
+    kernels = "torch"  # per instance: Transformer.set_kernels
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """RMSNorm(x), or with a residual (h = residual + x, RMSNorm(h)) in one fused kernel when asked."""
+        if self.kernels == "triton":
+            from toolkit.infer.kernels.layer_ops import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = residual + x
+            return x, self(x)
         if x.dtype == torch.float32:  # one fused op, bit-identical to the lines below in fp32
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.float()
@@ -46,10 +57,14 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype, factor:
     return cos.to(dtype), sin.to(dtype)
 
 
-def attention_masks(mask: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """bool [B, T, S] -> (additive float [B, 1, T, S] for SDPA, the bool mask for the Triton kernel)."""
+def attention_masks(mask: torch.Tensor, dtype, kernels: str = "torch") -> tuple:
+    """bool [B, T, S] -> (additive float [B, 1, T, S] for SDPA, None, None), or for the Triton kernel
+    (None, int8 mask [B, T, S], lens [B]: one past the last slot any of row b's tokens sees)."""
+    if kernels == "triton":
+        seen = torch.arange(1, mask.shape[-1] + 1, device=mask.device) * mask.any(1)    # [B, S]
+        return None, mask.to(torch.int8), seen.amax(-1).to(torch.int32)
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-    return bias[:, None], mask
+    return bias[:, None], None, None
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -72,12 +87,20 @@ class Attention(nn.Module):
         self.register_buffer("qkv", None, persistent=False)       # fused [q; k; v] weight: Transformer.fuse
         self.register_buffer("qkv_b", None, persistent=False)
 
-    backend = "torch"  # per instance: Transformer.set_attention_backend
+    kernels = "torch"  # per instance: Transformer.set_kernels
 
     def forward(self, x, cos, sin, mask, cache: KVCache | None, layer: int, slots, kv_len: int):
-        """mask: (additive float [B, 1, T, S], bool [B, T, S]) or None for plain causal attention."""
+        """mask: attention_masks(...) or None for plain causal attention."""
         B, T, _ = x.shape
         c = self.c
+        if self.kernels == "triton" and self.qkv is not None and cache is not None and not c.qk_norm \
+                and not isinstance(slots, int):  # one kernel: RoPE on q and k, k and v into the cache
+            from toolkit.infer.kernels.layer_ops import rope_cache_write
+
+            q = rope_cache_write(F.linear(x, self.qkv, self.qkv_b), cos, sin, slots, cache.k[layer], cache.v[layer],
+                                 c.num_heads, c.num_kv_heads)                # [B, Hq, T, D]
+            k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]
+            return self.o_proj(self._attend(q, k, v, mask).transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
         if self.qkv is None:  # separate projections (draft heads, training)
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:                 # one GEMM over the fused weight (the target at inference)
@@ -92,18 +115,23 @@ class Attention(nn.Module):
         if cache is not None:
             cache.write(layer, k, v, slots)
             k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]  # [B, Hkv, S, D]
-        if mask is not None and self.backend == "triton":
+        return self.o_proj(self._attend(q, k, v, mask).transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+
+    def _attend(self, q, k, v, mask):
+        """q [B, Hq, T, D] over k/v [B, Hkv, S, D] -> [B, Hq, T, D]."""
+        if mask is not None and mask[1] is not None:  # the Triton kernel (set_kernels("triton"))
             from toolkit.infer.kernels.tree_attention import tree_attention
 
-            out = tree_attention(q, k, v, mask[1])
-        else:  # mask None: causal over T > 1 new tokens (the fused causal kernel), or one token seeing all
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[0],
-                                                 is_causal=mask is None and T > 1,
-                                                 enable_gqa=c.num_heads != c.num_kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+            return tree_attention(q, k, v, mask[1], lens=mask[2])
+        # mask None: causal over T > 1 new tokens (the fused causal kernel), or one token seeing all
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[0],
+                                              is_causal=mask is None and q.shape[2] > 1,
+                                              enable_gqa=self.c.num_heads != self.c.num_kv_heads)
 
 
 class MLP(nn.Module):
+    kernels = "torch"  # per instance: Transformer.set_kernels
+
     def __init__(self, c: ModelConfig, intermediate: int | None = None):  # a MoE expert has its own size
         super().__init__()
         inner = intermediate or c.intermediate_size
@@ -115,6 +143,10 @@ class MLP(nn.Module):
     def forward(self, x):
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.kernels == "triton":
+            from toolkit.infer.kernels.layer_ops import silu_mul
+
+            return self.down_proj(silu_mul(F.linear(x, self.gate_up)))
         gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -131,8 +163,9 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, h, cos, sin, mask, cache, layer, slots, kv_len):
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, mask, cache, layer, slots, kv_len)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a = self.self_attn(self.input_layernorm(h), cos, sin, mask, cache, layer, slots, kv_len)
+        h, x = self.post_attention_layernorm(a, residual=h)  # h + a, and its norm (one kernel with Triton)
+        return h + self.mlp(x)
 
 
 class Transformer(nn.Module):
@@ -147,35 +180,29 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
 
-    def set_attention_backend(self, backend: str) -> None:
-        """"torch" (SDPA) or "triton" (kernels/tree_attention.py) for masked attention over the cache."""
-        if backend not in ("torch", "triton"):
-            raise ValueError(f"attention backend {backend!r}; accepted: torch, triton")
-        for layer in self.layers:
-            layer.self_attn.backend = backend
+    kernels = "torch"
+
+    def set_kernels(self, kernels: str) -> "Transformer":
+        """"torch", or "triton": masked attention over the cache (kernels/tree_attention.py), RMSNorm with the
+        residual add, SiLU-mul and RoPE + cache write (kernels/layer_ops.py) as fused Triton kernels. Triton
+        needs a CUDA model, or TRITON_INTERPRET=1 on CPU (tests); DeepSeek MLA targets keep torch's."""
+        if kernels not in ("torch", "triton"):
+            raise ValueError(f"kernels {kernels!r}; accepted: torch, triton")
+        if kernels == "triton":
+            if self.config.mla is not None:
+                raise ValueError("--kernels triton covers Llama-family attention; a DeepSeek MLA target runs "
+                                 "with --kernels torch")
+            if self.embed_tokens.weight.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+                raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)")
+        self.kernels = kernels
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, Attention, MLP)):
+                m.kernels = kernels
+        return self
 
     def fuse(self) -> "Transformer":
-        """For inference: one weight for q/k/v and one for gate/up in each layer, so a decode step runs 4
-        GEMMs per layer instead of 7 (fewer, larger kernels: a plain decode step is ~2 ms faster on CPU), stored
-        [in, out] on CPU like the vocabulary projection (readout_layout).
-        The separate modules' weights become views of the fused ones, so nothing is stored twice."""
-        def join(mods, dst, name):
-            fused = in_out_storage(torch.cat([m.weight.detach() for m in mods]))  # 15-35% faster GEMVs on CPU
-            setattr(dst, name, fused)
-            start = 0
-            for m in mods:
-                n = m.weight.shape[0]
-                m.weight = nn.Parameter(fused[start:start + n], requires_grad=False)
-                start += n
-
-        for layer in self.layers:
-            a, mlp = layer.self_attn, layer.mlp
-            if isinstance(a, Attention):  # not DeepSeek's MLA
-                join([a.q_proj, a.k_proj, a.v_proj], a, "qkv")
-                if a.q_proj.bias is not None:
-                    a.qkv_b = torch.cat([a.q_proj.bias.detach(), a.k_proj.bias.detach(), a.v_proj.bias.detach()])
-            if isinstance(mlp, MLP):  # not a MoE
-                join([mlp.gate_proj, mlp.up_proj], mlp, "gate_up")
+        """For inference: fused q/k/v and gate/up weights (fuse_projections), the readout in readout_layout."""
+        fuse_projections(self)
         readout_layout(self.lm_head)
         if self.config.tie_word_embeddings:
             self.embed_tokens.weight = self.lm_head.weight
@@ -210,7 +237,7 @@ class Transformer(nn.Module):
             mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
         cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, self.config.rope_attention_factor())
-        bias = None if unmasked else attention_masks(mask, h.dtype)
+        bias = None if unmasked else attention_masks(mask, h.dtype, self.kernels)
         if cache is not None:
             slots = cache.slot_range(slots)  # one sequence's contiguous host slots -> int start (a plain copy)
         kept = {}
@@ -220,6 +247,29 @@ class Transformer(nn.Module):
                 kept[i] = h
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
         return self.lm_head(kept[-1]), [kept[i] for i in aux_layers]
+
+
+def fuse_projections(module: nn.Module) -> None:
+    """For inference: one weight for q/k/v and one for gate/up in every Attention / MLP of `module` (a target
+    or a draft head), so a decode step runs 4 GEMMs per layer instead of 7 (fewer, larger kernels: ~2 ms less
+    per plain decode step on CPU), stored [in, out] on CPU like the vocabulary projection (readout_layout).
+    The separate modules' weights become frozen views of the fused ones, so nothing is stored twice."""
+    def join(mods, dst, name):
+        fused = in_out_storage(torch.cat([m.weight.detach() for m in mods]))  # 15-35% faster GEMVs on CPU
+        setattr(dst, name, fused)
+        start = 0
+        for m in mods:
+            n = m.weight.shape[0]
+            m.weight = nn.Parameter(fused[start:start + n], requires_grad=False)
+            start += n
+
+    for m in module.modules():
+        if isinstance(m, Attention) and m.qkv is None:  # not DeepSeek's MLA, not fused yet
+            join([m.q_proj, m.k_proj, m.v_proj], m, "qkv")
+            if m.q_proj.bias is not None:
+                m.qkv_b = torch.cat([m.q_proj.bias.detach(), m.k_proj.bias.detach(), m.v_proj.bias.detach()])
+        elif isinstance(m, MLP) and m.gate_up is None:  # not a MoE
+            join([m.gate_proj, m.up_proj], m, "gate_up")
 
 
 def in_out_storage(w: torch.Tensor) -> torch.Tensor:

@@ -2,10 +2,11 @@
 import os
 
 import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is imported: CPU runs interpret it
+if not torch.cuda.is_available():  # before the kernel module is imported: without a GPU, interpret the kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
-import torch  # noqa: E402
 
 from toolkit.infer.kernels.tree_attention import reference_attention, tree_attention  # noqa: E402
 
@@ -29,7 +30,8 @@ def tree_mask(b, prefix, parents, extra_slots=0):
 
 @pytest.mark.parametrize("hq, hkv, d", [(4, 4, 64), (8, 2, 64), (6, 3, 24)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_tree_attention_matches_reference(hq, hkv, d, dtype):
+@pytest.mark.parametrize("splits", [1, 3])
+def test_tree_attention_matches_reference(hq, hkv, d, dtype, splits):
     g = torch.Generator().manual_seed(0)
     parents = [-1, 0, 0, 1, 1, 2, 3, 3, 4, 6, 6, 0, 11, 12, 12, 5, 15, 16, 17]  # 19 nodes: two query blocks
     b, prefix = 2, 45
@@ -40,7 +42,7 @@ def test_tree_attention_matches_reference(hq, hkv, d, dtype):
     cache_v = torch.randn(b, hkv, s + 9, d, generator=g).to(dtype)
     k, v = cache_k[:, :, :s], cache_v[:, :, :s]
     q, k, v, mask = q.to(device), k.to(device), v.to(device), mask.to(device)
-    got = tree_attention(q, k, v, mask).float()
+    got = tree_attention(q, k, v, mask, splits=splits, block_s=16).float()
     want = reference_attention(q.float(), k.float(), v.float(), mask)
     tol = 2e-5 if dtype == torch.float32 else 2e-3
     assert (got - want).abs().max() <= tol
@@ -54,9 +56,28 @@ def test_decode_and_fully_masked_rows():
     mask = torch.ones(3, 1, 70, dtype=torch.bool, device=device)
     mask[1, :, 33:] = False  # a shorter sequence in the batch
     mask[2] = False          # a row that may see nothing gives zeros, not NaN
-    got = tree_attention(q, k, v, mask)
-    assert (got - reference_attention(q, k, v, mask)).abs().max() <= 2e-5
-    assert torch.equal(got[2], torch.zeros_like(got[2]))
+    for splits in (1, 4):
+        got = tree_attention(q, k, v, mask, splits=splits, block_s=16)
+        assert (got - reference_attention(q, k, v, mask)).abs().max() <= 2e-5
+        assert torch.equal(got[2], torch.zeros_like(got[2]))
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_slots_past_lens_are_never_read(splits):
+    """A sequence's bound (lens) stops the walk over the cache: NaN planted past it changes nothing."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 8, 3, 32, generator=g).to(device)
+    k = torch.randn(2, 2, 90, 32, generator=g)
+    v = torch.randn(2, 2, 90, 32, generator=g)
+    lens = torch.tensor([40, 77], dtype=torch.int32)
+    mask = torch.zeros(2, 3, 90, dtype=torch.bool)
+    for b, n in enumerate(lens.tolist()):
+        mask[b, :, :n] = True
+        k[b, :, n:], v[b, :, n:] = float("nan"), float("nan")
+    k, v, mask = k.to(device), v.to(device), mask.to(device)
+    got = tree_attention(q, k, v, mask.to(torch.int8), lens=lens.to(device), splits=splits, block_s=16)
+    want = reference_attention(q, k.nan_to_num(0.0), v.nan_to_num(0.0), mask)
+    assert not got.isnan().any() and (got - want).abs().max() <= 2e-5
 
 
 def test_model_with_the_kernel_equals_the_torch_path(tmp_path):
@@ -78,7 +99,7 @@ def test_model_with_the_kernel_equals_the_torch_path(tmp_path):
     mask = tree_mask(1, 20, parents).to(device)
     outs = []
     for backend in ("torch", "triton"):
-        model.set_attention_backend(backend)
+        model.set_kernels(backend)
         cache = KVCache(model.config, 1, 40, device=device)
         with torch.no_grad():
             model(prompt, cache=cache)

@@ -1,11 +1,17 @@
-"""Attention of T new tokens over a KV cache under an arbitrary boolean mask (prefix + draft tree), as one
-Triton kernel with an online softmax (flash-attention style), beside its torch reference.
+"""Attention of T new tokens over a KV cache under an arbitrary boolean mask (prefix + draft tree), as a Triton
+kernel with an online softmax (flash-decoding style), beside its torch reference.
 
-q [B, Hq, T, D], k/v [B, Hkv, S, D], mask bool [B, T, S] (True = may attend) -> out [B, Hq, T, D].
-Grouped-query attention: query head h reads kv head h // (Hq / Hkv). One program per (batch, query head,
-block of 16 queries); the cache is walked in blocks of BLOCK_S slots. Decode is T = 1 (one query block).
+q [B, Hq, T, D], k/v [B, Hkv, S, D], mask [B, T, S] (True / nonzero = may attend) -> out [B, Hq, T, D].
+  * Grouped-query packing: one program serves all Hq / Hkv query heads of a kv head for its tokens (rows
+    r = t * groups + g), so each key/value block is loaded once per kv head, not once per query head, and a
+    decode step (T = 1) fills the matrix unit's 16 rows with 4+ heads instead of 1 token.
+  * Split-KV: the slots are cut into `splits` chunks walked by separate programs (a decode step has only
+    B * Hkv row blocks, far fewer than the GPU's multiprocessors); a second kernel merges their partial
+    softmax sums. One split writes the output directly.
+  * `lens` [B]: slots past lens[b] are never read (CUDA graphs attend over the whole cache; a sequence's
+    mask ends long before it).
 On CPU it runs under TRITON_INTERPRET=1 (tests); there tl.dot is wrong for bf16, so inputs are upcast.
-Speed is measured on a GPU (benchmarks/RESULTS.md) before the engine uses it by default.
+Measured against SDPA on a GPU: benchmarks/bench_attention.py, benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -22,51 +28,86 @@ def reference_attention(q, k, v, mask, scale: float | None = None) -> torch.Tens
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = (q.float() @ k.float().transpose(-1, -2)) * (scale or 1 / math.sqrt(q.shape[-1]))
-    scores = scores.masked_fill(~mask[:, None], float("-inf"))
+    scores = scores.masked_fill(~mask.bool()[:, None], float("-inf"))
     return (scores.softmax(-1).nan_to_num(0.0) @ v.float()).to(q.dtype)
 
 
 @triton.jit
-def _tree_attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr,
-                           sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sob, soh, sot,
-                           T, S, D, HQ, GROUPS, scale,
-                           BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                           UPCAST: tl.constexpr):
-    bh = tl.program_id(0)
-    b, h = bh // HQ, bh % HQ
-    kvh = h // GROUPS
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr, pl_ptr,
+                      sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sob, soh, sot,
+                      T, D, HQ, HKV, GROUPS, scale, SPLIT_LEN, NUM_SPLITS,
+                      BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                      UPCAST: tl.constexpr, PARTIAL: tl.constexpr):
+    b, kvh = tl.program_id(0) // HKV, tl.program_id(0) % HKV
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)           # packed rows: token t, query head h
+    t, h = r // GROUPS, kvh * GROUPS + r % GROUPS
+    split = tl.program_id(2)
     d = tl.arange(0, BLOCK_D)
-    q = tl.load(q_ptr + b * sqb + h * sqh + t[:, None] * sqt + d[None, :],
-                mask=(t[:, None] < T) & (d[None, :] < D), other=0.0)
+    row_ok, d_ok = t < T, d < D
+    q = tl.load(q_ptr + b * sqb + h[:, None] * sqh + t[:, None] * sqt + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_T], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_T], tl.float32)
-    acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
-    for s0 in range(0, S, BLOCK_S):
+    lo = split * SPLIT_LEN
+    hi = tl.minimum(lo + SPLIT_LEN, tl.load(len_ptr + b))           # this split's slots, within the sequence
+    m_i = tl.full([BLOCK_R], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for s0 in range(lo, hi, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
-        kv_mask = (s[:, None] < S) & (d[None, :] < D)
-        k = tl.load(k_ptr + b * skb + kvh * skh + s[:, None] * sks + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + b * svb + kvh * svh + s[:, None] * svs + d[None, :], mask=kv_mask, other=0.0)
+        s_ok = s < hi
+        k = tl.load(k_ptr + b * skb + kvh * skh + s[:, None] * sks + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                    other=0.0)
+        v = tl.load(v_ptr + b * svb + kvh * svh + s[:, None] * svs + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                    other=0.0)
         if UPCAST:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        allowed = tl.load(m_ptr + b * smb + t[:, None] * smt + s[None, :],
-                          mask=(t[:, None] < T) & (s[None, :] < S), other=0) != 0
-        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale                       # [BLOCK_T, BLOCK_S]
+        allowed = tl.load(m_ptr + b * smb + t[:, None] * smt + s[None, :], mask=row_ok[:, None] & s_ok[None, :],
+                          other=0) != 0
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_S]; fp32: no tf32
         scores = tl.where(allowed, scores, -1.0e30)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.where(allowed, tl.exp(scores - m_new[:, None]), 0.0)   # masked slots add nothing
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")  # fp32: no tf32
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]                 # a row that sees nothing gives zeros
-    tl.store(o_ptr + b * sob + h * soh + t[:, None] * sot + d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=(t[:, None] < T) & (d[None, :] < D))
+    if PARTIAL:  # unnormalised partial sums of this split: [B, Hq, T, splits(, D)]
+        row = ((b * HQ + h) * T + t) * NUM_SPLITS + split
+        tl.store(po_ptr + row[:, None] * D + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(pm_ptr + row, m_i, mask=row_ok)
+        tl.store(pl_ptr + row, l_i, mask=row_ok)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]             # a row that sees nothing gives zeros
+        tl.store(o_ptr + b * sob + h[:, None] * soh + t[:, None] * sot + d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
 
 
-def tree_attention(q, k, v, mask, scale: float | None = None, block_s: int = 32) -> torch.Tensor:
+@triton.jit
+def _merge_kernel(po_ptr, pm_ptr, pl_ptr, o_ptr, sob, soh, sot, T, D, HQ, NUM_SPLITS,
+                  BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)                                             # (b * Hq + h) * T + t
+    b, h, t = row // (HQ * T), (row // T) % HQ, row % T
+    sp, d = tl.arange(0, BLOCK_SPLITS), tl.arange(0, BLOCK_D)
+    sp_ok = sp < NUM_SPLITS
+    m = tl.load(pm_ptr + row * NUM_SPLITS + sp, mask=sp_ok, other=-1.0e30)
+    l = tl.load(pl_ptr + row * NUM_SPLITS + sp, mask=sp_ok, other=0.0)
+    acc = tl.load(po_ptr + (row * NUM_SPLITS + sp)[:, None] * D + d[None, :], mask=sp_ok[:, None] & (d[None, :] < D),
+                  other=0.0)
+    w = tl.exp(m - tl.max(m, 0))                                       # each split rescaled to the common max
+    total = tl.sum(w * l, 0)
+    out = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(o_ptr + b * sob + h * soh + t * sot + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor | None = None,
+                   splits: int | None = None, block_s: int = 64) -> torch.Tensor:
+    """mask bool or int8 [B, T, S]; lens int [B] (default S): slots at or past lens[b] are not read.
+    splits: KV chunks per row block (default: enough programs for ~2 waves on the device)."""
     B, HQ, T, D = q.shape
     S, HKV = k.shape[2], k.shape[1]
     if HQ % HKV:
@@ -75,13 +116,28 @@ def tree_attention(q, k, v, mask, scale: float | None = None, block_s: int = 32)
         raise ValueError(f"mask shape {tuple(mask.shape)} != (batch, new tokens, slots) {(B, T, S)}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("q/k/v need a contiguous last (head) dimension")  # cache views are: no copy needed
-    m = mask.to(torch.int8).contiguous()
+    m = mask if mask.dtype == torch.int8 and mask.stride(-1) == 1 else mask.to(torch.int8).contiguous()
+    if lens is None:
+        lens = torch.full((B,), S, dtype=torch.int32, device=q.device)
+    groups, interpret = HQ // HKV, os.environ.get("TRITON_INTERPRET") == "1"
+    block_r = min(64, max(16, triton.next_power_of_2(T * groups)))
+    row_blocks = triton.cdiv(T * groups, block_r)
+    if splits is None:
+        splits = max(1, min(triton.cdiv(2 * _num_sms(q.device), B * HKV * row_blocks), triton.cdiv(S, 2 * block_s)))
+    split_len = triton.cdiv(triton.cdiv(S, splits), block_s) * block_s
+    splits = triton.cdiv(S, split_len)
     out = torch.empty_like(q)
-    block_t, block_d = 16, max(16, triton.next_power_of_2(D))
-    grid = (B * HQ, triton.cdiv(T, block_t))
-    _tree_attention_kernel[grid](
-        q, k, v, m, out, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1), out.stride(0), out.stride(1),
-        out.stride(2), T, S, D, HQ, HQ // HKV, scale or 1 / math.sqrt(D),
-        BLOCK_T=block_t, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=os.environ.get("TRITON_INTERPRET") == "1")
+    partial = splits > 1
+    po = torch.empty(B * HQ * T * splits * D if partial else 1, dtype=torch.float32, device=q.device)
+    pm = torch.empty(B * HQ * T * splits if partial else 1, dtype=torch.float32, device=q.device)
+    pl = torch.empty_like(pm)
+    block_d = max(16, triton.next_power_of_2(D))
+    _attention_kernel[(B * HKV, row_blocks, splits)](
+        q, k, v, m, lens, out, po, pm, pl, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+        k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1), out.stride(0), out.stride(1),
+        out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), split_len, splits,
+        BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial)
+    if partial:
+        _merge_kernel[(B * HQ * T,)](po, pm, pl, out, out.stride(0), out.stride(1), out.stride(2), T, D, HQ, splits,
+                                     BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d)
     return out
