@@ -77,7 +77,8 @@ class DraftHead(nn.Module):
             raise ValueError(f"draft needs {kv_len} cache slots but its KV cache holds {cache.max_len}")
         if mask is None:
             mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype, self.config.rope_attention_factor())
+        cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype, self.config.rope_attention_factor(),
+                                self.kernels)
         bias = attention_masks(mask, emb.dtype, self.kernels)
         first, *rest = self.layers()
         h, x = self.fuse(emb, hidden)
@@ -87,7 +88,7 @@ class DraftHead(nn.Module):
         for k, layer in enumerate(rest):
             h = layer(h, cos, sin, bias, cache, k + 1, slots, kv_len)
         h = self.finish(h)
-        return self.readout(h).float().log_softmax(-1), h
+        return torch.log_softmax(self.readout(h), -1, dtype=torch.float32), h  # upcast inside: one kernel
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

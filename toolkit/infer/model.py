@@ -44,11 +44,15 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype, factor: float = 1.0
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype, factor: float = 1.0, kernels: str = "torch"
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [B, T] -> cos, sin [B, 1, T, D] (angles in float32, as transformers computes them; times
     yarn's attention factor). The first half of sin is negated, so that `rotate` needs one roll instead of
     HF's rotate_half (split, neg, cat); the products are the same numbers."""
+    if kernels == "triton":  # the same numbers from one fused kernel
+        from toolkit.infer.kernels.layer_ops import rope_cos_sin as fused
+
+        return fused(positions, inv_freq, dtype, factor)
     angles = positions[:, None, :, None].float() * inv_freq
     cos, sin = torch.cat([angles, angles], dim=-1).cos(), angles.sin()
     sin = torch.cat([-sin, sin], dim=-1)
@@ -62,7 +66,7 @@ def attention_masks(mask: torch.Tensor, dtype, kernels: str = "torch") -> tuple:
     (None, int8 mask [B, T, S], lens [B]: one past the last slot any of row b's tokens sees)."""
     if kernels == "triton":
         seen = torch.arange(1, mask.shape[-1] + 1, device=mask.device) * mask.any(1)    # [B, S]
-        return None, mask.to(torch.int8), seen.amax(-1).to(torch.int32)
+        return None, mask.view(torch.int8), seen.amax(-1).to(torch.int32)  # bool is one byte: a view
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
     return bias[:, None], None, None
 
@@ -236,7 +240,7 @@ class Transformer(nn.Module):
         if mask is None:  # causal by position over the slots that hold them (slot == position here)
             mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, self.config.rope_attention_factor())
+        cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, self.config.rope_attention_factor(), self.kernels)
         bias = None if unmasked else attention_masks(mask, h.dtype, self.kernels)
         if cache is not None:
             slots = cache.slot_range(slots)  # one sequence's contiguous host slots -> int start (a plain copy)

@@ -11,7 +11,8 @@ if not torch.cuda.is_available():  # before the kernel module is imported: witho
 pytest.importorskip("triton")
 
 from toolkit.infer.kernels.layer_ops import (reference_rms_norm, reference_rope_cache_write,  # noqa: E402
-                                             reference_silu_mul, rms_norm, rope_cache_write, silu_mul)
+                                             reference_silu_mul, rms_norm, rope_cache_write, rope_cos_sin,
+                                             silu_mul)
 
 interpreting = os.environ.get("TRITON_INTERPRET") == "1"
 device = "cpu" if interpreting else "cuda"
@@ -64,6 +65,18 @@ def test_rope_cache_write(dtype, hq, hkv, d):
     assert (got_q.float() - want_q.float()).abs().max() <= TOL[dtype]
     assert (caches[0].float() - want_k.float()).abs().max() <= TOL[dtype]  # rotated keys at their slots only
     assert torch.equal(caches[1], want_v)                                  # values copied as they are
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("factor", [1.0, 1.25])
+def test_rope_cos_sin(dtype, factor):
+    from toolkit.infer.model import rope_cos_sin as reference
+
+    positions = torch.tensor([[0, 1, 5, 9000], [3, 3, 4, 131000]], device=device)
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 24, 2, device=device).float() / 24))
+    for got, want in zip(rope_cos_sin(positions, inv_freq, dtype, factor), reference(positions, inv_freq, dtype, factor)):
+        assert got.shape == want.shape == (2, 1, 4, 24)
+        assert (got.float() - want.float()).abs().max() <= TOL[dtype]
 
 
 def test_model_with_the_fused_kernels_equals_the_torch_path(tmp_path):

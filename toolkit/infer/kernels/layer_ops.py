@@ -8,6 +8,7 @@ step on an H100 against a 5.3 ms weight-streaming floor (benchmarks/RESULTS.md).
   silu_mul(gate_up)               silu(gate) * up over the fused gate/up GEMM's output [.., 2I] -> [.., I]
   rope_cache_write(qkv, ...)      RoPE on q and k from the fused q/k/v GEMM's output, k and v written into
                                   the KV cache at their slots, q returned [B, Hq, T, D]
+  rope_cos_sin(positions, ...)    the step's cos / sin tables (model.rope_cos_sin's 9 kernels as one)
 On CPU they run under TRITON_INTERPRET=1 (tests/infer/kernels/test_layer_ops.py).
 """
 from __future__ import annotations
@@ -140,3 +141,27 @@ def rope_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sl
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), cache_v.stride(0), cache_v.stride(1),
         cache_v.stride(2), BLOCK_D=triton.next_power_of_2(D))
     return q.transpose(1, 2)
+
+
+@triton.jit
+def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, factor, HALF: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)                                     # b * T + t
+    d = tl.arange(0, BLOCK)
+    ok = d < 2 * HALF
+    first = d < HALF
+    angle = tl.load(pos_ptr + row).to(tl.float32) * tl.load(inv_ptr + d % HALF, mask=ok, other=0.0)
+    sin = tl.sin(angle)
+    tl.store(cos_ptr + row * 2 * HALF + d, (tl.cos(angle) * factor).to(cos_ptr.dtype.element_ty), mask=ok)
+    tl.store(sin_ptr + row * 2 * HALF + d, (tl.where(first, -sin, sin) * factor).to(sin_ptr.dtype.element_ty),
+             mask=ok)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype, factor: float = 1.0):
+    """model.rope_cos_sin in one kernel: positions [B, T] -> cos, sin [B, 1, T, D] (sin's first half negated)."""
+    B, T = positions.shape
+    half = inv_freq.shape[0]
+    cos = torch.empty(B, 1, T, 2 * half, dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    _cos_sin_kernel[(B * T,)](positions.contiguous(), inv_freq, cos, sin, factor, HALF=half,
+                              BLOCK=triton.next_power_of_2(2 * half))
+    return cos, sin
