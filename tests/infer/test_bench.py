@@ -46,7 +46,10 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     r = json.loads(out.read_text())
     s = r["speculative"]
     assert r["prompts"] == 2 and s["requests"] == 4  # two MT-bench questions, two turns each
-    assert s["tau"] >= 1.0 and s["verify_steps"] > 0 and len(s["accepted_length_histogram"]) >= 1
+    assert s["tau"] >= 1.0 and s["verify_steps"] > 0
+    # every draft position of the tree (--num-steps 3) is reported, accepted or not; other time is measured
+    assert len(s["accept_rate_by_position"]) == 3 and len(s["accepted_length_histogram"]) == 4
+    assert s["seconds"]["other"] >= 0 and r["baseline"]["accept_rate_by_position"] == []
     assert set(r["per_category"]) == {"writing"}
     assert r["greedy_identical_to_baseline"] is True and r["greedy_identical_to_hf"] is True
     assert r["speedup_vs_baseline"] > 0 and r["speedup_vs_hf"] > 0 and len(r["sweep"]) == 1

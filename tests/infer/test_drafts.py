@@ -3,7 +3,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.drafts import load_eagle3, random_head
@@ -64,10 +64,34 @@ def test_cached_steps_equal_a_full_forward():
     ({"target_hidden_size": 32}, "target_hidden_size 32"),
     ({"vocab_size": 500}, "vocab_size 500"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 9]}}, "aux layers"),
+    # four aux layers named, but fc fuses three: [64, 192] != 4 x 64
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4, 5]}},
+     r"fc.weight takes 192 features, but 4 aux layers \[1, 3, 4, 5\] x target hidden 64 = 256"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3]}}, "fc.weight takes 192 features, but 2 aux"),
 ])
 def test_drafts_that_do_not_fit_the_target_are_refused(tmp_path, override, message):
     write_draft(tmp_path, **override)
     with pytest.raises(ValueError, match=message):
+        load_eagle3(tmp_path, TARGET)
+
+
+def test_a_consistent_head_with_other_than_three_aux_layers_is_refused(tmp_path):
+    write_draft(tmp_path, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3]})
+    w = load_file(str(tmp_path / "model.safetensors"))
+    save_file({**w, "fc.weight": w["fc.weight"][:, :128].contiguous()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"2 aux layers \[1, 3\]: this EAGLE-3 head fuses exactly 3"):
+        load_eagle3(tmp_path, TARGET)
+
+
+def test_a_pytorch_model_bin_checkpoint_loads(tmp_path):
+    """SafeAILab's EAGLE-3 checkpoints ship pytorch_model.bin instead of model.safetensors."""
+    w = write_draft(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save(w, tmp_path / "pytorch_model.bin")
+    head = load_eagle3(tmp_path, TARGET)
+    assert torch.equal(head.fc.weight, w["fc.weight"]) and torch.equal(head.d2t, w["d2t"])
+    (tmp_path / "pytorch_model.bin").unlink()
+    with pytest.raises(ValueError, match="no model.safetensors or pytorch_model.bin"):
         load_eagle3(tmp_path, TARGET)
 
 

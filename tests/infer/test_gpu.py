@@ -66,3 +66,17 @@ def test_bf16_speculation_on_the_gpu_equals_plain_bf16_decoding(folder, kernels)
     gpu = load_target(folder, torch.bfloat16, "cuda").set_kernels(kernels)
     plain, spec = run(gpu, None), run(gpu, TREES[2])
     assert [r.tokens for r in spec] == [r.tokens for r in plain]
+
+
+def test_sampled_speculation_runs_on_the_gpu_and_a_seed_reproduces_it(folder):
+    """Sampling on CUDA (verify's rejection sampling, the bonus token) with a generator on the device, as
+    `toolkit bench --temperature 1` and `toolkit serve` build it: a CPU generator would be refused there."""
+    from toolkit.infer.sampling import seeded_generator
+
+    gpu = load_target(folder, torch.bfloat16, "cuda").set_kernels("triton")
+    head = random_head(gpu.config, seed=1).to(gpu.embed_tokens.weight)
+    engine = Engine(gpu, head, TREES[2], max_len=64, max_batch=4)
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=16)
+    runs = [engine.generate_batch(PROMPTS, params, generator=seeded_generator("cuda", 7)) for _ in range(2)]
+    assert [r.tokens for r in runs[0]] == [r.tokens for r in runs[1]]
+    assert all(len(r.tokens) == 16 for r in runs[0])

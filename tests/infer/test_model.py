@@ -93,6 +93,29 @@ def test_bad_configs_and_weights_are_refused(tmp_path):
         load_target(tmp_path)
 
 
+@pytest.mark.parametrize("kind, extra, window", [
+    ("mistral", {}, 4096),  # transformers' default window (save_pretrained leaves a default out)
+    ("mistral", {"sliding_window": 1024}, 1024), ("mistral", {"sliding_window": None}, None),
+    ("qwen2", {"sliding_window": 512}, None),  # use_sliding_window off: full attention
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 512, "max_window_layers": 2}, 512),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 512, "max_window_layers": 6}, None),  # no layer
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 512, "max_window_layers": 0}, 512),
+    ("llama", {}, None)])
+def test_sliding_window_is_recorded_and_a_longer_context_refused(kind, extra, window, tmp_path):
+    import transformers
+
+    cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+           "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[kind]
+    cls(**{**TINY, **extra}).save_pretrained(tmp_path)  # config.json as a checkpoint ships it
+    c = ModelConfig.from_folder(tmp_path)
+    assert c.sliding_window == window
+    c.check_max_len(window or 100_000)
+    if window is not None:
+        with pytest.raises(ConfigError, match=f"max_len {window + 1} exceeds the model's sliding_window {window}: "
+                                              f"the engine attends over the full context; use --max-len <= {window}"):
+            c.check_max_len(window + 1)
+
+
 def test_cache_sized_from_memory(tmp_path):
     from toolkit.infer.engine import Engine
     from toolkit.infer.kv_cache import max_len_for_memory

@@ -103,18 +103,16 @@ def answer_all(skeletons: list[list], answer_batch: Callable[[list[list[dict]]],
 
 
 def engine_answerer(args) -> tuple[Callable, int]:
-    import torch
-
     from toolkit.infer.engine import Engine
     from toolkit.infer.loading import load, stop_ids
-    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.sampling import SamplingParams, seeded_generator
 
     loaded = load(None, args.model, None, args.device)
     tok, target = loaded.tok, loaded.target
     max_len = min(args.max_len, target.config.max_position_embeddings)
     engine = Engine(target, None, None, max_len, max_batch=args.batch_size)
     params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = seeded_generator(engine.device, args.seed)  # the target's device: CUDA sampling refuses a CPU one
     stop = stop_ids(tok)
 
     def answer_batch(prompts: list[list[dict]]) -> list[str | None]:

@@ -51,6 +51,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len", type=int, default=4096, help="KV cache length per sequence")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
                    "verify and draft steps from graphs per batch/token bucket)")
+    p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
+                   help="auto: fused Triton kernels (attention over the cache, RMSNorm + residual, RoPE + cache "
+                        "write, SiLU-mul) on a CUDA Llama-family target, torch's elsewhere")
     p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
 
 
@@ -95,8 +98,10 @@ def answer_turns(tok, prompts, generate) -> list[list[str]]:
 
 def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]], float]:
     """Our engine on every prompt; returns results, answers per prompt, wall seconds."""
+    from toolkit.infer.sampling import seeded_generator
+
     results, start = [], time.perf_counter()
-    g = torch.Generator().manual_seed(seed)
+    g = seeded_generator(engine.device, seed)  # on the target's device: CUDA sampling refuses a CPU generator
 
     def generate(ids, p):
         res = engine.generate(ids, params, {tok.eos_token_id}, g)
@@ -145,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit {args.limit}: give at least 1 prompt")
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
-    loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype)
+    loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels)
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
     prompts = read_prompts(args.prompts, args.limit)
@@ -161,7 +166,8 @@ def main(args: argparse.Namespace) -> int:
     report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,
               "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
               "probe_agreement": agree,
-              "prompts": len(prompts), "speculative": summarize(results, wall), "per_category": {}}
+              "prompts": len(prompts), "speculative": summarize(results, wall, tree.num_steps),
+              "per_category": {}}
     for cat in sorted({r.category for r in results}):
         report["per_category"][cat] = summarize([r for r in results if r.category == cat])["tau"]
     spec_tps = report["speculative"]["tokens_per_second"]
@@ -189,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
         report["sweep"] = []
         for cfg in parse_sweep(args.sweep):
             res, _, w = run_engine(make(head, cfg), tok, prompts, params, args.seed)
-            s = summarize(res, w)
+            s = summarize(res, w, cfg.num_steps)
             report["sweep"].append({**vars(cfg), "tau": s["tau"], "tokens_per_second": s["tokens_per_second"]})
         best = max(report["sweep"], key=lambda r: r["tokens_per_second"])
         print(f"best of sweep: num_steps {best['num_steps']} topk {best['topk']} num_draft_tokens "

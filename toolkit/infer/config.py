@@ -77,6 +77,7 @@ class ModelConfig:
     attention_bias: bool = False  # o_proj bias (Llama `attention_bias` puts it on q/k/v/o alike)
     mla: MLA | None = None        # DeepSeek attention (head_dim is then the rotary dims, qk_rope_head_dim)
     moe: MoE | None = None        # DeepSeek MoE MLPs from layer moe.first_dense on
+    sliding_window: int | None = None  # the HF model's attention window (Mistral, Qwen2/3); None: full attention
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:
@@ -93,6 +94,15 @@ class ModelConfig:
             raise ConfigError(f"rope type {kind!r} is not supported; accepted: {ROPE_TYPES}")
         if kind == "yarn" and "original_max_position_embeddings" not in self.rope_scaling:
             raise ConfigError("yarn rope scaling needs original_max_position_embeddings")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ConfigError(f"sliding_window must be positive or null, got {self.sliding_window}")
+
+    def check_max_len(self, max_len: int) -> None:
+        """Refuse a context longer than the model's sliding window: the engine attends over the full context,
+        which matches the model only while every query sees at most `sliding_window` tokens."""
+        if self.sliding_window is not None and max_len > self.sliding_window:
+            raise ConfigError(f"max_len {max_len} exceeds the model's sliding_window {self.sliding_window}: the "
+                              f"engine attends over the full context; use --max-len <= {self.sliding_window}")
 
     @property
     def cache_dims(self) -> tuple[int, int, int]:
@@ -126,7 +136,8 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bias or bool(cfg.get("attention_bias", False)), qk_norm=qk_norm,
-            attention_bias=bool(cfg.get("attention_bias", False)), mla=mla, moe=moe)
+            attention_bias=bool(cfg.get("attention_bias", False)), mla=mla, moe=moe,
+            sliding_window=_sliding_window(kind, cfg))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
@@ -175,6 +186,24 @@ class ModelConfig:
         if s.get("rope_type", "default") != "yarn" or not s.get("mscale_all_dim"):
             return 1.0
         return _mscale(_yarn_factor(s, self.max_position_embeddings), s["mscale_all_dim"]) ** 2
+
+
+def _sliding_window(kind: str, cfg: dict) -> int | None:
+    """The window transformers applies: Mistral's `sliding_window` (default 4096, null = off); Qwen2/3's only
+    with `use_sliding_window`, and only if some layer slides (layer_types, else layers >= max_window_layers)."""
+    if kind in ("qwen2", "qwen3", "mimo"):
+        if not cfg.get("use_sliding_window"):
+            return None
+    elif kind != "mistral":
+        return None
+    window = cfg.get("sliding_window", 4096)
+    if window is None:
+        return None
+    if cfg.get("layer_types") is not None:
+        slides = "sliding_attention" in cfg["layer_types"]
+    else:
+        slides = kind == "mistral" or cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"]
+    return int(window) if slides else None
 
 
 def _mscale(scale: float, mscale: float = 1.0) -> float:

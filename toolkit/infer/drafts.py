@@ -73,8 +73,9 @@ def random_head(target: ModelConfig, vocab_ids: list[int] | None = None, seed: i
 
 
 def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, device="cpu") -> Eagle3Head:
-    """Load a draft folder (config.json + model.safetensors, docs/formats.md section 7) for `target`;
-    a head that does not fit the target is refused with the mismatch named."""
+    """Load a draft folder (config.json + model.safetensors, docs/formats.md section 7; or pytorch_model.bin,
+    as SafeAILab's EAGLE-3 checkpoints ship) for `target`; a head that does not fit the target is refused with
+    the mismatch named."""
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
     c = ModelConfig.from_hf({**cfg, "model_type": "llama"})
@@ -87,7 +88,14 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
         problems.append(f"vocab_size {cfg['vocab_size']} != target vocab_size {target.vocab_size}")
     if max(aux) >= target.num_layers or min(aux) < 0:
         problems.append(f"aux layers {aux} outside the target's 0..{target.num_layers - 1}")
-    w = load_file(str(folder / "model.safetensors"))
+    w = _read_weights(folder)
+    fc_in = w["fc.weight"].shape[1] if "fc.weight" in w else None  # fc: [H, len(aux) * Ht]
+    if fc_in is not None and fc_in != len(aux) * target_hidden:
+        problems.append(f"fc.weight takes {fc_in} features, but {len(aux)} aux layers {aux} x target hidden "
+                        f"{target_hidden} = {len(aux) * target_hidden} (eagle_aux_hidden_state_layer_ids does not "
+                        "match the weights)")
+    elif len(aux) != 3:
+        problems.append(f"{len(aux)} aux layers {aux}: this EAGLE-3 head fuses exactly 3")
     n = cfg.get("draft_vocab_size") or target.vocab_size
     d2t = w.pop("d2t", torch.zeros(n, dtype=torch.long))  # absent d2t = identity (zeros), never arange
     w.pop("t2d", None)
@@ -102,6 +110,15 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     if missing or unexpected:
         raise ValueError(f"draft {folder}: missing weights {missing[:8]}, unexpected {unexpected[:8]}")
     return head.to(device=device, dtype=dtype).eval()
+
+
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, else pytorch_model.bin (read as plain tensors only: weights_only)."""
+    if (folder / "model.safetensors").is_file():
+        return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model.bin").is_file():
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ValueError(f"draft {folder}: no model.safetensors or pytorch_model.bin there")
 
 
 def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, target: str,

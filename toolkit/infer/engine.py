@@ -45,7 +45,9 @@ class Engine:
         if max_len is None:
             budget = int(free_memory_bytes(self.device) * memory_fraction)
             max_len = min(max_len_for_memory(target.config, budget, max_batch, dtype),
-                          target.config.max_position_embeddings)
+                          target.config.max_position_embeddings,
+                          target.config.sliding_window or target.config.max_position_embeddings)
+        target.config.check_max_len(max_len)  # a sliding-window model is exact only within its window
         if max_len < 2:
             raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
         self.max_len, self.max_batch = max_len, max_batch
@@ -141,7 +143,7 @@ class Engine:
         """One speculative round for every running sequence; returns them (finished ones are done and have
         left the running batch). speculate=False verifies the roots alone (plain decoding) but still extends
         the draft over the new tokens, so speculation can resume at the next step."""
-        seqs, t1 = list(self.running), time.perf_counter()
+        seqs, t1 = list(self.running), self._mark()
         if not seqs:
             return []
         prefix, roots = [s.prefix for s in seqs], [s.result.tokens[-1] for s in seqs]
@@ -156,15 +158,13 @@ class Engine:
                                     root_logp, self.tree)
         else:
             trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
-        t2 = time.perf_counter()
+        t2 = self._mark()
         paths, emitted, aux = self._verify(trees, seqs)
-        t3 = time.perf_counter()
+        t3 = self._mark()
         for s, path, out in zip(seqs, paths, emitted):
             s.result.verify_steps += 1
-            s.result.accepted.append(len(path) - 1)
-            for tok in out:  # stop exactly where plain decoding would
-                if s.add(tok):
-                    break
+            added = next((i + 1 for i, tok in enumerate(out) if s.add(tok)), len(out))  # stop where plain would
+            s.result.accepted.append(added - 1)  # tokens this step emitted, the bonus not counted
         for s, path in zip(seqs, paths):
             s.prefix += len(path)
         if self.head is not None and not all(s.done for s in seqs):
@@ -174,13 +174,32 @@ class Engine:
             hidden = torch.stack([torch.cat([h, h[-1:].expand(width - len(h), -1)]) for h in hidden])
             self._draft_extend(seqs, _pad(emitted, 0).to(self.device), hidden, prefix, 0)
         self._retire()
-        t4 = time.perf_counter()
-        self.seconds["draft"] += (t2 - t1) + (t4 - t3)
-        self.seconds["verify"] += t3 - t2
+        t4 = self._mark()
+        draft, verify = self._between(t1, t2) + self._between(t3, t4), self._between(t2, t3)
+        self.seconds["draft"] += draft
+        self.seconds["verify"] += verify
         for s in seqs:
-            s.result.seconds["draft"] += ((t2 - t1) + (t4 - t3)) / len(seqs)
-            s.result.seconds["verify"] += (t3 - t2) / len(seqs)
+            s.result.seconds["draft"] += draft / len(seqs)
+            s.result.seconds["verify"] += verify / len(seqs)
         return seqs
+
+    def _mark(self):
+        """A point in time: on a GPU a CUDA event on the device's timeline (graph replays run asynchronously;
+        syncing the host to read a clock would stop it queueing the next phase while the device works),
+        else the host clock."""
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def _between(start, end) -> float:
+        """Seconds from one _mark to a later one (waits for the device to reach `end`)."""
+        if isinstance(start, float):
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
 
     def release(self, seq: Sequence) -> None:
         """Take a running sequence out between steps (a cancelled request); its row is reused."""
@@ -226,7 +245,10 @@ class Engine:
         n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
         start = torch.tensor(prefix, device=dev)[:, None]                              # [B, 1]
         slots = start + torch.arange(n, device=dev)                                    # [B, n]
-        tree = ancestor_masks(torch.stack([t.parents for t in trees]).to(dev), self.tree.num_steps)  # [B, n, n]
+        if n == 1 or self.tree.topk == 1:  # plain decoding or a chain: each node sees every earlier one
+            tree = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(len(trees), n, n)
+        else:
+            tree = ancestor_masks(torch.stack([t.parents for t in trees]).to(dev), self.tree.num_steps)  # [B, n, n]
         mask = window_mask(start[:, 0], tree, max(prefix) + n)                         # [B, n, S]
         tokens = torch.stack([t.tokens for t in trees]).to(dev)
         positions = start + torch.stack([t.depth for t in trees]).to(dev)

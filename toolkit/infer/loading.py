@@ -69,7 +69,7 @@ def load_draft(folder: str, target, token_map: str | None):
     arch = cfg.get("architectures") or []
     if "LlamaForCausalLMEagle3" in arch and token_map is not None:
         raise ValueError("--token-map applies to EAGLE-1/2 and MTP heads; an EAGLE-3 head carries its own d2t")
-    from toolkit.infer.model import readout_layout
+    from toolkit.infer.model import fuse_projections, readout_layout
 
     dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
     if "LlamaForCausalLMEagle3" in arch:
@@ -79,6 +79,7 @@ def load_draft(folder: str, target, token_map: str | None):
     else:
         head = load_eagle2(folder, target, token_map, dtype)
     readout_layout(head.lm_head)
+    fuse_projections(head)  # inference only: q/k/v and gate/up as one GEMM each, as in the target
     return head
 
 
@@ -110,9 +111,19 @@ class Loaded:
     head: object    # the draft head, or None
 
 
+def pick_kernels(kernels: str, target) -> str:
+    """auto: the fused Triton kernels (model.set_kernels) on a CUDA Llama-family target, where they beat
+    torch's (benchmarks/RESULTS.md), torch's elsewhere; triton where it cannot run is refused clearly."""
+    if kernels not in ("auto", "torch", "triton"):
+        raise ValueError(f"--kernels {kernels}: give auto, torch or triton")
+    if kernels == "auto":
+        return "triton" if target.embed_tokens.weight.is_cuda and target.config.mla is None else "torch"
+    return kernels
+
+
 def load(draft: str | None, model: str | None, token_map: str | None, device: str = "auto",
-         dtype: str = "auto") -> Loaded:
-    """Target (+ draft when given) on the chosen device."""
+         dtype: str = "auto", kernels: str = "auto") -> Loaded:
+    """Target (+ draft when given) on the chosen device, with the chosen kernels."""
     from toolkit.data.chat import load_tokenizer
     from toolkit.infer.model import load_target
     from toolkit.models import resolve_target
@@ -120,5 +131,8 @@ def load(draft: str | None, model: str | None, token_map: str | None, device: st
     device, torch_dtype = pick_device(device, dtype)
     folder = draft_target(draft, model) if draft else resolve_target(model or DEFAULT_MODEL)
     tok, target = load_tokenizer(model=str(folder)), load_target(folder, torch_dtype, device)
+    target.set_kernels(pick_kernels(kernels, target))
     head = load_draft(draft, target, token_map) if draft else None
+    if head is not None:
+        head.set_kernels(target.kernels)
     return Loaded(folder, tok, target, head)

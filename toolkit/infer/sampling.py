@@ -47,3 +47,9 @@ def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         drop = cum - sorted_logits.softmax(-1) >= p.top_p  # keep the smallest prefix reaching top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits.softmax(-1)
+
+
+def seeded_generator(device: torch.device | str, seed: int) -> torch.Generator:
+    """A generator seeded with `seed` on `device` (the target's): torch.multinomial on a CUDA tensor refuses a
+    CPU generator ("Expected a 'cuda' device type for generator")."""
+    return torch.Generator(device=torch.device(device)).manual_seed(seed)

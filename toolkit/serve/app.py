@@ -34,8 +34,9 @@ class Served:
     created: int = 0
 
 
-def usage(seq: Sequence) -> dict:
-    s = summarize([seq.result])
+def usage(seq: Sequence, positions: int = 0) -> dict:
+    """Token counts and this request's speculation figures; `positions`: the draft tree's depth (0: none)."""
+    s = summarize([seq.result], positions=positions)
     n_prompt, n_out = len(seq.prompt), len(seq.result.tokens)
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
             "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(seq.result.accepted),
@@ -47,6 +48,7 @@ def build_app(served: Served) -> FastAPI:
     app = FastAPI(title="toolkit serve", docs_url=None, redoc_url=None)
     batcher, tok = served.batcher, served.tok
     engine, metrics = batcher.engine, batcher.metrics
+    positions = engine.tree.num_steps if engine.head is not None else 0  # draft positions usage reports
     served.created = served.created or int(time.time())
 
     @app.exception_handler(ApiError)
@@ -161,7 +163,7 @@ def build_app(served: Served) -> FastAPI:
                 raise
             text = stream.update(tokens, True)
             return {"id": rid, "object": kind, "created": now, "model": served.name,
-                    "choices": [choice(text, finish_reason(), False)], "usage": usage(seq)}
+                    "choices": [choice(text, finish_reason(), False)], "usage": usage(seq, positions)}
 
         def event(choices: list, **extra) -> str:
             data = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": now, "model": served.name,
@@ -190,7 +192,7 @@ def build_app(served: Served) -> FastAPI:
                         batcher.cancel(req)
                     yield event([choice(None, finish_reason(), True)])
                     if body.stream_options and body.stream_options.include_usage:
-                        yield event([], usage=usage(seq))
+                        yield event([], usage=usage(seq, positions))
                 yield "data: [DONE]\n\n"
             finally:
                 if not (finished or failed):  # the client went away mid-stream: free its row

@@ -48,6 +48,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
                    "verify and draft steps from graphs per batch/token bucket)")
+    p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
+                   help="auto: fused Triton kernels (attention over the cache, RMSNorm + residual, RoPE + cache "
+                        "write, SiLU-mul) on a CUDA Llama-family target, torch's elsewhere")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -98,7 +101,7 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
     model = args.model
     if args.draft and args.no_speculation:  # still the draft's target, without the draft
         model = str(draft_target(args.draft, args.model))
-    loaded = load(None if args.no_speculation else args.draft, model, args.token_map, args.device, args.dtype)
+    loaded = load(None if args.no_speculation else args.draft, model, args.token_map, args.device, args.dtype, args.kernels)
     head, tok, target = loaded.head, loaded.tok, loaded.target
     if head is not None:
         probe(head, target, tok, tok.apply_chat_template(

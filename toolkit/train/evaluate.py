@@ -39,7 +39,7 @@ def evaluate(head, target, rows: list[dict], steps: int, decay: float, max_new_t
     max_len = max(len(p) for p in prompts) + max_new_tokens + 1
     engine = Engine(target, head, TreeConfig(steps, 1, steps + 1), max_len)
     results = [engine.generate(p, SamplingParams(0.0, max_new_tokens=max_new_tokens), stop_ids) for p in prompts]
-    s = summarize(results)
+    s = summarize(results, positions=steps)
     return {"eval_simulated_tau": simulated_tau(acc) if acc is not None else None,
             "eval_acc": [round(float(a), 4) for a in acc] if acc is not None else [],
             "eval_engine_tau": s["tau"], "eval_accept_rate_by_position": s["accept_rate_by_position"]}

@@ -1,0 +1,53 @@
+"""Sampling generators live on the target's device: torch.multinomial on a CUDA tensor refuses a CPU one."""
+import torch
+
+from toolkit.infer.sampling import SamplingParams, seeded_generator
+
+
+def test_seeded_generator_is_on_the_given_device_and_reproducible():
+    g = seeded_generator(torch.device("cpu"), 7)
+    assert isinstance(g, torch.Generator) and g.device == torch.device("cpu")
+    assert torch.equal(torch.rand(4, generator=g), torch.rand(4, generator=seeded_generator("cpu", 7)))
+
+
+class FakeGenerator:
+    """Stands in for torch.Generator (no CUDA here): records the device it is built for."""
+
+    def __init__(self, device="cpu"):
+        self.device = torch.device(device)
+
+    def manual_seed(self, seed):
+        self.seed = seed
+        return self
+
+
+def test_bench_samples_with_a_generator_on_the_engines_device(monkeypatch):
+    from toolkit.infer.bench import run_engine
+    from toolkit.infer.sequence import Result
+
+    class Engine:  # a CUDA target's engine, as far as run_engine can tell
+        device = torch.device("cuda")
+        seen = []
+
+        def generate(self, ids, params, stop, generator):
+            self.seen.append(generator)
+            return Result([3])
+
+    class Tok:
+        eos_token_id = 0
+
+        def apply_chat_template(self, messages, **kw):
+            return messages[-1]["content"]
+
+        def __call__(self, text, **kw):
+            return type("Enc", (), {"input_ids": [1, 2]})()
+
+        def decode(self, ids, **kw):
+            return "x"
+
+    monkeypatch.setattr(torch, "Generator", FakeGenerator)
+    engine = Engine()
+    prompts = [{"id": 0, "category": "c", "system": None, "turns": ["hi", "again"]}]
+    results, answers, _ = run_engine(engine, Tok(), prompts, SamplingParams(max_new_tokens=1), seed=3)
+    assert answers == [["x", "x"]] and len(results) == 2
+    assert [g.device.type for g in engine.seen] == ["cuda", "cuda"] and engine.seen[0].seed == 3
