@@ -89,3 +89,23 @@ def test_prompt_lookup_tau_counts_target_forwards(smollm2_dir, smollm2_tokenizer
     assert pld_answers == plain_answers and plain["tau"] == 1.0
     assert pld["tau"] > 1.5 and pld["verify_steps"] < plain["verify_steps"]
     assert pld["tokens"] == plain["tokens"] == pytest.approx(pld["tau"] * pld["verify_steps"] + 1)
+
+
+def test_turn_two_sees_the_models_own_turn_one_answer(smollm2_tokenizer):
+    """MT-bench's second turn is asked after the model's own first answer, inside the chat template."""
+    from toolkit.infer.bench import answer_turns
+
+    tok, seen = smollm2_tokenizer, []
+    replies = iter(["Paris is the capital.", "It has about two million people."])
+
+    def generate(ids, prompt):
+        seen.append(tok.decode(ids))
+        return tok(next(replies), add_special_tokens=False).input_ids
+
+    answers = answer_turns(tok, [{"system": "Be brief.", "turns": ["Capital of France?", "Its population?"]}],
+                           generate)
+    assert answers == [["Paris is the capital.", "It has about two million people."]]
+    first, second = seen
+    assert "Be brief." in first and "Capital of France?" in first and "Paris" not in first
+    assert second.index("Capital of France?") < second.index("Paris is the capital.") < second.index("Its population?")
+    assert first.rstrip().endswith("assistant") and second.rstrip().endswith("assistant")  # generation prompts
