@@ -174,7 +174,8 @@ def engine_figures(model, head, ctx: int, new_tokens: int, graphs: bool, capture
 
             with cProfile.Profile() as pr:
                 eng.generate(prompt, params)
-            pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+            pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+            pstats.Stats(pr).sort_stats("cumulative").print_stats(30)
         r = eng.generate(prompt, params)
         step_s = r.seconds["draft"] + r.seconds["verify"]
         figures[name] = {"new_tokens": len(r.tokens), "rounds": r.verify_steps, "tau": round(r.tau, 3),

@@ -124,13 +124,13 @@ class Engine:
         for s in seqs:
             self.check(s.prompt, s.params)
         t0 = time.perf_counter()
-        ids = _pad([s.prompt for s in seqs], 0).to(self.device)
+        ids = self._host(_pad([s.prompt for s in seqs], 0))
         logits, aux = self.target(ids, cache=self.cache.rows(n, n + m), aux_layers=self.aux_layers)
         for b, s in enumerate(seqs):
             s.prefix = len(s.prompt)
             s.add(self._pick(logits[b, s.prefix - 1], s.params, s.generator))
         if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
-            nxt = _pad([s.prompt[1:] + s.result.tokens for s in seqs], 0).to(self.device)
+            nxt = self._host(_pad([s.prompt[1:] + s.result.tokens for s in seqs], 0))
             self._draft_extend(seqs, nxt, torch.cat(aux, -1), [0] * m, n)
         self.seconds["prefill"] += time.perf_counter() - t0
         for s in seqs:
@@ -150,7 +150,7 @@ class Engine:
         if self.head is not None and speculate:
             root_out, root_logp = torch.stack([s.root_out for s in seqs]), torch.stack([s.root_logp for s in seqs])
             grown = None if self.draft_loop is None else self.draft_loop(
-                torch.tensor(prefix, device=self.device), torch.tensor(roots, device=self.device), root_out, root_logp)
+                self._host(prefix), self._host(roots), root_out, root_logp)
             if grown is not None:
                 trees = [Tree(*parts) for parts in zip(*grown)]
             else:
@@ -168,11 +168,11 @@ class Engine:
         for s, path in zip(seqs, paths):
             s.prefix += len(path)
         if self.head is not None and not all(s.done for s in seqs):
-            fused = torch.cat(aux, -1)
-            hidden = [fused[b, paths[b]] for b in range(len(seqs))]
-            width = max(len(h) for h in hidden)
-            hidden = torch.stack([torch.cat([h, h[-1:].expand(width - len(h), -1)]) for h in hidden])
-            self._draft_extend(seqs, _pad(emitted, 0).to(self.device), hidden, prefix, 0)
+            fused = torch.cat(aux, -1)                                             # [B, n, F]
+            width = max(len(p) for p in paths)  # each path's nodes, its last repeated as padding
+            idx = self._host([p + p[-1:] * (width - len(p)) for p in paths])       # [B, width]
+            hidden = fused.gather(1, idx[:, :, None].expand(-1, -1, fused.shape[-1]))
+            self._draft_extend(seqs, self._host(_pad(emitted, 0)), hidden, prefix, 0)
         self._retire()
         t4 = self._mark()
         draft, verify = self._between(t1, t2) + self._between(t3, t4), self._between(t2, t3)
@@ -182,6 +182,11 @@ class Engine:
             s.result.seconds["draft"] += draft / len(seqs)
             s.result.seconds["verify"] += verify / len(seqs)
         return seqs
+
+    def _host(self, data) -> torch.Tensor:
+        """Host data (a list or a CPU tensor) on the engine's device without stopping the host: a blocking
+        copy to a GPU first waits for all queued work, which would idle the GPU while the host catches up."""
+        return torch.as_tensor(data).to(self.device, non_blocking=True)
 
     def _mark(self):
         """A point in time: on a GPU a CUDA event on the device's timeline (graph replays run asynchronously;
@@ -221,10 +226,10 @@ class Engine:
         """Write draft pairs for positions start[b]..prefix-1 of the sequences in rows row0.. (tokens/hidden
         right-padded) and keep each one's output at prefix-1: the draft's prediction after its root."""
         width, m = tokens.shape[1], len(seqs)
-        pos = torch.tensor([[st + j for j in range(width)] for st in start], device=self.device)
+        pos = self._host([[st + j for j in range(width)] for st in start])
         emb = self.target.embed_tokens(tokens)
         if row0 == 0:  # the running rows (a step): causal by position, through the graphs when on
-            mask = torch.arange(int(pos.max()) + 1, device=self.device)[None, None, :] <= pos[:, :, None]
+            mask = torch.arange(max(start) + width, device=self.device)[None, None, :] <= pos[:, :, None]
             logp, out = self._draft(emb, hidden, pos, pos, mask)
         else:  # rows being admitted (a prefill)
             cache = None if self.draft_cache is None else self.draft_cache.rows(row0, row0 + m)
@@ -243,15 +248,15 @@ class Engine:
         emitted tokens, and the aux hidden states of the tree nodes. Accepted nodes' KV moves to contiguous
         slots right after the sequence's prefix."""
         n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
-        start = torch.tensor(prefix, device=dev)[:, None]                              # [B, 1]
+        start = self._host(prefix)[:, None]                                            # [B, 1]
         slots = start + torch.arange(n, device=dev)                                    # [B, n]
         if n == 1 or self.tree.topk == 1:  # plain decoding or a chain: each node sees every earlier one
             tree = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(len(trees), n, n)
         else:
-            tree = ancestor_masks(torch.stack([t.parents for t in trees]).to(dev), self.tree.num_steps)  # [B, n, n]
+            tree = ancestor_masks(self._host(torch.stack([t.parents for t in trees])), self.tree.num_steps)  # [B,n,n]
         mask = window_mask(start[:, 0], tree, max(prefix) + n)                         # [B, n, S]
-        tokens = torch.stack([t.tokens for t in trees]).to(dev)
-        positions = start + torch.stack([t.depth for t in trees]).to(dev)
+        tokens = self._host(torch.stack([t.tokens for t in trees]))
+        positions = start + self._host(torch.stack([t.depth for t in trees]))
         out = None if self.target_graphs is None else self.target_graphs(
             tokens=tokens, positions=positions, slots=slots, mask=mask)
         if out is None:
@@ -271,7 +276,7 @@ class Engine:
             # root, and a whole chain) are not copied
             moved = next((j for j, node in enumerate(path) if node != j), len(path))
             if moved < len(path):
-                src = torch.tensor(path[moved:], device=dev) + s.prefix
+                src = self._host(path[moved:]) + s.prefix
                 for kv in (self.cache.k, self.cache.v):
                     kv[:, b, :, s.prefix + moved:s.prefix + len(path)] = kv[:, b, :, src]
             paths.append(path)
