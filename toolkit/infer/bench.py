@@ -96,10 +96,19 @@ def answer_turns(tok, prompts, generate) -> list[list[str]]:
     return answers
 
 
-def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]], float]:
-    """Our engine on every prompt; returns results, answers per prompt, wall seconds."""
-    from toolkit.infer.sampling import seeded_generator
+def warm_up_ids(tok, prompts) -> list[int]:
+    """The first turn of the first prompt, tokenized with the chat template: each engine generates a few
+    tokens from it before it is timed, so first-call initialisation is not counted against one of them."""
+    text = tok.apply_chat_template([{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False,
+                                   add_generation_prompt=True)
+    return tok(text, add_special_tokens=False).input_ids
 
+
+def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]], float]:
+    """Our engine on every prompt (after a short warm-up); returns results, answers per prompt, wall seconds."""
+    from toolkit.infer.sampling import SamplingParams, seeded_generator
+
+    engine.generate(warm_up_ids(tok, prompts), SamplingParams(max_new_tokens=4))
     results, start = [], time.perf_counter()
     g = seeded_generator(engine.device, seed)  # on the target's device: CUDA sampling refuses a CPU generator
 
