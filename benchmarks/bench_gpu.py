@@ -168,7 +168,7 @@ def engine_figures(model, head, ctx: int, new_tokens: int, graphs: bool, capture
                               ("tree6x10_60", head, TreeConfig(6, 10, 60))):
         eng = Engine(model, draft, tree, max_len=ctx + new_tokens + 8, cuda_graphs=graphs, graph_capture=capture)
         eng.generate(prompt, SamplingParams(max_new_tokens=8))  # warm-up
-        if profile and name == "chain5":  # where the host time of a round goes
+        if profile and name in ("plain", "chain5"):  # where the host time of a round goes
             import cProfile
             import pstats
 

@@ -66,6 +66,7 @@ class Engine:
             self._capture(graph_capture)
         self.running: list[Sequence] = []  # running sequence i is in cache row i
         self.seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0}  # engine time so far, by phase
+        self._stream = None  # the CUDA stream phase events are recorded on (_mark)
 
     @torch.no_grad()
     def _capture(self, capture) -> None:
@@ -194,8 +195,10 @@ class Engine:
         else the host clock."""
         if self.device.type != "cuda":
             return time.perf_counter()
+        if self._stream is None:  # looked up once, in the thread that steps: tens of microseconds a lookup
+            self._stream = torch.cuda.current_stream(self.device)
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(self._stream)
         return event
 
     @staticmethod
@@ -250,11 +253,11 @@ class Engine:
         n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
         start = self._host(prefix)[:, None]                                            # [B, 1]
         slots = start + torch.arange(n, device=dev)                                    # [B, n]
-        if n == 1 or self.tree.topk == 1:  # plain decoding or a chain: each node sees every earlier one
-            tree = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(len(trees), n, n)
+        if n == 1 or self.tree.topk == 1:  # plain decoding or a chain: node t sees every slot up to its own
+            mask = torch.arange(max(prefix) + n, device=dev) <= slots[:, :, None]       # [B, n, S]
         else:
             tree = ancestor_masks(self._host(torch.stack([t.parents for t in trees])), self.tree.num_steps)  # [B,n,n]
-        mask = window_mask(start[:, 0], tree, max(prefix) + n)                         # [B, n, S]
+            mask = window_mask(start[:, 0], tree, max(prefix) + n)                     # [B, n, S]
         tokens = self._host(torch.stack([t.tokens for t in trees]))
         positions = start + self._host(torch.stack([t.depth for t in trees]))
         out = None if self.target_graphs is None else self.target_graphs(
