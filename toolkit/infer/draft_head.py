@@ -51,17 +51,9 @@ class DraftHead(nn.Module):
     def set_kernels(self, kernels: str) -> "DraftHead":
         """Inference only (the Triton kernels have no backward): "torch", or "triton" for the fused kernels
         of model.Transformer.set_kernels; their RoPE + cache write needs fused projections (fuse_projections)."""
-        from toolkit.infer.model import MLP, Attention, RMSNorm
+        from toolkit.infer.model import apply_kernels
 
-        if kernels not in ("torch", "triton"):
-            raise ValueError(f"kernels {kernels!r}; accepted: torch, triton")
-        if kernels == "triton" and self.config.mla is not None:
-            raise ValueError("--kernels triton covers Llama-family attention; a head with MLA layers runs with torch")
-        self.kernels = kernels
-        for m in self.modules():
-            if isinstance(m, (RMSNorm, Attention, MLP)):
-                m.kernels = kernels
-        return self
+        return apply_kernels(self, kernels)
 
     def new_cache(self, max_len: int, dtype=torch.float32, device="cpu", batch: int = 1) -> KVCache:
         return KVCache(replace(self.config, num_layers=len(self.layers())), batch, max_len, dtype, device)

@@ -97,14 +97,21 @@ class Attention(nn.Module):
         """mask: attention_masks(...) or None for plain causal attention."""
         B, T, _ = x.shape
         c = self.c
+        q, k, v = self._project(x, cos, sin, cache, layer, slots, kv_len)
+        return self.o_proj(self._attend(q, k, v, mask).transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+
+    def _project(self, x, cos, sin, cache: KVCache | None, layer: int, slots, kv_len: int):
+        """q [B, Hq, T, D] rotated, and k/v [B, Hkv, S, D]: the cache's slots once the new ones are written
+        (without a cache, the T new tokens')."""
+        B, T, _ = x.shape
+        c = self.c
         if self.kernels == "triton" and self.qkv is not None and cache is not None and not c.qk_norm \
                 and not isinstance(slots, int):  # one kernel: RoPE on q and k, k and v into the cache
             from toolkit.infer.kernels.layer_ops import rope_cache_write
 
             q = rope_cache_write(F.linear(x, self.qkv, self.qkv_b), cos, sin, slots, cache.k[layer], cache.v[layer],
                                  c.num_heads, c.num_kv_heads)                # [B, Hq, T, D]
-            k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]
-            return self.o_proj(self._attend(q, k, v, mask).transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+            return q, cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]
         if self.qkv is None:  # separate projections (draft heads, training)
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:                 # one GEMM over the fused weight (the target at inference)
@@ -119,7 +126,7 @@ class Attention(nn.Module):
         if cache is not None:
             cache.write(layer, k, v, slots)
             k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]  # [B, Hkv, S, D]
-        return self.o_proj(self._attend(q, k, v, mask).transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+        return q, k, v
 
     def _attend(self, q, k, v, mask):
         """q [B, Hq, T, D] over k/v [B, Hkv, S, D] -> [B, Hq, T, D]."""
@@ -190,19 +197,7 @@ class Transformer(nn.Module):
         """"torch", or "triton": masked attention over the cache (kernels/tree_attention.py), RMSNorm with the
         residual add, SiLU-mul and RoPE + cache write (kernels/layer_ops.py) as fused Triton kernels. Triton
         needs a CUDA model, or TRITON_INTERPRET=1 on CPU (tests); DeepSeek MLA targets keep torch's."""
-        if kernels not in ("torch", "triton"):
-            raise ValueError(f"kernels {kernels!r}; accepted: torch, triton")
-        if kernels == "triton":
-            if self.config.mla is not None:
-                raise ValueError("--kernels triton covers Llama-family attention; a DeepSeek MLA target runs "
-                                 "with --kernels torch")
-            if self.embed_tokens.weight.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-                raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)")
-        self.kernels = kernels
-        for m in self.modules():
-            if isinstance(m, (RMSNorm, Attention, MLP)):
-                m.kernels = kernels
-        return self
+        return apply_kernels(self, kernels)
 
     def fuse(self) -> "Transformer":
         """For inference: fused q/k/v and gate/up weights (fuse_projections), the readout in readout_layout."""
@@ -251,6 +246,24 @@ class Transformer(nn.Module):
                 kept[i] = h
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
         return self.lm_head(kept[-1]), [kept[i] for i in aux_layers]
+
+
+def apply_kernels(module: nn.Module, kernels: str) -> nn.Module:
+    """Set `kernels` ("torch" or "triton") on `module` (a target or a draft head) and on its norms, attention
+    and MLPs, refusing what cannot run: an unknown name, MLA layers, Triton off CUDA without the interpreter."""
+    if kernels not in ("torch", "triton"):
+        raise ValueError(f"kernels {kernels!r}; accepted: torch, triton")
+    if kernels == "triton":
+        if module.config.mla is not None:
+            raise ValueError("--kernels triton covers Llama-family attention; MLA layers (DeepSeek) run with "
+                             "--kernels torch")
+        if next(module.parameters()).device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)")
+    module.kernels = kernels
+    for m in module.modules():
+        if isinstance(m, (RMSNorm, Attention, MLP)):
+            m.kernels = kernels
+    return module
 
 
 def fuse_projections(module: nn.Module) -> None:
