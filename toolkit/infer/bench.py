@@ -49,6 +49,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--max-len", type=int, default=4096, help="KV cache length per sequence")
+    p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
+                   "torch.compile'd (fuses the small ops between GEMMs; a minute or two to compile at start)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
                    "verify and draft steps from graphs per batch/token bucket)")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
@@ -166,7 +168,8 @@ def main(args: argparse.Namespace) -> int:
     max_len = min(args.max_len, target.config.max_position_embeddings)
 
     def make(draft, cfg):  # CUDA graphs on a GPU unless --eager
-        return Engine(target, draft, cfg, max_len, cuda_graphs=False if args.eager else None)
+        return Engine(target, draft, cfg, max_len, cuda_graphs=False if args.eager else None,
+                      compile=args.compile)
 
     agree = probe(head, target, tok, tok.apply_chat_template(
         [{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False, add_generation_prompt=True))

@@ -32,11 +32,12 @@ def _pad(rows: list[list], value) -> torch.Tensor:
 class Engine:
     def __init__(self, target: Transformer, head: Eagle3Head | None = None, tree: TreeConfig | None = None,
                  max_len: int | None = 2048, max_batch: int = 1, memory_fraction: float = 0.3,
-                 cuda_graphs: bool | None = None, graph_capture=None):
+                 cuda_graphs: bool | None = None, graph_capture=None, compile: bool = False):
         """max_len None: size the KV cache from free memory (memory_fraction of it), capped by the
         target's max_position_embeddings. cuda_graphs (default: on for a CUDA target) replays the verify /
         decode step and the draft step from graphs per (batch, tokens) bucket (graphs.py); False is eager.
-        graph_capture: how graphs are captured (default torch.cuda.graph; tests pass eager_capture)."""
+        graph_capture: how graphs are captured (default torch.cuda.graph; tests pass eager_capture).
+        compile: on CPU, one sequence's decode / verify step runs torch.compile'd (compiled_decode.py)."""
         self.target, self.head = target, head
         self.tree = tree or TreeConfig(num_steps=1, topk=1, num_draft_tokens=2)
         if head is not None and self.tree.topk > len(head.d2t):
@@ -64,6 +65,13 @@ class Engine:
         self.target_graphs = self.draft_graphs = self.draft_loop = None
         if graphs:
             self._capture(graph_capture)
+        self.compiled = None
+        if compile:
+            from toolkit.infer.compiled_decode import CompiledDecode
+
+            if self.device.type != "cpu":
+                raise ValueError("compile=True is the CPU decode path; on a GPU the engine replays CUDA graphs")
+            self.compiled = CompiledDecode(target, self.cache, self.aux_layers)
         self.running: list[Sequence] = []  # running sequence i is in cache row i
         self.seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0}  # engine time so far, by phase
         self._stream = None  # the CUDA stream phase events are recorded on (_mark)
@@ -262,7 +270,9 @@ class Engine:
         positions = start + self._host(torch.stack([t.depth for t in trees]))
         out = None if self.target_graphs is None else self.target_graphs(
             tokens=tokens, positions=positions, slots=slots, mask=mask)
-        if out is None:
+        if out is None and self.compiled is not None and len(seqs) == 1:  # one sequence's step, compiled
+            logits, aux = self.compiled(tokens, positions, slots, None if n == 1 else mask)
+        elif out is None:
             if n == 1 and len(seqs) == 1:  # plain decoding of one sequence: it sees every slot, no mask needed
                 mask = None
             logits, aux = self.target(tokens, positions, cache=self.cache, slots=slots, mask=mask,

@@ -46,6 +46,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
+                   "torch.compile'd (fuses the small ops between GEMMs; a minute or two to compile at start)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
                    "verify and draft steps from graphs per batch/token bucket)")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
@@ -109,7 +111,7 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
             add_generation_prompt=True))
     max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
-                    cuda_graphs=False if args.eager else None)
+                    cuda_graphs=False if args.eager else None, compile=args.compile)
     recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(tree.num_steps + 1)

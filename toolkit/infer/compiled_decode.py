@@ -1,0 +1,85 @@
+"""One sequence's target step (a plain decode token, or the chain / tree a verify round checks), compiled
+with torch.compile (inductor's C++ code on CPU).
+
+Why: on a CPU a SmolLM2-sized step is ~40 small ops per layer (norms, RoPE, cache writes, the residual
+adds, SiLU), each costing a few microseconds of dispatch; together they are a third of a decode step.
+Inductor fuses them into a handful of C++ loops and keeps the GEMMs as BLAS calls. CUDA graphs do this job
+on a GPU (graphs.py); this is the CPU's counterpart for one running sequence (the engine's `compile=True`,
+`toolkit bench/serve --compile`). Compiling takes a minute or two once per process (inductor caches its
+code on disk, so later processes start faster).
+
+The step is the target's forward (model.py) for B = 1 with the token count and the attended slot count
+symbolic (one graph for every position and a few for token counts). Each layer's key/value cache is passed
+in as its own tensor: a write into one big cache tensor would be copied whole by the compiled graph.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from toolkit.infer.kv_cache import KVCache
+from toolkit.infer.model import Transformer, rope_cos_sin, rotate
+
+
+def decode_step(target: Transformer, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                kv_len: int, bias: torch.Tensor | None, keys: list[torch.Tensor], values: list[torch.Tensor],
+                aux_layers: tuple[int, ...] = ()):
+    """tokens/positions [1, T] written to cache slots [T]; kv_len = S, the slots attended (past the last
+    written); bias: additive mask [1, 1, T, S], or None when T == 1 (the token sees every slot up to its
+    own); keys/values: each layer's cache row [1, Hkv, max_len, D]. Returns (logits [1, T, V], [aux hidden
+    [1, T, H]] per aux layer: a layer's output, or -1 for the final normed state, as Transformer.forward)."""
+    c = target.config
+    T, S = tokens.shape[1], kv_len
+    h = target.embed_tokens(tokens)                                                         # [1, T, H]
+    cos, sin = rope_cos_sin(positions, target.inv_freq, h.dtype, c.rope_attention_factor())  # [1, 1, T, D]
+    kept = [h] * len(aux_layers)                                     # filled in below, in aux_layers' order
+    for i, layer in enumerate(target.layers):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        if attn.qkv is None:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        else:
+            q, k, v = F.linear(x, attn.qkv, attn.qkv_b).split(
+                [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
+        q = q.view(1, T, c.num_heads, c.head_dim)
+        k = k.view(1, T, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)   # [1, h, T, D]
+        v = v.view(1, T, c.num_kv_heads, c.head_dim).transpose(1, 2)                       # [1, Hkv, T, D]
+        keys[i].index_copy_(2, slots, k)
+        values[i].index_copy_(2, slots, v)
+        a = F.scaled_dot_product_attention(q, keys[i][:, :, :S], values[i][:, :, :S], attn_mask=bias,
+                                           enable_gqa=c.num_heads != c.num_kv_heads)        # [1, Hq, T, D]
+        a = attn.o_proj(a.transpose(1, 2).reshape(1, T, c.num_heads * c.head_dim))
+        h, x = layer.post_attention_layernorm(a, residual=h)
+        h = h + layer.mlp(x)
+        kept = [h if a == i else k for a, k in zip(aux_layers, kept)]
+    normed = target.norm(h)                                          # aux id -1 (EAGLE-1/2 heads read it)
+    return target.lm_head(normed), [normed if a == -1 else k for a, k in zip(aux_layers, kept)]
+
+
+class CompiledDecode:
+    """decode_step under torch.compile, bound to row 0 of a cache: one sequence's plain decode step and its
+    verify step (a chain or a tree of T tokens in contiguous slots)."""
+
+    def __init__(self, target: Transformer, cache: KVCache, aux_layers=()):
+        c = target.config
+        if c.mla is not None or c.moe is not None:
+            raise ValueError("the compiled decode step covers dense Llama-family targets (not MLA / MoE)")
+        self.keys = [cache.k[i, :1] for i in range(c.num_layers)]      # views: writes land in the cache
+        self.values = [cache.v[i, :1] for i in range(c.num_layers)]
+        aux = tuple(aux_layers)
+
+        def step(tokens, positions, slots, kv_len, bias, keys, values):  # target, aux: constants of the graph
+            return decode_step(target, tokens, positions, slots, kv_len, bias, keys, values, aux)
+
+        self.step = torch.compile(step, dynamic=True)  # dynamic: the slot count and token count stay symbolic
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None):
+        """tokens/positions/slots [1, T] on the host; mask bool [1, T, S] over the first S slots, or None for
+        one token that sees every slot up to its own -> (logits [1, T, V], aux list)."""
+        if mask is None:
+            return self.step(tokens, positions, slots[0], int(slots[0, -1]) + 1, None, self.keys, self.values)
+        bias = torch.zeros(mask.shape, dtype=self.keys[0].dtype).masked_fill_(~mask, float("-inf"))[:, None]
+        return self.step(tokens, positions, slots[0], mask.shape[-1], bias, self.keys, self.values)
