@@ -106,7 +106,6 @@ def engine_answerer(args) -> tuple[Callable, int]:
     from toolkit.infer.engine import Engine
     from toolkit.infer.loading import load, stop_ids
     from toolkit.infer.sampling import SamplingParams, seeded_generator
-    from toolkit.infer.sequence import Sequence
 
     loaded = load(None, args.model, None, args.device)
     tok, target = loaded.tok, loaded.target
@@ -119,22 +118,12 @@ def engine_answerer(args) -> tuple[Callable, int]:
     def answer_batch(prompts: list[list[dict]]) -> list[str | None]:
         ids = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
                    add_special_tokens=False).input_ids for m in prompts]
-        waiting = [j for j, x in enumerate(ids) if len(x) + args.max_new_tokens <= max_len]
+        fits = [j for j, x in enumerate(ids) if len(x) + args.max_new_tokens <= max_len]
         out: list[str | None] = [None] * len(prompts)
-        rows: dict[int, Sequence] = {}
-        # continuous batching: a finished answer's row takes the next prompt at once, so the batch stays full
-        # (chunk by chunk, the tail of every chunk decoded a few long answers at a fraction of the batch)
-        while waiting or engine.running:
-            free = args.batch_size - len(engine.running)
-            if waiting and (free >= min(8, len(waiting)) or not engine.running):  # admit in groups: one prefill
-                new, waiting = waiting[:free], waiting[free:]
-                seqs = [Sequence(ids[j], params, frozenset(stop), None, gen) for j in new]
-                rows.update(zip(new, seqs))
-                engine.admit(seqs)
-            if engine.running:
-                engine.step()
-        for j, seq in rows.items():
-            out[j] = tok.decode(seq.result.tokens, skip_special_tokens=True).strip()
+        for s in range(0, len(fits), args.batch_size):
+            chunk = fits[s:s + args.batch_size]
+            for j, r in zip(chunk, engine.generate_batch([ids[j] for j in chunk], params, stop, gen)):
+                out[j] = tok.decode(r.tokens, skip_special_tokens=True).strip()
         return out
 
     return answer_batch, args.batch_size
