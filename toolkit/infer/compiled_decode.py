@@ -63,7 +63,7 @@ class CompiledDecode:
     """decode_step under torch.compile, bound to row 0 of a cache: one sequence's plain decode step and its
     verify step (a chain or a tree of T tokens in contiguous slots)."""
 
-    def __init__(self, target: Transformer, cache: KVCache, aux_layers=()):
+    def __init__(self, target: Transformer, cache: KVCache, aux_layers=(), autotune: bool = True):
         c = target.config
         if c.mla is not None or c.moe is not None:
             raise ValueError("the compiled decode step covers dense Llama-family targets (not MLA / MoE)")
@@ -74,12 +74,21 @@ class CompiledDecode:
         def step(tokens, positions, slots, kv_len, bias, keys, values):  # target, aux: constants of the graph
             return decode_step(target, tokens, positions, slots, kv_len, bias, keys, values, aux)
 
-        self.step = torch.compile(step, dynamic=True)  # dynamic: the slot count and token count stay symbolic
+        # dynamic: the slot and token counts stay symbolic. max-autotune times inductor's own C++ GEMM kernels
+        # against MKL's per shape and keeps the faster; freezing lets it pre-pack the (constant) weights. On
+        # the 2-core AMD box MKL's few-row GEMMs run at ~12 GFLOP/s and the C++ ones make a 6-token verify
+        # step 1.6x faster; a 1-token step is memory-bound either way.
+        self.options = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "freezing": True,
+                        "autotune_num_choices_displayed": 0} if autotune else {}
+        self.step = torch.compile(step, dynamic=True)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None):
         """tokens/positions/slots [1, T] on the host; mask bool [1, T, S] over the first S slots, or None for
         one token that sees every slot up to its own -> (logits [1, T, V], aux list)."""
-        if mask is None:
-            return self.step(tokens, positions, slots[0], int(slots[0, -1]) + 1, None, self.keys, self.values)
-        bias = torch.zeros(mask.shape, dtype=self.keys[0].dtype).masked_fill_(~mask, float("-inf"))[:, None]
-        return self.step(tokens, positions, slots[0], mask.shape[-1], bias, self.keys, self.values)
+        from torch._inductor import config
+
+        bias = None if mask is None else torch.zeros(mask.shape, dtype=self.keys[0].dtype).masked_fill_(
+            ~mask, float("-inf"))[:, None]
+        kv_len = int(slots[0, -1]) + 1 if mask is None else mask.shape[-1]
+        with config.patch(self.options):  # inductor reads them when a call compiles (torch.compile's
+            return self.step(tokens, positions, slots[0], kv_len, bias, self.keys, self.values)  # options= did not)
