@@ -3,7 +3,7 @@ states at every position, one graph for all positions, and the engine's greedy t
 import pytest
 import torch
 
-from tests.infer.test_model import TINY, tiny_hf
+from test_model import TINY, tiny_hf
 from toolkit.infer.compiled_decode import CompiledDecode
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
