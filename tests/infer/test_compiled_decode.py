@@ -4,13 +4,15 @@ import pytest
 import torch
 
 from test_model import TINY, tiny_hf
-from toolkit.infer.compiled_decode import CompiledDecode
+from toolkit.infer.compiled_decode import CompiledDecode, cpp_compiler
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.model import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
+
+pytestmark = pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile's CPU code needs a C++ compiler")
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +83,12 @@ def test_engine_compiled_speculation_greedy_equals_plain(qwen3, tree):
     head = random_head(qwen3.config, seed=0)
     got = Engine(qwen3, head, tree, max_len=64, compile=True).generate(prompt, params).tokens
     assert got == plain
+
+
+def test_no_cpp_compiler_is_a_clear_error(qwen3, monkeypatch):
+    import toolkit.infer.compiled_decode as cd
+
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(cd.shutil, "which", lambda name: None)
+    with pytest.raises(ValueError, match="needs a C\\+\\+ compiler"):
+        Engine(qwen3, max_len=64, compile=True)

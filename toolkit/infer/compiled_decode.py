@@ -14,11 +14,19 @@ in as its own tensor: a write into one big cache tensor would be copied whole by
 """
 from __future__ import annotations
 
+import os
+import shutil
+
 import torch
 import torch.nn.functional as F
 
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.model import Transformer, rope_cos_sin, rotate
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor would use ($CXX, else g++ / clang++ on PATH), or None."""
+    return next((shutil.which(c) for c in (os.environ.get("CXX"), "g++", "clang++") if c and shutil.which(c)), None)
 
 
 def decode_step(target: Transformer, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -67,6 +75,9 @@ class CompiledDecode:
         c = target.config
         if c.mla is not None or c.moe is not None:
             raise ValueError("the compiled decode step covers dense Llama-family targets (not MLA / MoE)")
+        if not cpp_compiler():
+            raise ValueError("compile=True (--compile) needs a C++ compiler for torch.compile's CPU code: none "
+                             "found (set CXX, or install g++ / clang++); run without --compile instead")
         self.keys = [cache.k[i, :1] for i in range(c.num_layers)]      # views: writes land in the cache
         self.values = [cache.v[i, :1] for i in range(c.num_layers)]
         aux = tuple(aux_layers)
