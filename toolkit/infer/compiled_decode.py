@@ -21,12 +21,13 @@ import torch
 import torch.nn.functional as F
 
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import Transformer, rope_cos_sin, rotate
+from toolkit.infer.model import Transformer, attention_masks, rope_cos_sin, rotate
 
 
 def cpp_compiler() -> str | None:
     """The C++ compiler inductor would use ($CXX, else g++ / clang++ on PATH), or None."""
-    return next((shutil.which(c) for c in (os.environ.get("CXX"), "g++", "clang++") if c and shutil.which(c)), None)
+    found = (shutil.which(c) for c in (os.environ.get("CXX"), "g++", "clang++") if c)
+    return next((path for path in found if path), None)
 
 
 def decode_step(target: Transformer, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -44,11 +45,7 @@ def decode_step(target: Transformer, tokens: torch.Tensor, positions: torch.Tens
     for i, layer in enumerate(target.layers):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        if attn.qkv is None:
-            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-        else:
-            q, k, v = F.linear(x, attn.qkv, attn.qkv_b).split(
-                [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
+        q, k, v = attn.qkv_proj(x)
         q = q.view(1, T, c.num_heads, c.head_dim)
         k = k.view(1, T, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
@@ -98,8 +95,7 @@ class CompiledDecode:
         one token that sees every slot up to its own -> (logits [1, T, V], aux list)."""
         from torch._inductor import config
 
-        bias = None if mask is None else torch.zeros(mask.shape, dtype=self.keys[0].dtype).masked_fill_(
-            ~mask, float("-inf"))[:, None]
+        bias = None if mask is None else attention_masks(mask, self.keys[0].dtype)[0]
         kv_len = int(slots[0, -1]) + 1 if mask is None else mask.shape[-1]
         with config.patch(self.options):  # inductor reads them when a call compiles (torch.compile's
             return self.step(tokens, positions, slots[0], kv_len, bias, self.keys, self.values)  # options= did not)

@@ -112,11 +112,7 @@ class Attention(nn.Module):
             q = rope_cache_write(F.linear(x, self.qkv, self.qkv_b), cos, sin, slots, cache.k[layer], cache.v[layer],
                                  c.num_heads, c.num_kv_heads)                # [B, Hq, T, D]
             return q, cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]
-        if self.qkv is None:  # separate projections (draft heads, training)
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:                 # one GEMM over the fused weight (the target at inference)
-            q, k, v = F.linear(x, self.qkv, self.qkv_b).split(
-                [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
+        q, k, v = self.qkv_proj(x)
         q = q.view(B, T, c.num_heads, c.head_dim)                        # [B, T, Hq, D]
         k = k.view(B, T, c.num_kv_heads, c.head_dim)                     # [B, T, Hkv, D]
         v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)     # [B, Hkv, T, D]
@@ -127,6 +123,15 @@ class Attention(nn.Module):
             cache.write(layer, k, v, slots)
             k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]  # [B, Hkv, S, D]
         return q, k, v
+
+    def qkv_proj(self, x):
+        """x [B, T, *] -> q [B, T, Hq*D], k and v [B, T, Hkv*D]."""
+        c = self.c
+        if self.qkv is None:  # separate projections (draft heads, training)
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        # one GEMM over the fused weight (the target at inference)
+        return F.linear(x, self.qkv, self.qkv_b).split(
+            [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
 
     def _attend(self, q, k, v, mask):
         """q [B, Hq, T, D] over k/v [B, Hkv, S, D] -> [B, Hq, T, D]."""
