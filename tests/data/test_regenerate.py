@@ -52,6 +52,32 @@ def test_engine_answers_every_turn_and_resume_neither_repeats_nor_skips(tiny_tar
     assert read(killed) == recs
 
 
+def test_shards_with_done_files_answer_each_conversation_once(tiny_target, data, tmp_path, capsys):
+    """Two processes: shard 0/2 and shard 1/2, the second also skipping what a first, partial run wrote.
+    Their files joined are the unsharded output, each id once; a torn line in a --done file is left alone."""
+    args = ["regenerate", "--model", str(tiny_target), "--data", str(data), "--max-new-tokens", "6",
+            "--batch-size", "3"]
+    full = tmp_path / "full.jsonl"
+    assert main(args + ["--out", str(full)]) == 0
+    want = {r["id"]: r for r in read(full)}
+    first = tmp_path / "first.jsonl"  # an earlier run that answered conversation 1 (odd) and was killed
+    torn = full.read_text().splitlines(keepends=True)[1] + '{"id": "torn'
+    first.write_text(torn)
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    assert main(args + ["--out", str(a), "--shard", "0/2"]) == 0
+    assert main(args + ["--out", str(b), "--shard", "1/2", "--done", str(first)]) == 0
+    assert first.read_text() == torn  # another process's file is only read
+    assert [r["id"] for r in read(a)] == ["convs.jsonl:0", "convs.jsonl:2"]
+    assert [r["id"] for r in read(b)] == ["convs.jsonl:3"]
+    joined = read(a) + read(b) + [json.loads(torn.splitlines()[0])]
+    assert sorted(r["id"] for r in joined) == sorted(want) and all(r == want[r["id"]] for r in joined)
+    for bad in ("2/2", "1", "a/b", "-1/2"):
+        assert main(args + ["--out", str(tmp_path / "x.jsonl"), f"--shard={bad}"]) == 2
+        assert "--shard" in capsys.readouterr().err
+    assert main(args + ["--out", str(tmp_path / "x.jsonl"), "--done", str(tmp_path / "missing.jsonl")]) == 2
+    assert "--done" in capsys.readouterr().err
+
+
 class FakeServer(BaseHTTPRequestHandler):
     seen: list = []
 

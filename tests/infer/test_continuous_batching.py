@@ -121,3 +121,44 @@ def test_speculation_paused_and_resumed_keeps_output_and_draft_state(target, mon
     assert len(common) >= 3 and all(offered["always"][p] == offered["paused"][p] for p in common)
     plain_steps = [a for i, a in enumerate(outputs["paused"].accepted) if (i // 2) % 2 == 1]
     assert plain_steps and all(a == 0 for a in plain_steps)
+
+
+def naive_greedy(target, prompt, n):
+    """Greedy tokens from full forwards without a cache: the reference that shares nothing with admit."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(target(torch.tensor([ids]))[0][0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_prefill_groups_bound_padding_and_cover_every_row_in_order():
+    from toolkit.infer.engine import prefill_groups
+
+    assert prefill_groups([5]) == [range(0, 1)]
+    assert prefill_groups([10, 11, 30, 3, 3, 3]) == [range(0, 2), range(2, 3), range(3, 6)]
+    lengths = [42, 45, 46, 50, 50, 105, 121, 122, 136, 216, 7, 3]
+    groups = prefill_groups(lengths)
+    assert [i for g in groups for i in g] == list(range(len(lengths)))
+    for g in groups:
+        part = lengths[g.start:g.stop]
+        assert len(part) == 1 or max(part) * len(part) <= 1.25 * sum(part)
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(3, 2, 6)], ids=["plain", "tree"])
+def test_admit_in_groups_equals_one_padded_prefill_and_plain_greedy(target, tree, monkeypatch):
+    """Prompts of 9, 9, 2 and 30 tokens are prefilled as three groups (two rows, then one, then one), the
+    first group at row 0 and the others after it; greedy output is plain greedy decoding's (full forwards, no
+    cache) and what one padded prefill of all four gives."""
+    import toolkit.infer.engine as engine_module
+
+    prompts = [PROMPTS[2], [1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 12], list(range(1, 31))]
+    assert engine_module.prefill_groups([len(p) for p in prompts]) == [range(0, 2), range(2, 3), range(3, 4)]
+    head = None if tree is None else random_head(target.config, seed=1)
+    params = SamplingParams(max_new_tokens=10)
+    want = [naive_greedy(target, p, 10) for p in prompts]
+    grouped = Engine(target, head, tree, max_len=64, max_batch=4).generate_batch(prompts, params)
+    assert [r.tokens for r in grouped] == want
+    monkeypatch.setattr(engine_module, "prefill_groups", lambda lengths: [range(len(lengths))])
+    padded = Engine(target, head, tree, max_len=64, max_batch=4).generate_batch(prompts, params)
+    assert [r.tokens for r in padded] == want

@@ -2,6 +2,7 @@
 (on-policy data, as the EAGLE-3 paper trains on). Turn k+1 sees the target's answer to turn k.
 
     toolkit regenerate --data train.jsonl --out regen.jsonl --max-new-tokens 256
+    toolkit regenerate --data train.jsonl --out regen_1.jsonl --shard 1/2 --done regen.jsonl  # a 2nd process
     toolkit regenerate --data train.jsonl --out regen.jsonl --endpoint http://127.0.0.1:8000/v1 --model NAME
 
 Answers come from our engine (batched, in-process) or from any OpenAI-compatible endpoint (vLLM, SGLang,
@@ -37,6 +38,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-samples", type=int, default=1, help="answers per conversation (needs temperature > 0)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--limit", type=int, default=None, help="first N conversations only")
+    p.add_argument("--shard", default="0/1", metavar="K/N",
+                   help="answer only conversations whose index %% N == K (run N processes or machines, each "
+                        "with its own --out; ids stay global, so `cat` joins the outputs)")
+    p.add_argument("--done", nargs="*", default=[], metavar="FILE",
+                   help="other outputs whose ids count as answered (e.g. a shard's or an earlier run's file)")
     p.add_argument("--batch-size", type=int, default=16, help="conversations decoded together (engine)")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight (endpoint)")
     p.add_argument("--max-len", type=int, default=2048, help="prompt + answer tokens per turn (engine)")
@@ -65,13 +71,25 @@ def conversations(files: list[str], num_samples: int, limit: int | None) -> Iter
                 yield f"{Path(f).name}:{i}" + (f"/{k}" if num_samples > 1 else ""), f"{f}:{i}", skeleton
 
 
-def done_ids(out: Path) -> set[str]:
-    """Ids already written; a torn last line (killed mid-write) is cut off so appending stays valid JSONL."""
+def parse_shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 0 <= K < N."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        k = n = -1
+    if not 0 <= k < n:
+        raise ValueError(f"--shard {text!r}: give K/N with 0 <= K < N, e.g. 0/2 and 1/2 for two processes")
+    return k, n
+
+
+def done_ids(out: Path, repair: bool = True) -> set[str]:
+    """Ids already written. A torn last line (killed mid-write) is ignored, and with repair (our own --out)
+    cut off so appending stays valid JSONL; another process's file (--done) is only read."""
     if not out.exists():
         return set()
     data = out.read_bytes()
     end = data.rfind(b"\n") + 1
-    if end < len(data):
+    if repair and end < len(data):
         with open(out, "r+b") as fh:
             fh.truncate(end)
     return {json.loads(line)["id"] for line in data[:end].splitlines() if line.strip()}
@@ -118,7 +136,9 @@ def engine_answerer(args) -> tuple[Callable, int]:
     def answer_batch(prompts: list[list[dict]]) -> list[str | None]:
         ids = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
                    add_special_tokens=False).input_ids for m in prompts]
-        fits = [j for j, x in enumerate(ids) if len(x) + args.max_new_tokens <= max_len]
+        # by length: the engine prefills neighbours of similar length together (less padding)
+        fits = sorted((j for j, x in enumerate(ids) if len(x) + args.max_new_tokens <= max_len),
+                      key=lambda j: len(ids[j]))
         out: list[str | None] = [None] * len(prompts)
         for s in range(0, len(fits), args.batch_size):
             chunk = fits[s:s + args.batch_size]
@@ -159,8 +179,14 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    k, n = parse_shard(args.shard)
     done = done_ids(out)
-    todo = [c for c in conversations(args.data, args.num_samples, args.limit) if c[0] not in done]
+    for f in args.done:
+        if not Path(f).exists():
+            raise ValueError(f"--done {f}: no such file")
+        done |= done_ids(Path(f), repair=False)
+    todo = [c for i, c in enumerate(conversations(args.data, args.num_samples, args.limit))
+            if i % n == k and c[0] not in done]
     if not todo and not done:
         raise ValueError(f"--data {' '.join(args.data)}: no conversations with user turns found")
     print(f"regenerate: {len(done)} conversations already in {out}, {len(todo)} to answer", file=sys.stderr)

@@ -29,6 +29,20 @@ def _pad(rows: list[list], value) -> torch.Tensor:
     return torch.tensor([r + [value] * (width - len(r)) for r in rows])
 
 
+def prefill_groups(lengths: list[int], waste: float = 1.25) -> list[range]:
+    """Split prompts (in row order) into consecutive groups prefilled together, right-padded to the group's
+    longest: a group grows while its padded tokens stay within `waste` x its real ones. One padded forward
+    for prompts of 42..216 tokens cost 2.5x the same prompts one by one (SmolLM2, CPU, 48 rows)."""
+    groups, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        wide = max(longest, n)
+        if i > start and wide * (i + 1 - start) > waste * sum(lengths[start:i + 1]):
+            groups.append(range(start, i))
+            start, wide = i, n
+        longest = wide
+    return groups + [range(start, len(lengths))]
+
+
 class Engine:
     def __init__(self, target: Transformer, head: Eagle3Head | None = None, tree: TreeConfig | None = None,
                  max_len: int | None = 2048, max_batch: int = 1, memory_fraction: float = 0.3,
@@ -133,14 +147,18 @@ class Engine:
         for s in seqs:
             self.check(s.prompt, s.params)
         t0 = time.perf_counter()
-        ids = self._host(_pad([s.prompt for s in seqs], 0))
-        logits, aux = self.target(ids, cache=self.cache.rows(n, n + m), aux_layers=self.aux_layers)
-        for b, s in enumerate(seqs):
-            s.prefix = len(s.prompt)
-            s.add(self._pick(logits[b, s.prefix - 1], s.params, s.generator))
-        if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
-            nxt = self._host(_pad([s.prompt[1:] + s.result.tokens for s in seqs], 0))
-            self._draft_extend(seqs, nxt, torch.cat(aux, -1), [0] * m, n)
+        for g in prefill_groups([len(s.prompt) for s in seqs]):
+            part, row0 = seqs[g.start:g.stop], n + g.start
+            ids = self._host(_pad([s.prompt for s in part], 0))
+            last = self._host([len(s.prompt) - 1 for s in part])
+            logits, aux = self.target(ids, cache=self.cache.rows(row0, row0 + len(part)), aux_layers=self.aux_layers,
+                                      logits_at=last)                                  # logits [b, 1, V]
+            for b, s in enumerate(part):
+                s.prefix = len(s.prompt)
+                s.add(self._pick(logits[b, 0], s.params, s.generator))
+            if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
+                nxt = self._host(_pad([s.prompt[1:] + s.result.tokens for s in part], 0))
+                self._draft_extend(part, nxt, torch.cat(aux, -1), [0] * len(part), row0)
         self.seconds["prefill"] += time.perf_counter() - t0
         for s in seqs:
             s.result.seconds["prefill"] += (time.perf_counter() - t0) / m

@@ -219,11 +219,14 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, slots: torch.Tensor | None = None,
-                mask: torch.Tensor | None = None, aux_layers: list[int] = (), kv_len: int | None = None):
+                mask: torch.Tensor | None = None, aux_layers: list[int] = (), kv_len: int | None = None,
+                logits_at: torch.Tensor | None = None):
         """input_ids/positions/slots [B, T]; mask bool [B, T, S] over cache slots (or over the T new tokens
         without a cache), default causal by position. Returns logits [B, T, V] and [aux hidden [B, T, H]]
         for each id in aux_layers (a layer's output; -1 = after the final norm). kv_len (= S, with a mask):
-        the cache slots attended, given by CUDA-graph callers so no shape depends on the slots' values."""
+        the cache slots attended, given by CUDA-graph callers so no shape depends on the slots' values.
+        logits_at [B] (a prefill): the one position per row whose logits are wanted; logits are then [B, 1, V]
+        (the vocabulary projection is a fifth of a SmolLM2 prefill's FLOPs, and only the last token's is read)."""
         B, T = input_ids.shape
         in_order = positions is None and slots is None  # token t at position t in slot t
         if positions is None:
@@ -250,7 +253,8 @@ class Transformer(nn.Module):
             if i in aux_layers:
                 kept[i] = h
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
-        return self.lm_head(kept[-1]), [kept[i] for i in aux_layers]
+        out = kept[-1] if logits_at is None else kept[-1][torch.arange(B, device=h.device), logits_at][:, None]
+        return self.lm_head(out), [kept[i] for i in aux_layers]
 
 
 def apply_kernels(module: nn.Module, kernels: str) -> nn.Module:
