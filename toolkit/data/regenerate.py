@@ -189,7 +189,9 @@ def main(args: argparse.Namespace) -> int:
             if i % n == k and c[0] not in done]
     if not todo and not done:
         raise ValueError(f"--data {' '.join(args.data)}: no conversations with user turns found")
-    print(f"regenerate: {len(done)} conversations already in {out}, {len(todo)} to answer", file=sys.stderr)
+    where = " and ".join([str(out)] + args.done)
+    print(f"regenerate: {len(done)} conversations already in {where}, {len(todo)} to answer"
+          + (f" (shard {k}/{n})" if n > 1 else ""), file=sys.stderr)
     if not todo:
         return 0
     answer_batch, group = endpoint_answerer(args) if args.endpoint else engine_answerer(args)
