@@ -33,12 +33,12 @@ def prefill_groups(lengths: list[int], waste: float = 1.25) -> list[range]:
     """Split prompts (in row order) into consecutive groups prefilled together, right-padded to the group's
     longest: a group grows while its padded tokens stay within `waste` x its real ones. One padded forward
     for prompts of 42..216 tokens cost 2.5x the same prompts one by one (SmolLM2, CPU, 48 rows)."""
-    groups, start, longest = [], 0, 0
+    groups, start, longest, real = [], 0, 0, 0
     for i, n in enumerate(lengths):
-        wide = max(longest, n)
-        if i > start and wide * (i + 1 - start) > waste * sum(lengths[start:i + 1]):
+        wide, real = max(longest, n), real + n
+        if i > start and wide * (i + 1 - start) > waste * real:
             groups.append(range(start, i))
-            start, wide = i, n
+            start, wide, real = i, n, n
         longest = wide
     return groups + [range(start, len(lengths))]
 
