@@ -1,16 +1,62 @@
 """`toolkit quickstart` end to end on the embedded SmolLM2 with a small budget: every artifact is written, the
-trained head is accepted (τ > 1) with greedy text identical to plain decoding, and a rerun skips every stage."""
+trained head is accepted (τ > 1) with greedy text identical to plain decoding, and a rerun skips every stage.
+The plan's sizes follow the machine's measured speed, so --minutes holds on slow and fast boxes."""
+import argparse
 import json
 import subprocess
 import sys
 
 import pytest
+import torch
+
+from toolkit.quickstart import REFERENCE_GFLOPS, Plan, add_args, measure_gflops, pick_speed
+
+
+def test_plan_shrinks_on_a_slower_machine_and_ignores_cpu_speed_on_a_gpu():
+    ref, slow = Plan.for_budget(20, gpu=False, speed=1.0), Plan.for_budget(20, gpu=False, speed=0.25)
+    assert (ref.prompts, ref.eval_prompts) == (210, 7)  # the sizes RESULTS.md's 16-minute run used
+    assert slow.prompts == 52 and slow.eval_prompts == 2 and slow.train_seconds == ref.train_seconds
+    assert slow.train_steps(170.0) * 4 == pytest.approx(ref.train_steps(170.0), abs=4)
+    assert Plan.for_budget(3, gpu=False, speed=0.01).prompts == 16  # floors keep every stage meaningful
+    assert Plan.for_budget(20, gpu=True, speed=0.25) == Plan.for_budget(20, gpu=True, speed=3.0)
+    with pytest.raises(ValueError, match="at least 2 minutes"):
+        Plan.for_budget(1, gpu=False)
+
+
+def test_pick_speed_measures_once_then_keeps_the_resumed_plan(monkeypatch):
+    state = {"stages": {}}
+    assert pick_speed("auto", 20, state, gpu=True) == 25.0 and state == {"stages": {}}
+    assert pick_speed(0.5, 20, state, gpu=False) == 0.5
+    monkeypatch.setattr("toolkit.quickstart.measure_gflops", lambda threads: REFERENCE_GFLOPS / 4)
+    assert pick_speed("auto", 20, state, gpu=False) == 0.25 and state["gflops"] == REFERENCE_GFLOPS / 4
+    state["plan"] = {"speed": 0.25}
+    monkeypatch.setattr("toolkit.quickstart.measure_gflops", lambda threads: 10 * REFERENCE_GFLOPS)
+    assert pick_speed("auto", 20, dict(state, minutes=20), gpu=False) == 0.25  # resumed: same plan
+    assert pick_speed("auto", 30, dict(state, minutes=20), gpu=False) == 4.0   # new budget: measured, capped
+
+
+def test_measure_gflops_is_positive_and_restores_the_thread_count():
+    before = torch.get_num_threads()
+    assert measure_gflops(threads=1, reps=2) > 0.5
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("bad", ["0", "fast", "-1", "1000"])
+def test_bad_speed_is_refused_with_what_is_accepted(bad, capsys):
+    p = argparse.ArgumentParser()
+    add_args(p)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--speed", bad])
+    assert "give auto or a relative speed in 0.01..100" in capsys.readouterr().err
+    assert p.parse_args(["--speed", "0.3"]).speed == 0.3 and p.parse_args([]).speed == "auto"
 
 
 @pytest.mark.slow
 def test_quickstart_runs_the_whole_pipeline_and_resumes(tmp_path, smollm2_dir):
     out = tmp_path / "qs"
-    cmd = [sys.executable, "-m", "toolkit.cli", "quickstart", "--out", str(out), "--minutes", "3", "--device", "cpu"]
+    # --speed 1 fixes the plan (31 prompts, ~20 steps) so the head is the same on a slow or fast CI box
+    cmd = [sys.executable, "-m", "toolkit.cli", "quickstart", "--out", str(out), "--minutes", "3", "--device", "cpu",
+           "--speed", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     for f in ("report.md", "training.png", "speedup.png", "bench.png", "maps/coverage.png", "draft/model.safetensors",

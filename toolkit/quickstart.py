@@ -25,32 +25,97 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="quickstart", help="output folder (an existing one is resumed)")
     p.add_argument("--minutes", type=float, default=20.0, help="time budget for the whole run (install excluded)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
+    p.add_argument("--speed", default="auto", type=_speed_arg,
+                   help="this CPU's speed relative to the box the plan's rates were measured on (1.0); auto times "
+                        "an fp32 GEMM first, so --minutes holds on slower and faster machines alike")
+
+
+def _speed_arg(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.01 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r}: give auto or a relative speed in 0.01..100 (1.0 = the 2-core "
+                                         f"box of {REFERENCE_GFLOPS:g} GFLOP/s the plan was measured on)")
+    return value
+
+
+# The plan's rates (answers, training tokens and bench prompts per second) were measured on a 2-core box whose
+# fp32 GEMM below ran at this rate on 2 threads. A box three times slower measured 44 GFLOP/s there and trained at
+# 69 tokens/s against 200: the stages scale with the GEMM rate to within ~10%.
+REFERENCE_GFLOPS = 128.0
+
+
+def measure_gflops(threads: int, reps: int = 5) -> float:
+    """fp32 GEMM rate of this CPU on `threads` threads: [1024, 576] x [576, 1536], the target's MLP shape at a
+    training micro-batch. Best of `reps` timings of 10 products (~0.2 s on the reference box)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = torch.randn(1024, 576), torch.randn(576, 1536)
+        a @ b  # warm-up: thread pool, pages
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                a @ b
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * 1024 * 576 * 1536 * 10 / best / 1e9
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Sizes that fit the budget, from rates measured on a 2-core CPU (x speed on a GPU)."""
+    """Sizes that fit the budget, from rates measured on a 2-core CPU, times the machine's relative speed
+    (measured on a CPU; a fixed 25 on a GPU, where these small steps are bound by launches, not FLOPs)."""
     prompts: int          # training conversations the target answers
     max_new_tokens: int   # per answer
     eval_prompts: int     # held-out prompts for the bench
     train_seconds: float  # training budget; steps follow from the prepared token count
     draft_vocab: int
     threads: int
+    speed: float          # relative to the reference box (1.0)
 
     @classmethod
-    def for_budget(cls, minutes: float, gpu: bool) -> "Plan":
+    def for_budget(cls, minutes: float, gpu: bool, speed: float = 1.0) -> "Plan":
         if minutes < 2:
             raise ValueError(f"--minutes {minutes}: the pipeline needs at least 2 minutes")
-        seconds, speed = minutes * 60, 25.0 if gpu else 1.0
+        if not speed > 0:
+            raise ValueError(f"speed {speed}: must be > 0")
+        seconds, speed = minutes * 60, 25.0 if gpu else speed
         # 35% answering at ~0.5 conversations/s (128 new tokens, batch 32), 40% training, 15% bench
         prompts = int(min(2000, max(16, 0.35 * seconds * 0.5 * speed)))
         eval_prompts = int(min(80, max(2, 0.15 * seconds / 25 * speed)))
-        return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2)
+        return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2, round(speed, 3))
 
-    def train_steps(self, tokens_per_row: float, gpu: bool) -> int:
-        """Optimizer steps at batch 4 that fit train_seconds at ~200 tokens/s (8k draft vocab, fp32, 2 threads)."""
-        rate = 200.0 * (25.0 if gpu else 1.0)
+    def train_steps(self, tokens_per_row: float) -> int:
+        """Optimizer steps at batch 4 that fit train_seconds at ~200 tokens/s x speed (8k draft vocab, fp32,
+        2 threads on the reference box)."""
+        rate = 200.0 * self.speed
         return max(10, int(self.train_seconds * rate / (4 * max(tokens_per_row, 1.0))))
+
+
+def pick_speed(speed: str | float, minutes: float, state: dict, gpu: bool) -> float:
+    """The plan's speed factor: fixed on a GPU; given; kept from the run being resumed (its finished stages fit
+    that plan); else measured, recording the GEMM rate in state."""
+    if gpu:
+        return 25.0
+    if speed != "auto":
+        return float(speed)
+    if state.get("minutes") == minutes and "speed" in state.get("plan", {}):
+        return state["plan"]["speed"]
+    gflops = measure_gflops(threads=2)
+    factor = min(gflops / REFERENCE_GFLOPS, 4.0)  # beyond 4x the plan's floors and caps dominate anyway
+    state["gflops"] = round(gflops, 1)
+    print(f"[quickstart] this CPU: {gflops:.0f} GFLOP/s fp32 GEMM on 2 threads = {factor:.2f}x the box the plan was "
+          f"measured on; sizes scaled to fit {minutes:g} minutes", flush=True)
+    return factor
 
 
 def _run(argv: list[str]) -> None:
@@ -76,9 +141,9 @@ def main(args: argparse.Namespace) -> int:
     gpu = device == "cuda"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plan = Plan.for_budget(args.minutes, gpu)
     state_file = out / "quickstart.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {"stages": {}}
+    plan = Plan.for_budget(args.minutes, gpu, pick_speed(args.speed, args.minutes, state, gpu))
     state.update(plan=asdict(plan), minutes=args.minutes, device=device)
     dev = ["--device", device]
     t_all = time.perf_counter()
@@ -112,7 +177,7 @@ def main(args: argparse.Namespace) -> int:
     stage("prepare data", out / "prepared" / "toolkit_prepare.json", lambda: _run(
         ["prepare-data", "--data", str(regen), "--out", str(out / "prepared"), "--max-len", "1024"]))
     prep = json.loads((out / "prepared" / "toolkit_prepare.json").read_text())
-    steps = plan.train_steps(prep["tokens"] / max(prep["kept"], 1), gpu)
+    steps = plan.train_steps(prep["tokens"] / max(prep["kept"], 1))
     train_dir = out / "train"
 
     def train() -> None:

@@ -41,13 +41,16 @@ def write_report(out: Path, state: dict, steps: int) -> Path:
     plot_speedup(bench, out / "speedup.png")
     s, b, plan = bench["speculative"], bench["baseline"], state["plan"]
     size = str(plan["draft_vocab"])
+    speed = (f"a machine {plan['speed']:.2f}x as fast as the reference box" +
+             (f" (fp32 GEMM measured at {state['gflops']:.0f} GFLOP/s on 2 threads)" if "gflops" in state else ""))
     took = {name: "skipped (done before)" if v.get("skipped") else f"{v['seconds']:.0f} s"
             for name, v in state["stages"].items()}
     stages = "\n".join(f"| {name} | {t} |" for name, t in took.items())
     rates = ", ".join(f"{r:.2f}" for r in s["accept_rate_by_position"])
     text = f"""# toolkit quickstart report
 
-Target: the embedded SmolLM2-135M-Instruct on {state['device']}; budget {state['minutes']:g} minutes.
+Target: the embedded SmolLM2-135M-Instruct on {state['device']}; budget {state['minutes']:g} minutes, sizes
+planned for {speed}.
 Every stage ran the `toolkit` command printed in the log; rerunning `toolkit quickstart --out {out}` skips
 finished stages.
 
