@@ -186,6 +186,7 @@ def main(args: argparse.Namespace) -> int:
                   str(vocab_map), f"max_steps={steps}", "batch_size=4", "max_len=1024", "lr=1e-3",
                   "warmup_ratio=0.05", "eval_every=0", f"eval_samples={min(8, max(2, plan.prompts // 20))}",
                   "eval_max_new_tokens=64", "log_every=5", f"save_every={max(steps // 4, 10)}",
+                  f"max_minutes={plan.train_seconds / 60:.2f}",  # the step estimate can be off: the clock decides
                   f"threads={plan.threads}"] + (["--resume"] if any(train_dir.glob("checkpoint-*")) else []))
         tmp = out / "draft.tmp"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -131,3 +131,18 @@ def test_a_two_layer_head_trains_and_exports(tiny_target, prepared, tmp_path):
     head = load_eagle3(out / "draft", ModelConfig.from_folder(tiny_target))
     assert len(head.additional_layers) == 1
     assert [len(r["acc_i"]) for r in read_metrics(out / "metrics.jsonl") if "acc_i" in r][0] == 3
+
+
+def test_max_minutes_stops_saves_evaluates_and_exports_then_resume_finishes(tiny_target, prepared, tmp_path, capsys):
+    out = tmp_path / "timed"
+    # 0.0001 min (6 ms) has passed after the first step: the run ends there as if it were the last step
+    assert train(tiny_target, prepared, out, "max_steps=40", "save_every=100", "max_minutes=0.0001") == 0
+    assert "max_minutes 0.0001 reached at step 1 of 40" in capsys.readouterr().out
+    recs = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in recs if "loss" in r] == [1]
+    assert [r["step"] for r in recs if "eval_engine_tau" in r] == [1]  # the final evaluation ran
+    assert (out / "checkpoint-1").is_dir() and (out / "draft" / "model.safetensors").is_file()
+    assert train(tiny_target, prepared, out, "max_steps=3", "save_every=100", flags=["--resume"]) == 0
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3]
+    assert train(tiny_target, prepared, tmp_path / "bad", "max_minutes=0") == 2
+    assert "max_minutes 0.0: must be > 0" in capsys.readouterr().err

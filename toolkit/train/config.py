@@ -41,6 +41,7 @@ class TrainConfig:
     max_grad_norm: float = 0.5
     max_steps: int | None = None             # optimizer steps; default: epochs over the data
     epochs: float = 1.0
+    max_minutes: float | None = None         # wall-clock budget: stop, save and export at the first step past it
     seed: int = 0
     dtype: str = "auto"                      # target dtype: auto = bf16 on GPU, fp32 on CPU
     # bookkeeping
@@ -87,6 +88,8 @@ class TrainConfig:
                 problems.append(f"{name} {getattr(self, name)}: must be at least 1")
         if self.max_steps is not None and self.max_steps < 1:
             problems.append(f"max_steps {self.max_steps}: must be at least 1")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            problems.append(f"max_minutes {self.max_minutes}: must be > 0 (or null: no time limit)")
         if not (self.lr > 0 and 0 < self.loss_decay <= 1 and self.epochs > 0 and 0 <= self.warmup_ratio < 1):
             problems.append("lr and epochs must be > 0, loss_decay in (0, 1], warmup_ratio in [0, 1)")
         if self.eval_samples < 0 or self.eval_every < 0:

@@ -191,6 +191,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     window = {"loss": 0.0, "losses": 0.0, "acc": 0.0, "count": 0.0, "tokens": 0, "n": 0}
     bar = tqdm(total=total, initial=progress.step, disable=not acc.is_main_process, unit="step", desc="train")
     t_log, grad_norm = time.perf_counter(), None
+    t_start = t_log
     model.train()
     while progress.step < total:
         for _ in range(cfg.grad_accum):
@@ -220,7 +221,12 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
             window["n"] += 1
         progress.step += 1
         bar.update(1)
-        if progress.step % cfg.log_every == 0 or progress.step == total:
+        # A wall-clock budget ends the run early, as if this step were the last; the ranks agree (max of clocks)
+        # so that every one of them takes the same collectives below.
+        out_of_time = cfg.max_minutes is not None and bool(acc.reduce(torch.tensor(
+            float(time.perf_counter() - t_start > cfg.max_minutes * 60), device=device), "max"))
+        final = progress.step == total or out_of_time
+        if progress.step % cfg.log_every == 0 or final:
             sums = acc.reduce(torch.stack([window["losses"], window["acc"], window["count"].float()]), "sum")
             tokens = int(acc.reduce(torch.tensor(window["tokens"], device=device), "sum"))
             progress.tokens += tokens
@@ -237,10 +243,14 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                             tok_s=f"{rec['tokens_per_second']:.0f}")
             window = {"loss": 0.0, "losses": 0.0, "acc": 0.0, "count": 0.0, "tokens": 0, "n": 0}
             t_log = time.perf_counter()
-        if progress.step % cfg.save_every == 0 or progress.step == total:
+        if progress.step % cfg.save_every == 0 or final:
             last = ckpt.save(acc, model, template, out, progress.step, cfg.keep_checkpoints, export_args)
-        if (cfg.eval_every and progress.step % cfg.eval_every == 0) or progress.step == total:
+        if (cfg.eval_every and progress.step % cfg.eval_every == 0) or final:
             run_eval(progress.step)
+        if out_of_time:
+            acc.print(f"max_minutes {cfg.max_minutes:g} reached at step {progress.step} of {total}; --resume "
+                      "continues the run")
+            break
     bar.close()
     if acc.is_main_process:
         ckpt.publish_draft(ckpt.latest(out), out)
