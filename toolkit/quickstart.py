@@ -44,8 +44,9 @@ def _speed_arg(text: str) -> str | float:
 
 
 # The plan's rates (answers, training tokens and bench prompts per second) were measured on a 2-core box whose
-# fp32 GEMM below ran at this rate on 2 threads. A box three times slower measured 44 GFLOP/s there and trained at
-# 69 tokens/s against 200: the stages scale with the GEMM rate to within ~10%.
+# fp32 GEMM below ran at about this rate on 2 threads. A slower VM measured 28-67 GFLOP/s within one hour while it
+# trained at a steady ~70 tokens/s (200 on the reference box): the GEMM rate sizes the plan only to within ~2x,
+# so the training stage is also bounded by the clock (max_minutes).
 REFERENCE_GFLOPS = 128.0
 
 
