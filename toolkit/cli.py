@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from toolkit.train.trainer import parse_with_overrides
+
+    args = parse_with_overrides(build_parser(), argv)
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError, RuntimeError) as err:

@@ -51,6 +51,12 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     assert len(s["accept_rate_by_position"]) == 3 and len(s["accepted_length_histogram"]) == 4
     assert s["seconds"]["other"] >= 0 and r["baseline"]["accept_rate_by_position"] == []
     assert set(r["per_category"]) == {"writing"}
+    for run in (r, r["prompt_lookup"]):  # τ per turn: the turns' figures make up the whole run's
+        turns = run["per_turn"].values()
+        assert set(run["per_turn"]) == {"1", "2"}
+        whole = run["speculative"] if run is r else run
+        assert sum(t["verify_steps"] for t in turns) == whole["verify_steps"]
+        assert sum(t["tokens"] for t in turns) == whole["tokens"]
     assert r["greedy_identical_to_baseline"] is True and r["greedy_identical_to_hf"] is True
     assert r["speedup_vs_baseline"] > 0 and r["speedup_vs_hf"] > 0 and len(r["sweep"]) == 1
     assert r["greedy_identical_to_prompt_lookup"] is True and r["prompt_lookup"]["tau"] >= 1.0
@@ -89,6 +95,7 @@ def test_prompt_lookup_tau_counts_target_forwards(smollm2_dir, smollm2_tokenizer
     assert pld_answers == plain_answers and plain["tau"] == 1.0
     assert pld["tau"] > 1.5 and pld["verify_steps"] < plain["verify_steps"]
     assert pld["tokens"] == plain["tokens"] == pytest.approx(pld["tau"] * pld["verify_steps"] + 1)
+    assert pld["per_turn"] == {"1": {k: pld[k] for k in ("tau", "verify_steps", "tokens")}}
 
 
 def test_turn_two_sees_the_models_own_turn_one_answer(smollm2_tokenizer):

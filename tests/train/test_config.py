@@ -33,6 +33,31 @@ def test_bad_values_are_named(override, words):
     assert words in str(err.value)
 
 
+def test_overrides_may_come_before_or_after_the_options(capsys):
+    """`toolkit train --config r.yaml --output-dir run num_layers=2` is how people type it; argparse alone
+    refuses words after an option, so the command line collects them as overrides (other words still fail)."""
+    from toolkit.cli import build_parser
+    from toolkit.train.trainer import add_args, cli, parse_with_overrides
+
+    parser = build_parser()
+    args = parse_with_overrides(parser, ["train", "lr=1e-3", "--config", "r.yaml", "--output-dir", "run",
+                                         "num_layers=2", "ttt_steps=9"])
+    assert args.overrides == ["lr=1e-3", "num_layers=2", "ttt_steps=9"] and args.output_dir == "run"
+    for argv in (["train", "--output-dir", "run", "--bogus"], ["train", "a=1", "--output-dir", "run", "stray"],
+                 ["bench", "--draft", "d", "--prompts", "p", "lr=1"]):
+        with pytest.raises(SystemExit) as stop:
+            parse_with_overrides(build_parser(), argv)
+        assert stop.value.code == 2
+        assert "unrecognized arguments: " + argv[-1] in capsys.readouterr().err
+    import argparse
+
+    entry = argparse.ArgumentParser()
+    add_args(entry)  # the entry scripts' (accelerate launch toolkit/train/eagle3.py ...) parser too
+    assert parse_with_overrides(entry, ["--data", "x", "max_steps=3"]).overrides == ["max_steps=3"]
+    assert cli("eagle3.py", "doc", "eagle3", ["--output-dir", "o", "nonsense=1", "data=x"]) == 2
+    assert "unknown config keys ['nonsense']" in capsys.readouterr().err
+
+
 def test_data_is_required():
     with pytest.raises(ValueError, match="prepared dataset folder"):
         TrainConfig()

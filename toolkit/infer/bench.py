@@ -83,15 +83,15 @@ def read_prompts(path: str, limit: int | None) -> list[dict]:
 
 def answer_turns(tok, prompts, generate) -> list[list[str]]:
     """Answer every prompt turn by turn (turn 2 sees the model's own turn-1 answer); `generate(prompt ids,
-    prompt) -> generated ids` is the engine under test."""
+    prompt) -> generated ids` is the engine under test, and its prompt carries `turn` (1, 2, ...)."""
     answers = []
     for p in prompts:
         messages = [{"role": "system", "content": p["system"]}] if p["system"] else []
         texts = []
-        for turn in p["turns"]:
+        for number, turn in enumerate(p["turns"], 1):
             messages.append({"role": "user", "content": turn})
             text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            out = generate(tok(text, add_special_tokens=False).input_ids, p)
+            out = generate(tok(text, add_special_tokens=False).input_ids, {**p, "turn": number})
             texts.append(tok.decode(out, skip_special_tokens=True))
             messages.append({"role": "assistant", "content": texts[-1]})
         answers.append(texts)
@@ -116,7 +116,7 @@ def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]
 
     def generate(ids, p):
         res = engine.generate(ids, params, {tok.eos_token_id}, g)
-        res.category = str(p["category"])
+        res.category, res.turn = str(p["category"]), p["turn"]
         results.append(res)
         return res.tokens
 
@@ -179,9 +179,12 @@ def main(args: argparse.Namespace) -> int:
               "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
               "probe_agreement": agree,
               "prompts": len(prompts), "speculative": summarize(results, wall, tree.num_steps),
-              "per_category": {}}
+              "per_category": {}, "per_turn": {}}
     for cat in sorted({r.category for r in results}):
         report["per_category"][cat] = summarize([r for r in results if r.category == cat])["tau"]
+    for turn in sorted({r.turn for r in results}):  # MT-bench's turn 2 often rewrites turn 1: copyable text
+        t = summarize([r for r in results if r.turn == turn])
+        report["per_turn"][str(turn)] = {k: t[k] for k in ("tau", "verify_steps", "tokens")}
     spec_tps = report["speculative"]["tokens_per_second"]
     if args.baseline:
         base, base_answers, base_wall = run_engine(make(None, None), tok, prompts, params,
@@ -217,10 +220,12 @@ def main(args: argparse.Namespace) -> int:
     write_png(out.with_suffix(".png"), report["speculative"])
     s = report["speculative"]
     print(f"tau {s['tau']:.2f} over {s['verify_steps']} verify steps, {spec_tps:.1f} tok/s; per position "
-          f"{[round(r, 2) for r in s['accept_rate_by_position']]}")
+          f"{[round(r, 2) for r in s['accept_rate_by_position']]}; per turn "
+          f"{ {t: round(v['tau'], 2) for t, v in report['per_turn'].items()} }")
     if "prompt_lookup" in report:
-        print(f"prompt lookup: tau {report['prompt_lookup']['tau']:.2f}, "
-              f"{report['prompt_lookup']['tokens_per_second']:.1f} tok/s")
+        pld = report["prompt_lookup"]
+        print(f"prompt lookup: tau {pld['tau']:.2f}, {pld['tokens_per_second']:.1f} tok/s; per turn "
+              f"{ {t: round(v['tau'], 2) for t, v in pld['per_turn'].items()} }")
     for key in ("speedup_vs_baseline", "speedup_vs_hf", "greedy_identical_to_baseline", "greedy_identical_to_hf",
                 "greedy_identical_to_prompt_lookup"):
         if key in report:

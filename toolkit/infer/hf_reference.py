@@ -13,7 +13,7 @@ import torch
 def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32,
            prompt_lookup: int = 0) -> tuple[list[list[str]], dict]:
     """Answer every prompt turn by turn; returns the answers and {tokens, wall_seconds, tokens_per_second,
-    verify_steps, tau} (+ prompt_lookup_num_tokens)."""
+    verify_steps, tau, per_turn: {turn: {tau, verify_steps, tokens}}} (+ prompt_lookup_num_tokens)."""
     from transformers import AutoModelForCausalLM
 
     from toolkit.infer.bench import answer_turns
@@ -26,15 +26,19 @@ def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32
                                                            top_p=params.top_p, top_k=params.top_k)
     if prompt_lookup:
         kw["prompt_lookup_num_tokens"] = prompt_lookup
-    counted, steps = [], [0]
+    counted = []  # (turn, tokens generated, target forwards after the prefill) per request
 
     def generate(ids, p):
         before = forwards[0]
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=params.max_new_tokens,
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, **kw)[0, len(ids):]
-        counted.append(len(out))
-        steps[0] += max(forwards[0] - before - 1, 0)  # the first forward is the prefill
+        counted.append((p["turn"], len(out), max(forwards[0] - before - 1, 0)))  # the first forward: prefill
         return out
+
+    def stats_of(rows):  # τ: tokens after each request's first (the prefill's), per forward after the prefill
+        steps = sum(r[2] for r in rows)
+        return {"tau": (sum(r[1] - 1 for r in rows) / steps) if steps else 1.0, "verify_steps": steps,
+                "tokens": sum(r[1] for r in rows)}
 
     from toolkit.infer.bench import warm_up_ids
 
@@ -45,9 +49,9 @@ def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32
     start = time.perf_counter()
     answers = answer_turns(tok, prompts, generate)
     wall = time.perf_counter() - start
-    tokens = sum(counted)
-    stats = {"tokens": tokens, "wall_seconds": wall, "tokens_per_second": tokens / wall, "verify_steps": steps[0],
-             "tau": (tokens - len(counted)) / steps[0] if steps[0] else 1.0}
+    stats = stats_of(counted)
+    stats.update(wall_seconds=wall, tokens_per_second=stats["tokens"] / wall,
+                 per_turn={str(t): stats_of([r for r in counted if r[0] == t]) for t in sorted({r[0] for r in counted})})
     if prompt_lookup:
         stats["prompt_lookup_num_tokens"] = prompt_lookup
     return answers, stats

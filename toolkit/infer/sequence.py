@@ -15,6 +15,7 @@ class Result:
     accepted: list[int] = field(default_factory=list)  # draft tokens accepted per verify step
     seconds: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
     category: str = "all"               # the caller's label (bench groups τ by it)
+    turn: int = 1                       # which turn of a multi-turn prompt (bench groups τ by it too)
 
     @property
     def tau(self) -> float:

@@ -30,6 +30,18 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir first")
 
 
+def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, except that key=value overrides may also follow the options (`--output-dir run lr=1e-3`):
+    argparse hands a positional list only the words before the first option, and refuses the rest."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = [*(args.overrides or []), *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def make_accelerator(cfg):
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs
@@ -266,7 +278,7 @@ def cli(script: str, doc: str, head_kind: str, argv: list[str] | None = None) ->
     p = argparse.ArgumentParser(prog=script, description=doc.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_args(p)
-    args = p.parse_args(argv)
+    args = parse_with_overrides(p, argv)
     try:
         return main(args, head_kind)
     except (ValueError, FileNotFoundError) as err:
