@@ -50,8 +50,9 @@ def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32
     answers = answer_turns(tok, prompts, generate)
     wall = time.perf_counter() - start
     stats = stats_of(counted)
+    turns = sorted({r[0] for r in counted})
     stats.update(wall_seconds=wall, tokens_per_second=stats["tokens"] / wall,
-                 per_turn={str(t): stats_of([r for r in counted if r[0] == t]) for t in sorted({r[0] for r in counted})})
+                 per_turn={str(t): stats_of([r for r in counted if r[0] == t]) for t in turns})
     if prompt_lookup:
         stats["prompt_lookup_num_tokens"] = prompt_lookup
     return answers, stats
