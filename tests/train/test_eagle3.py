@@ -146,3 +146,35 @@ def test_max_minutes_stops_saves_evaluates_and_exports_then_resume_finishes(tiny
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r] == [1, 2, 3]
     assert train(tiny_target, prepared, tmp_path / "bad", "max_minutes=0") == 2
     assert "max_minutes 0.0: must be > 0" in capsys.readouterr().err
+
+
+def test_init_from_a_trained_draft_starts_from_its_weights_and_vocabulary(tiny_target, prepared, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    first = tmp_path / "first"
+    assert train(tiny_target, prepared, first, "max_steps=12", "save_every=12", "draft_vocab_size=20000") == 0
+    # lr 1e-12: the one optimizer step moves nothing, so the export shows where the run started
+    again = tmp_path / "again"
+    assert train(tiny_target, prepared, again, "max_steps=1", "lr=1e-12", "save_every=1",
+                 f"init_from={first / 'draft'}") == 0
+    fresh = tmp_path / "fresh"
+    assert train(tiny_target, prepared, fresh, "max_steps=1", "lr=1e-12", "save_every=1",
+                 "draft_vocab_size=20000") == 0
+    wa, wb, wf = (load_file(str(d / "draft/model.safetensors")) for d in (first, again, fresh))
+    assert set(wa) == set(wb) and all(torch.allclose(wa[k].float(), wb[k].float(), atol=1e-2) for k in wa)
+    assert not torch.allclose(wa["fc.weight"].float(), wf["fc.weight"].float(), atol=1e-2)
+    # the started-from head keeps its own 20,000-id vocabulary (the recipe's default would take the whole vocab)
+    assert json.loads((again / "draft/config.json").read_text())["draft_vocab_size"] == 20000
+    assert torch.equal(wa["d2t"], wb["d2t"])
+    # and starts where the first run ended: a lower first loss than a fresh head's
+    assert losses(again)[1] < 0.9 * losses(fresh)[1]
+    capsys.readouterr()
+    draft = f"init_from={first / 'draft'}"
+    assert train(tiny_target, prepared, tmp_path / "x1", "max_steps=1", draft, "num_layers=2") == 2
+    assert "does not fit the head this recipe builds" in capsys.readouterr().err
+    assert train(tiny_target, prepared, tmp_path / "x2", "max_steps=1", draft, "head=eagle") == 2
+    assert "holds an eagle3 draft, but the recipe trains an eagle head" in capsys.readouterr().err
+    assert train(tiny_target, prepared, tmp_path / "x3", "max_steps=1", draft, "aux_layers=[0,1,2]") == 2
+    assert "init_from" in capsys.readouterr().err
+    assert train(tiny_target, prepared, tmp_path / "x4", "max_steps=1", f"init_from={tmp_path}") == 2
+    assert "no config.json there" in capsys.readouterr().err

@@ -107,3 +107,19 @@ def test_entry_scripts_refuse_a_recipe_for_another_head(tiny_target, prepared, t
     assert done.returncode == 2 and "launch toolkit/train/mtp.py" in done.stderr
     assert train("mtp", tiny_target, prepared, tmp_path / "y", "num_layers=2") == 2
     assert train("eagle", tiny_target, prepared, tmp_path / "z", "token_map=x.safetensors") == 2
+
+
+@pytest.mark.parametrize("head", ["mtp", "eagle"])
+def test_init_from_a_trained_draft_starts_from_its_weights(tiny_target, prepared, tmp_path, head):
+    first = tmp_path / "first"
+    assert train(head, tiny_target, prepared, first, "max_steps=6", "ttt_steps=2", "save_every=6",
+                 "eval_samples=0") == 0
+    for name, extra in (("again", [f"init_from={first / 'draft'}"]), ("fresh", [])):
+        assert train(head, tiny_target, prepared, tmp_path / name, "max_steps=1", "lr=1e-12", "ttt_steps=2",
+                     "save_every=1", "eval_samples=0", *extra) == 0
+    wa, wb, wf = (load_file(str(tmp_path / d / "draft/model.safetensors")) for d in ("first", "again", "fresh"))
+    assert set(wa) == set(wb) and all(torch.allclose(wa[k].float(), wb[k].float(), atol=1e-2) for k in wa)
+    assert not all(torch.allclose(wa[k].float(), wf[k].float(), atol=1e-2) for k in wa)
+    # an EAGLE-3 recipe refuses this draft, naming both kinds
+    assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir",
+                 str(tmp_path / "x"), *COMMON, f"init_from={first / 'draft'}"]) == 2

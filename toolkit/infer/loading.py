@@ -58,6 +58,18 @@ def _ships_mtp(cfg: dict) -> bool:
         (cfg.get("toolkit") or {}).get("head") == "mtp"
 
 
+def draft_kind(folder: str | Path) -> str:
+    """What a draft folder holds, from its config.json: "eagle3" (architectures LlamaForCausalLMEagle3),
+    "mtp" (our MTP drafts, or a target that ships MTP layers) or "eagle" (EAGLE-1/2, the rest)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"draft {folder}: no config.json there (give a draft folder)")
+    cfg = json.loads(path.read_text())
+    if "LlamaForCausalLMEagle3" in (cfg.get("architectures") or []):
+        return "eagle3"
+    return "mtp" if _ships_mtp(cfg) else "eagle"
+
+
 def load_draft(folder: str, target, token_map: str | None):
     """An EAGLE-3 head (architectures LlamaForCausalLMEagle3), an MTP module (our MTP drafts, or a target's own
     MTP layers) or an EAGLE-1/2 head, for `target`."""
@@ -65,16 +77,15 @@ def load_draft(folder: str, target, token_map: str | None):
     from toolkit.infer.eagle2 import load_eagle2
     from toolkit.infer.mtp import load_mtp
 
-    cfg = json.loads((Path(folder) / "config.json").read_text())
-    arch = cfg.get("architectures") or []
-    if "LlamaForCausalLMEagle3" in arch and token_map is not None:
+    kind = draft_kind(folder)
+    if kind == "eagle3" and token_map is not None:
         raise ValueError("--token-map applies to EAGLE-1/2 and MTP heads; an EAGLE-3 head carries its own d2t")
     from toolkit.infer.model import fuse_projections, readout_layout
 
     dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
-    if "LlamaForCausalLMEagle3" in arch:
+    if kind == "eagle3":
         head = load_eagle3(folder, target.config, dtype, device)
-    elif _ships_mtp(cfg):
+    elif kind == "mtp":
         head = load_mtp(folder, target, token_map, dtype)
     else:
         head = load_eagle2(folder, target, token_map, dtype)

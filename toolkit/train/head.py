@@ -1,6 +1,7 @@
 """Building a head to train: the target weights it borrows (embedding, lm_head, a decoder layer), EAGLE-3's
 draft vocabulary (given, or the most frequent assistant tokens of the training data) and head (lm_head rows
-copied from the target, or random as SpecForge starts it), and the signature a resumed run must match."""
+copied from the target, or random as SpecForge starts it; or a trained draft folder to start from), and the
+signature a resumed run must match."""
 from __future__ import annotations
 
 import json
@@ -69,6 +70,44 @@ def build_head(target_cfg: ModelConfig, vocab_ids: list[int], aux_layers: list[i
         with torch.no_grad():
             head.lm_head.weight.copy_(lm_head[ids].float())
     return head
+
+
+def start_from(kind: str, folder: str | Path, target_cfg: ModelConfig, parts: dict) -> nn.Module:
+    """A trained draft folder to start training from (`init_from`): our own export, or the public layouts the
+    engine serves (SGLang / SafeAILab EAGLE-3, EAGLE-1/2, MTP). For fine-tuning a released head on your own
+    data, or extending a finished run with a new schedule. Its kind must be the recipe's `head`."""
+    from types import SimpleNamespace
+
+    from toolkit.infer.drafts import load_eagle3
+    from toolkit.infer.eagle2 import load_eagle2
+    from toolkit.infer.loading import draft_kind
+    from toolkit.infer.mtp import load_mtp
+
+    found = draft_kind(folder)
+    if found != kind:
+        raise ValueError(f"init_from {folder}: holds an {found} draft, but the recipe trains an {kind} head")
+    if kind == "eagle3":
+        return load_eagle3(folder, target_cfg)
+    # the EAGLE-1/2 and MTP loaders read only these three things of a target (their lm_head is the target's)
+    target = SimpleNamespace(config=target_cfg, lm_head=SimpleNamespace(weight=parts["lm_head.weight"]),
+                             embed_tokens=SimpleNamespace(weight=parts["embed_tokens.weight"]))
+    return (load_mtp if kind == "mtp" else load_eagle2)(folder, target)
+
+
+def take_weights(head: nn.Module, start: nn.Module, folder: str | Path) -> None:
+    """Copy a loaded draft's weights into the head being trained; every tensor must fit (same layers, same draft
+    vocabulary), or the run is refused with the differences named."""
+    mine, theirs = head.state_dict(), start.state_dict()
+    diff = [f"{k} {tuple(mine[k].shape) if k in mine else 'absent'} here, "
+            f"{tuple(theirs[k].shape) if k in theirs else 'absent'} in the draft"
+            for k in sorted(set(mine) | set(theirs))
+            if k not in mine or k not in theirs or mine[k].shape != theirs[k].shape]
+    if diff:
+        raise ValueError(f"init_from {folder}: the draft does not fit the head this recipe builds "
+                         f"(num_layers, draft vocabulary?): " + "; ".join(diff[:6]))
+    with torch.no_grad():
+        for k, v in mine.items():
+            v.copy_(theirs[k].to(v.dtype))
 
 
 def head_signature(kind: str, head: nn.Module, target_fingerprint: str) -> dict:

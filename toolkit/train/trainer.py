@@ -74,7 +74,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.config import load_config
     from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches
-    from toolkit.train.head import check_signature, draft_vocab, head_signature, target_tensors
+    from toolkit.train.head import (check_signature, draft_vocab, head_signature, start_from, take_weights,
+                                     target_tensors)
     from toolkit.train.losses import simulated_tau
     from toolkit.train.objectives import OBJECTIVES, DraftTrainable
     from toolkit.train.tracking import Tracker
@@ -126,7 +127,11 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.infer.config import ModelConfig
 
     tcfg = ModelConfig.from_folder(folder)
-    aux_layers = cfg.aux_layers or (shards.index["aux_layer_ids"] if offline else tcfg.default_aux_layers())
+    start = start_from(cfg.head, cfg.init_from, tcfg, parts) if cfg.init_from else None
+    if start is not None and cfg.head == "eagle3" and cfg.aux_layers not in (None, start.aux_layers):
+        raise ValueError(f"aux_layers {cfg.aux_layers}: init_from {cfg.init_from} fuses layers {start.aux_layers}")
+    aux_layers = cfg.aux_layers or (start.aux_layers if start is not None and cfg.head == "eagle3" else None) or (
+        shards.index["aux_layer_ids"] if offline else tcfg.default_aux_layers())
     if offline and cfg.head == "eagle3" and aux_layers != shards.index["aux_layer_ids"]:
         raise ValueError(f"aux_layers {aux_layers} differ from the shards' {shards.index['aux_layer_ids']}")
     if cfg.head != "eagle3":  # EAGLE-1/2 and MTP read out through the target's whole lm_head
@@ -135,6 +140,12 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     elif cfg.token_map:
         d2t, t2d = load_vocab_map(cfg.token_map)
         vocab_ids = (torch.arange(len(d2t)) + d2t).tolist()
+        if start is not None and vocab_ids != (torch.arange(len(start.d2t)) + start.d2t).tolist():
+            raise ValueError(f"token_map {cfg.token_map}: differs from the draft vocabulary of init_from "
+                             f"{cfg.init_from}; leave token_map out to keep the draft's")
+    elif start is not None:  # the started-from head's own draft vocabulary
+        vocab_ids = (torch.arange(len(start.d2t)) + start.d2t).tolist()
+        d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
     else:  # FR-Spec rule on the training data's assistant tokens, the template's special tokens kept
         forced = ChatRenderer(load_tokenizer(model=str(folder))).template_special_ids()
         vocab_ids = draft_vocab(data.assistant_tokens(train_rows), cfg.draft_vocab_size, tcfg.vocab_size, forced)
@@ -144,6 +155,9 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
 
     # --- the head, optimizer, schedule; resume ---------------------------------------------------------
     head = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
+    if start is not None:  # a resumed run then loads its own checkpoint over these
+        take_weights(head, start, cfg.init_from)
+        acc.print(f"starting from the draft in {cfg.init_from}")
     # a CPU copy that exports and evaluations load the gathered weights into
     template = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
     signature = head_signature(cfg.head, head, target_fp)
