@@ -110,6 +110,33 @@ def take_weights(head: nn.Module, start: nn.Module, folder: str | Path) -> None:
             v.copy_(theirs[k].to(v.dtype))
 
 
+def pick_vocabulary(cfg, tcfg: ModelConfig, folder: Path, data, train_rows: list[int], start: nn.Module | None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """The head's draft vocabulary -> (target ids, d2t, t2d): EAGLE-1/2 and MTP read the whole target vocabulary;
+    EAGLE-3 takes `token_map`, else the `init_from` draft's own, else the FR-Spec rule on the training rows."""
+    from toolkit.data.chat import ChatRenderer, load_tokenizer
+    from toolkit.tokenmap.maps import load_vocab_map, vocab_map
+
+    if cfg.head != "eagle3":  # EAGLE-1/2 and MTP read out through the target's whole lm_head
+        vocab_ids = list(range(tcfg.vocab_size))
+        d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
+    elif cfg.token_map:
+        d2t, t2d = load_vocab_map(cfg.token_map)
+        vocab_ids = (torch.arange(len(d2t)) + d2t).tolist()
+        if start is not None and vocab_ids != (torch.arange(len(start.d2t)) + start.d2t).tolist():
+            raise ValueError(f"token_map {cfg.token_map}: differs from the draft vocabulary of init_from "
+                             f"{cfg.init_from}; leave token_map out to keep the draft's")
+    elif start is not None:  # the started-from head's own draft vocabulary
+        vocab_ids = (torch.arange(len(start.d2t)) + start.d2t).tolist()
+        d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
+    else:  # FR-Spec rule on the training data's assistant tokens, the template's special tokens kept
+        forced = ChatRenderer(load_tokenizer(model=str(folder))).template_special_ids()
+        vocab_ids = draft_vocab(data.assistant_tokens(train_rows), cfg.draft_vocab_size, tcfg.vocab_size, forced)
+        d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
+    if int(t2d.sum()) == 0 or len(t2d) != tcfg.vocab_size:
+        raise ValueError(f"token map {cfg.token_map}: does not fit the target vocabulary ({tcfg.vocab_size})")
+    return vocab_ids, d2t, t2d
+
+
 def head_signature(kind: str, head: nn.Module, target_fingerprint: str) -> dict:
     """What a resumed run must share with the saved one: the head kind, its target, its weight shapes and
     (EAGLE-3) its draft vocabulary."""

@@ -67,14 +67,13 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from tqdm import tqdm
     from transformers import get_scheduler
 
-    from toolkit.data.chat import ChatRenderer, load_tokenizer
     from toolkit.infer.model import load_target
     from toolkit.models import fingerprint, resolve_target
-    from toolkit.tokenmap.maps import load_vocab_map, save_vocab_map, vocab_map
+    from toolkit.tokenmap.maps import save_vocab_map
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.config import load_config
     from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches
-    from toolkit.train.head import (check_signature, draft_vocab, head_signature, start_from, take_weights,
+    from toolkit.train.head import (check_signature, head_signature, pick_vocabulary, start_from, take_weights,
                                      target_tensors)
     from toolkit.train.losses import simulated_tau
     from toolkit.train.objectives import OBJECTIVES, DraftTrainable
@@ -134,24 +133,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         shards.index["aux_layer_ids"] if offline else tcfg.default_aux_layers())
     if offline and cfg.head == "eagle3" and aux_layers != shards.index["aux_layer_ids"]:
         raise ValueError(f"aux_layers {aux_layers} differ from the shards' {shards.index['aux_layer_ids']}")
-    if cfg.head != "eagle3":  # EAGLE-1/2 and MTP read out through the target's whole lm_head
-        vocab_ids = list(range(tcfg.vocab_size))
-        d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
-    elif cfg.token_map:
-        d2t, t2d = load_vocab_map(cfg.token_map)
-        vocab_ids = (torch.arange(len(d2t)) + d2t).tolist()
-        if start is not None and vocab_ids != (torch.arange(len(start.d2t)) + start.d2t).tolist():
-            raise ValueError(f"token_map {cfg.token_map}: differs from the draft vocabulary of init_from "
-                             f"{cfg.init_from}; leave token_map out to keep the draft's")
-    elif start is not None:  # the started-from head's own draft vocabulary
-        vocab_ids = (torch.arange(len(start.d2t)) + start.d2t).tolist()
-        d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
-    else:  # FR-Spec rule on the training data's assistant tokens, the template's special tokens kept
-        forced = ChatRenderer(load_tokenizer(model=str(folder))).template_special_ids()
-        vocab_ids = draft_vocab(data.assistant_tokens(train_rows), cfg.draft_vocab_size, tcfg.vocab_size, forced)
-        d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
-    if int(t2d.sum()) == 0 or len(t2d) != tcfg.vocab_size:
-        raise ValueError(f"token map {cfg.token_map}: does not fit the target vocabulary ({tcfg.vocab_size})")
+    vocab_ids, d2t, t2d = pick_vocabulary(cfg, tcfg, folder, data, train_rows, start)
 
     # --- the head, optimizer, schedule; resume ---------------------------------------------------------
     head = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
