@@ -1,6 +1,8 @@
 """Simulated tau (training's teacher-forced TTT accuracies) against real engine tau, on the same prompts and
-the same target continuations: each turn's greedy answer is generated once, then (a) the head is unrolled over
-prompt + answer as in training and (b) the engine drafts a greedy chain of --steps tokens over the same prompt.
+the same target continuations: each turn's prompt (turn 2 after the model's own turn-1 answer) goes to
+toolkit.train.evaluate, where the engine drafts a greedy chain of --steps tokens and the head is unrolled over
+prompt + the engine's answer as in training; the replayed tau recomputes the engine's accepted lengths from
+that pass (equal to the engine's when training and serving agree).
 
     python benchmarks/sim_vs_engine.py --draft out/eagle3/draft --prompts ../shared/data/eval/mt_bench.jsonl \
         --limit 20 --steps 7 --max-new-tokens 256 --threads 2 --out benchmarks/sim_vs_engine.json
@@ -56,7 +58,8 @@ def main() -> None:
     report = {"draft": args.draft, "prompts": args.prompts, "turns": len(rows), "steps": args.steps,
               "simulated_tau": res["eval_simulated_tau"], "acc_i": res["eval_acc"],
               "engine_tau": res["eval_engine_tau"], "engine_accept_rate_by_position": res["eval_accept_rate_by_position"],
-              "ratio_engine_over_simulated": res["eval_engine_tau"] / res["eval_simulated_tau"]}
+              "ratio_engine_over_simulated": res["eval_engine_tau"] / res["eval_simulated_tau"],
+              "replayed_tau": res["eval_replayed_tau"], "replay_differing_turns": res["eval_replay_differing_rows"]}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 

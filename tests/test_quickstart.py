@@ -65,6 +65,8 @@ def test_quickstart_runs_the_whole_pipeline_and_resumes(tmp_path, smollm2_dir):
     bench = json.loads((out / "bench.json").read_text())
     assert bench["speculative"]["tau"] > 1.0
     assert bench["greedy_identical_to_baseline"] is True
+    ev = [json.loads(line) for line in (out / "train/metrics.jsonl").read_text().splitlines() if "eval_engine" in line][-1]
+    assert ev["eval_replay_differing_rows"] == 0 and ev["eval_replayed_tau"] == ev["eval_engine_tau"] > 1.0
     report = (out / "report.md").read_text()
     assert f"{bench['speculative']['tau']:.2f}" in report and "![training curves](training.png)" in report
     assert f"toolkit serve --draft {out / 'draft'}" in done.stdout

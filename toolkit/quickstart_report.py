@@ -77,7 +77,8 @@ The {size} most frequent assistant tokens cover {cov['sizes'].get(size, float('n
 EAGLE-3 head, one decoder layer, training-time test over {len(last['acc_i'])} steps, {trained} optimizer steps
 at batch 4: final loss {last['loss']:.2f}, acc_i {', '.join(f'{a:.2f}' for a in last['acc_i'])}, simulated
 tau on the training batch {last['simulated_tau']:.2f}""" + (f"""; on held-out rows: simulated tau
-{evals[-1]['eval_simulated_tau']:.2f}, engine tau {evals[-1]['eval_engine_tau']:.2f}""" if evals else "") + f""".
+{evals[-1]['eval_simulated_tau']:.2f}, engine tau {evals[-1]['eval_engine_tau']:.2f} (replayed from the training
+pass: {evals[-1].get('eval_replayed_tau', float('nan')):.2f})""" if evals else "") + f""".
 
 ![training curves](training.png)
 

@@ -35,6 +35,7 @@ def test_sim_vs_engine_reports_both_taus(tiny_target, prepared, tmp_path, shared
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["turns"] == 2 and r["engine_tau"] >= 1 and r["simulated_tau"] >= 1 and len(r["acc_i"]) == 3
+    assert r["replay_differing_turns"] == 0 and r["replayed_tau"] == r["engine_tau"]
     png = tmp_path / "curves.png"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/plot_train.py"), str(run / "metrics.jsonl"),
                            "--out", str(png)], capture_output=True, text=True)

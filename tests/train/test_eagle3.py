@@ -42,6 +42,8 @@ def test_training_lowers_the_loss_and_exports_a_draft_the_engine_loads(tiny_targ
     assert len(last["acc_i"]) == 7 and last["simulated_tau"] >= 1 and last["tokens_per_second"] > 0
     ev = [r for r in recs if "eval_engine_tau" in r][-1]
     assert ev["eval_engine_tau"] >= 1 and ev["eval_simulated_tau"] >= 1
+    # training's unrolled head, replayed over the engine's own answers, accepts what the engine accepted
+    assert ev["eval_replay_differing_rows"] == 0 and ev["eval_replayed_tau"] == ev["eval_engine_tau"]
     cfg = json.loads((out / "draft" / "config.json").read_text())
     assert cfg["toolkit"]["target"] == str(tiny_target) and cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
     head = load_eagle3(out / "draft", ModelConfig.from_folder(tiny_target))

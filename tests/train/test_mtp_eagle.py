@@ -54,6 +54,7 @@ def test_mtp_multi_step_training_lowers_every_step_loss_and_serves_losslessly(ti
     assert all(b < a for a, b in zip(first["loss_i"], last["loss_i"])), (first["loss_i"], last["loss_i"])
     ev = [r for r in read_metrics(out / "metrics.jsonl") if "eval_engine_tau" in r][-1]
     assert ev["eval_engine_tau"] >= 1
+    assert ev["eval_replay_differing_rows"] == 0 and ev["eval_replayed_tau"] == ev["eval_engine_tau"]
     cfg = json.loads((out / "draft/config.json").read_text())
     assert cfg["architectures"] == ["MiMoMTP"] and cfg["toolkit"]["head"] == "mtp"
     assert not list(out.glob("vocab_map_*"))  # the full vocabulary: no token map of its own
@@ -79,6 +80,8 @@ def test_eagle_regression_training_exports_the_safeailab_layout(tiny_target, pre
     assert train("eagle", tiny_target, prepared, out, "max_steps=16", "ttt_steps=2", "save_every=16") == 0
     recs = records(out)
     assert recs[-1]["loss"] < 0.8 * recs[0]["loss"] and len(recs[-1]["acc_i"]) == 2
+    ev = [r for r in read_metrics(out / "metrics.jsonl") if "eval_engine_tau" in r][-1]
+    assert ev["eval_replay_differing_rows"] == 0 and ev["eval_replayed_tau"] == ev["eval_engine_tau"]
     w = load_file(str(out / "draft/model.safetensors"))
     assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight"} <= set(w) and "lm_head.weight" not in w
     cfg = json.loads((out / "draft/config.json").read_text())

@@ -1,6 +1,8 @@
-"""Evaluation on rows held back from training: the simulated tau (teacher-forced TTT accuracies) and the real
-tau of our engine drafting a chain of `ttt_steps` tokens from each row's prompt, greedy. Both on the same
-prompts, so the simulation can be checked against serving."""
+"""Evaluation on rows held back from training, all on the same tokens: the engine drafts a greedy chain of
+`ttt_steps` tokens over each row's prompt (engine tau); the head is then unrolled as in training over the
+prompt + the engine's answer, which gives the simulated tau (the formula of losses.py) and the replayed tau
+(replay.py: the engine's accepted lengths recomputed from that one pass). Replayed == engine, step for step,
+is the check that training and serving compute the same head; the simulated tau over-predicts both."""
 from __future__ import annotations
 
 import torch
@@ -10,6 +12,7 @@ from toolkit.infer.metrics import summarize
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 from toolkit.train.losses import simulated_tau, ttt_loss
+from toolkit.train.replay import accept_lengths, replay_chain, replayed_tau
 from toolkit.train.ttt import unroll
 
 
@@ -23,23 +26,29 @@ def prompt_of(row: dict) -> list[int]:
 def evaluate(head, target, rows: list[dict], steps: int, decay: float, max_new_tokens: int, stop_ids) -> dict:
     """head: a plain (unwrapped) Eagle3Head on the target's device; target: the full Transformer."""
     head.eval()
-    t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool, device=head.d2t.device)
-    t2d[torch.arange(len(head.d2t), device=head.d2t.device) + head.d2t] = True
-    accs, counts = [], []
-    for r in rows:
-        ids = r["input_ids"][None].to(target.embed_tokens.weight.device)
+    device = target.embed_tokens.weight.device
+    draft_ids = torch.arange(len(head.d2t), device=device) + head.d2t.to(device)  # target id of each draft id
+    t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool, device=device)
+    t2d[draft_ids] = True
+    prompts = [prompt_of(r) for r in rows]
+    engine = Engine(target, head, TreeConfig(steps, 1, steps + 1), max(map(len, prompts)) + max_new_tokens + 1)
+    results = [engine.generate(p, SamplingParams(0.0, max_new_tokens=max_new_tokens), stop_ids) for p in prompts]
+    accs, counts, replayed, differing = [], [], [], 0
+    for prompt, res in zip(prompts, results):
+        ids = torch.tensor([prompt + res.tokens], device=device)                         # [1, L]
+        mask = torch.tensor([[0] * len(prompt) + [1] * len(res.tokens)], device=device)
         logits, aux = target(ids, aux_layers=head.aux_layers)
         step_logits, _ = unroll(head, target.embed_tokens, torch.cat(aux, -1), ids, steps)
-        _, _, acc, count = ttt_loss(step_logits, logits, r["loss_mask"][None].to(ids.device), t2d, decay)
+        _, _, acc, count = ttt_loss(step_logits, logits, mask, t2d, decay)
         accs.append(acc * count)
         counts.append(count)
+        lengths = accept_lengths(step_logits, logits.argmax(-1), draft_ids)[0]
+        replayed.append(replay_chain(lengths, len(prompt), len(res.tokens)))
+        differing += replayed[-1] != res.accepted
     n = len(min(accs, key=len)) if accs else 0
     acc = sum(a[:n] for a in accs) / torch.stack([c[:n] for c in counts]).sum(0).clamp_min(1) if n else None
-    prompts = [prompt_of(r) for r in rows]
-    max_len = max(len(p) for p in prompts) + max_new_tokens + 1
-    engine = Engine(target, head, TreeConfig(steps, 1, steps + 1), max_len)
-    results = [engine.generate(p, SamplingParams(0.0, max_new_tokens=max_new_tokens), stop_ids) for p in prompts]
     s = summarize(results, positions=steps)
     return {"eval_simulated_tau": simulated_tau(acc) if acc is not None else None,
             "eval_acc": [round(float(a), 4) for a in acc] if acc is not None else [],
+            "eval_replayed_tau": replayed_tau(replayed), "eval_replay_differing_rows": differing,
             "eval_engine_tau": s["tau"], "eval_accept_rate_by_position": s["accept_rate_by_position"]}

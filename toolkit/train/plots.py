@@ -1,5 +1,5 @@
 """Training curves of a run from its metrics.jsonl: loss, accuracy per TTT step, and τ (simulated on the
-training batch and on held-out rows, and measured in the engine at each eval)."""
+training batch and on held-out rows, measured in the engine and replayed from training's pass at each eval)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,6 +27,7 @@ def plot_training(metrics: Path, out: Path) -> Path:
     c.plot([r["step"] for r in steps], [r["simulated_tau"] for r in steps], lw=0.8, label="simulated (train batch)")
     c.plot([r["step"] for r in evals], [r["eval_simulated_tau"] for r in evals], "o-", label="simulated (held out)")
     c.plot([r["step"] for r in evals], [r["eval_engine_tau"] for r in evals], "s-", label="engine (held out)")
+    c.plot([r["step"] for r in evals], [r.get("eval_replayed_tau") for r in evals], "x", label="replayed (held out)")
     c.set(xlabel="step", ylabel="tau", title="acceptance length")
     c.legend(fontsize=7)
     fig.subplots_adjust(left=0.06, right=0.99, bottom=0.14, top=0.9, wspace=0.28)
