@@ -38,3 +38,103 @@ def test_bench_table_lists_runs_and_sweeps_with_ratios(tmp_path):
     assert len(lines) == 4
     assert "| mtp | MTPHead | 49152 | 3 steps, topk 1, 4 tokens | 2.25 | 20.0 | 2.00x | 0.50, 0.25 | 1.50 |" == lines[2]
     assert "1 steps, topk 1, 2 tokens | 1.50 | 15.0 | 1.50x |  | 1.00 |" in lines[3]
+
+
+def fake_results(n: int, seed: int) -> list:
+    """Engine results with random accepted lengths (0..4 of 4 draft positions), categories and turns."""
+    import random
+
+    from toolkit.infer.sequence import Result
+
+    rng, out = random.Random(seed), []
+    for i in range(n):
+        accepted = [rng.choice([0, 0, 1, 2, 4]) for _ in range(rng.randint(1, 12))]
+        out.append(Result(tokens=[1] * (sum(accepted) + len(accepted) + 1), verify_steps=len(accepted),
+                          accepted=accepted, seconds={"prefill": 0.01, "draft": 0.02 * i, "verify": 0.03},
+                          category=rng.choice(["math", "coding", "writing"]), turn=1 + i % 2))
+    return out
+
+
+def counts(results, key) -> dict:
+    from toolkit.infer.metrics import summarize
+
+    return {str(k): {f: summarize([r for r in results if getattr(r, key) == k])[f]
+                     for f in ("tau", "verify_steps", "tokens")} for k in sorted({getattr(r, key) for r in results})}
+
+
+def shard_report(i: int, n: int, spec: list, plain: list, wall: float) -> dict:
+    """A `toolkit bench --shard i/n` JSON (docs/formats.md section 11) over the given results."""
+    from toolkit.infer.metrics import summarize
+
+    hf = {k: v for k, v in summarize(plain, wall * 1.5).items() if k in ("tau", "verify_steps", "tokens",
+                                                                           "wall_seconds", "tokens_per_second")}
+    return {"draft": "d", "head": "Eagle3Head", "token_map": None, "draft_vocab_size": 8, "target": "t",
+            "tree": {"num_steps": 4, "topk": 1, "num_draft_tokens": 5}, "sampling": {"temperature": 0.0},
+            "probe_agreement": 0.1 * (i + 1), "shard": f"{i}/{n}", "prompts": len(spec),
+            "speculative": summarize(spec, wall, 4), "per_category": counts(spec, "category"),
+            "per_turn": counts(spec, "turn"), "baseline": summarize(plain, wall * 2),
+            "hf_generate": {**hf, "per_turn": counts(plain, "turn")}, "greedy_identical_to_baseline": True,
+            "greedy_identical_to_hf": True,
+            "sweep": [{"num_steps": 6, "topk": 10, "num_draft_tokens": 60, **summarize(spec[::-1], wall * 3, 4)}]}
+
+
+def test_merged_shards_equal_one_run_over_every_prompt(tmp_path):
+    """τ, acceptance by position, the histogram, per-category / per-turn τ and counts of the merged shards are
+    those of one summary over all results; speeds are all tokens over all wall seconds."""
+    from toolkit.infer.metrics import summarize
+    from toolkit.infer.sequence import Result
+
+    spec = fake_results(30, seed=1)
+    plain = [Result(tokens=r.tokens, verify_steps=len(r.tokens) - 1, accepted=[0] * (len(r.tokens) - 1),
+                    category=r.category, turn=r.turn) for r in spec]
+    walls = [10.0, 20.0, 5.0]
+    files = []
+    for i, wall in enumerate(walls):
+        files.append(tmp_path / f"s{i}.json")
+        files[-1].write_text(json.dumps(shard_report(i, 3, spec[i::3], plain[i::3], wall)))
+    out = tmp_path / "merged.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/merge_bench.py"), *map(str, files), "--out",
+                           str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    m = json.loads(out.read_text())
+    whole = summarize(spec, sum(walls), 4)
+    for key in ("requests", "tokens", "verify_steps", "accepted_length_histogram", "wall_seconds"):
+        assert m["speculative"][key] == whole[key], key
+    assert m["speculative"]["tau"] == pytest.approx(whole["tau"])
+    assert m["speculative"]["accept_rate_by_position"] == pytest.approx(whole["accept_rate_by_position"])
+    assert m["speculative"]["tokens_per_second"] == pytest.approx(whole["tokens"] / sum(walls))
+    assert m["speculative"]["seconds"]["draft"] == pytest.approx(sum(r.seconds["draft"] for r in spec), abs=1e-3)
+    for key, got in (("category", m["per_category"]), ("turn", m["per_turn"])):
+        want = counts(spec, key)
+        assert set(got) == set(want)
+        for k in want:
+            assert got[k]["tau"] == pytest.approx(want[k]["tau"]) and got[k]["tokens"] == want[k]["tokens"]
+    assert m["baseline"]["tau"] == 1.0 and m["hf_generate"]["verify_steps"] == summarize(plain)["verify_steps"]
+    assert m["speedup_vs_baseline"] == pytest.approx(2.0) and m["speedup_vs_hf"] == pytest.approx(1.5)
+    assert m["sweep"][0]["tau"] == pytest.approx(whole["tau"]) and m["sweep"][0]["num_draft_tokens"] == 60
+    assert m["shards"] == ["0/3", "1/3", "2/3"] and m["prompts"] == 30 and m["greedy_identical_to_hf"] is True
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG" and "3 shards" in done.stdout
+    table = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_table.py"), str(out)],
+                           capture_output=True, text=True)
+    assert table.returncode == 0 and f"| {whole['tau']:.2f} |" in table.stdout
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r["tree"].update(topk=2), "tree"),
+    (lambda r: r.update(shard="0/3"), "different --shard"),
+    (lambda r: r["per_category"].update(math=1.5), "older toolkit bench"),
+    (lambda r: r["sweep"][0].pop("verify_steps"), "older toolkit bench"),
+    (lambda r: r.pop("baseline"), "same flags"),
+], ids=["tree", "duplicate-shard", "legacy-category", "legacy-sweep", "missing-run"])
+def test_merge_refuses_shards_that_do_not_belong_together(tmp_path, change, message):
+    spec = fake_results(6, seed=2)
+    files = []
+    for i in range(2):
+        r = shard_report(i, 3, spec[i::2], spec[i::2], 1.0)
+        if i == 1:
+            change(r)
+        files.append(tmp_path / f"s{i}.json")
+        files[-1].write_text(json.dumps(r))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/merge_bench.py"), *map(str, files), "--out",
+                           str(tmp_path / "m.json")], capture_output=True, text=True)
+    assert done.returncode != 0 and message in done.stderr and not (tmp_path / "m.json").exists()

@@ -50,7 +50,8 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     # every draft position of the tree (--num-steps 3) is reported, accepted or not; other time is measured
     assert len(s["accept_rate_by_position"]) == 3 and len(s["accepted_length_histogram"]) == 4
     assert s["seconds"]["other"] >= 0 and r["baseline"]["accept_rate_by_position"] == []
-    assert set(r["per_category"]) == {"writing"}
+    assert set(r["per_category"]) == {"writing"} and r["per_category"]["writing"]["verify_steps"] == s["verify_steps"]
+    assert r["shard"] is None
     for run in (r, r["prompt_lookup"]):  # τ per turn: the turns' figures make up the whole run's
         turns = run["per_turn"].values()
         assert set(run["per_turn"]) == {"1", "2"}
@@ -59,6 +60,10 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
         assert sum(t["tokens"] for t in turns) == whole["tokens"]
     assert r["greedy_identical_to_baseline"] is True and r["greedy_identical_to_hf"] is True
     assert r["speedup_vs_baseline"] > 0 and r["speedup_vs_hf"] > 0 and len(r["sweep"]) == 1
+    sweep = r["sweep"][0]  # a whole summary with counts, so that shards merge (benchmarks/merge_bench.py)
+    assert (sweep["num_steps"], sweep["topk"], sweep["num_draft_tokens"]) == (2, 1, 3)
+    assert sweep["tokens"] == s["tokens"] and sweep["tau"] == pytest.approx(
+        (sweep["tokens"] - s["requests"]) / sweep["verify_steps"])  # greedy: same tokens; the first is prefill's
     assert r["greedy_identical_to_prompt_lookup"] is True and r["prompt_lookup"]["tau"] >= 1.0
     assert r["prompt_lookup"]["prompt_lookup_num_tokens"] == 3 and r["hf_generate"]["tau"] == 1.0
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
@@ -116,3 +121,23 @@ def test_turn_two_sees_the_models_own_turn_one_answer(smollm2_tokenizer):
     assert "Be brief." in first and "Capital of France?" in first and "Paris" not in first
     assert second.index("Capital of France?") < second.index("Paris is the capital.") < second.index("Its population?")
     assert first.rstrip().endswith("assistant") and second.rstrip().endswith("assistant")  # generation prompts
+
+
+def test_shards_take_every_nth_prompt_and_bad_shards_are_refused(shared, tmp_path):
+    from toolkit.infer.bench import parse_shard, read_prompts
+
+    path = str(shared / "data/eval/mt_bench.jsonl")
+    every = read_prompts(path, None)
+    shards = [read_prompts(path, None, parse_shard(f"{i}/10")) for i in range(10)]
+    assert sorted(p["id"] for sh in shards for p in sh) == sorted(p["id"] for p in every)
+    assert [p["id"] for p in shards[3]] == [p["id"] for p in every[3::10]]
+    assert len({p["category"] for p in shards[3]}) == 8  # MT-bench is sorted by category, 10 questions each
+    assert [p["id"] for p in read_prompts(path, 2, parse_shard("1/10"))] == [every[1]["id"], every[11]["id"]]
+    assert parse_shard(None) == (0, 1)
+    for bad in ("10/10", "-1/4", "a/b", "3"):
+        with pytest.raises(ValueError, match="--shard"):
+            parse_shard(bad)
+    two = tmp_path / "two.jsonl"
+    two.write_text("\n".join(json.dumps({"turns": [f"q{i}"]}) for i in range(2)) + "\n")
+    with pytest.raises(ValueError, match="no prompts read in shard 5/6"):
+        read_prompts(str(two), None, (5, 6))

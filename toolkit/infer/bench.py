@@ -28,7 +28,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="target (default: the one the draft records, else "
                                                  f"{DEFAULT_MODEL})")
     p.add_argument("--prompts", required=True, help="JSONL/JSON prompts: MT-bench turns or any corpus schema")
-    p.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts only (of the shard, with --shard)")
+    p.add_argument("--shard", default=None, metavar="I/N", help="prompts I, I+N, I+2N, ... (0-based) only: split a "
+                   "long set across processes or sessions; on a category-sorted file like MT-bench each shard takes "
+                   "every category. Join the shards' JSONs with benchmarks/merge_bench.py")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per turn")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -59,10 +62,26 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
 
 
-def read_prompts(path: str, limit: int | None) -> list[dict]:
-    """[{id, category, system, turns: [user texts]}] from MT-bench `turns` records or any corpus schema."""
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1), every prompt."""
+    if text is None:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: give I/N, e.g. 0/10 for prompts 0, 10, 20, ...") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {text!r}: I must be in 0..N-1 and N >= 1")
+    return i, n
+
+
+def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) -> list[dict]:
+    """[{id, category, system, turns: [user texts]}] from MT-bench `turns` records or any corpus schema; with
+    `shard` (I, N) only the records I, I+N, I+2N, ... of the file."""
     out, stats = [], ReadStats(path)
-    for where, rec in raw_records(Path(path), stats):
+    for index, (where, rec) in enumerate(raw_records(Path(path), stats)):
+        if index % shard[1] != shard[0]:
+            continue
         if isinstance(rec, dict) and isinstance(rec.get("turns"), list):
             item = {"id": rec.get("question_id", len(out)), "category": rec.get("category", "all"),
                     "system": None, "turns": list(rec["turns"])}
@@ -77,7 +96,8 @@ def read_prompts(path: str, limit: int | None) -> list[dict]:
         if limit is not None and len(out) >= limit:
             break
     if not out:
-        raise ValueError(f"--prompts {path}: no prompts read")
+        raise ValueError(f"--prompts {path}: no prompts read" + (f" in shard {shard[0]}/{shard[1]}"
+                                                                 if shard[1] > 1 else ""))
     return out
 
 
@@ -164,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
     loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels)
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
-    prompts = read_prompts(args.prompts, args.limit)
+    prompts = read_prompts(args.prompts, args.limit, parse_shard(args.shard))
     max_len = min(args.max_len, target.config.max_position_embeddings)
 
     def make(draft, cfg):  # CUDA graphs on a GPU unless --eager
@@ -177,11 +197,13 @@ def main(args: argparse.Namespace) -> int:
     results, spec_answers, wall = run_engine(make(head, tree), tok, prompts, params, args.seed)
     report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,
               "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
-              "probe_agreement": agree,
+              "probe_agreement": agree, "shard": args.shard,
               "prompts": len(prompts), "speculative": summarize(results, wall, tree.num_steps),
               "per_category": {}, "per_turn": {}}
+    # counts beside each τ, so that shards of one set merge exactly (benchmarks/merge_bench.py)
     for cat in sorted({r.category for r in results}):
-        report["per_category"][cat] = summarize([r for r in results if r.category == cat])["tau"]
+        c = summarize([r for r in results if r.category == cat])
+        report["per_category"][cat] = {k: c[k] for k in ("tau", "verify_steps", "tokens")}
     for turn in sorted({r.turn for r in results}):  # MT-bench's turn 2 often rewrites turn 1: copyable text
         t = summarize([r for r in results if r.turn == turn])
         report["per_turn"][str(turn)] = {k: t[k] for k in ("tau", "verify_steps", "tokens")}
@@ -211,7 +233,7 @@ def main(args: argparse.Namespace) -> int:
         for cfg in parse_sweep(args.sweep):
             res, _, w = run_engine(make(head, cfg), tok, prompts, params, args.seed)
             s = summarize(res, w, cfg.num_steps)
-            report["sweep"].append({**vars(cfg), "tau": s["tau"], "tokens_per_second": s["tokens_per_second"]})
+            report["sweep"].append({**vars(cfg), **s})
         best = max(report["sweep"], key=lambda r: r["tokens_per_second"])
         print(f"best of sweep: num_steps {best['num_steps']} topk {best['topk']} num_draft_tokens "
               f"{best['num_draft_tokens']}: tau {best['tau']:.2f}, {best['tokens_per_second']:.1f} tok/s")

@@ -1,0 +1,140 @@
+"""Join the JSONs of `toolkit bench --shard I/N` runs into one report over the whole prompt set, as if one
+run had answered every prompt: τ and acceptance rates weighted by verify steps, counts and seconds summed,
+tokens/s = all tokens / all wall seconds, speedups recomputed from those, greedy checks true only if every
+shard's is. The merged JSON has the `toolkit bench` schema (docs/formats.md section 11) plus `shards` and
+`merged_from`, so benchmarks/bench_table.py reads it; a PNG is written beside it.
+
+    for i in 0 1 2 3 4 5 6 7 8 9; do toolkit bench ... --shard $i/10 --out shard$i.json; done
+    python benchmarks/merge_bench.py shard*.json --out mt_bench.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling")
+RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup")
+
+
+def weighted(parts: list[dict], key: str) -> float:
+    steps = sum(p["verify_steps"] for p in parts)
+    return sum(p[key] * p["verify_steps"] for p in parts) / steps if steps else 0.0
+
+
+def merge_counts(parts: list[dict]) -> dict:
+    """{tau, verify_steps, tokens} entries (per category, per turn)."""
+    return {"tau": weighted(parts, "tau"), "verify_steps": sum(p["verify_steps"] for p in parts),
+            "tokens": sum(p["tokens"] for p in parts)}
+
+
+def merge_grouped(groups: list[dict], where: list[str], what: str) -> dict:
+    """{name: counts} dicts of the shards (a name may be missing from some) -> one such dict."""
+    for g, w in zip(groups, where):
+        bad = [k for k, v in g.items() if not isinstance(v, dict) or "verify_steps" not in v]
+        if bad:
+            raise ValueError(f"{w}: {what} {bad} carry no verify_steps / tokens (written by an older toolkit "
+                             "bench); rerun that shard with the current one")
+    names = sorted({k for g in groups for k in g})
+    return {k: merge_counts([g[k] for g in groups if k in g]) for k in names}
+
+
+def merge_run(parts: list[dict], where: list[str]) -> dict:
+    """Summaries of one engine or transformers run, one per shard -> the run over every shard."""
+    out = {}
+    for key in ("requests", "tokens", "verify_steps"):
+        if all(key in p for p in parts):
+            out[key] = sum(p[key] for p in parts)
+    out["tau"] = weighted(parts, "tau")
+    if "accept_rate_by_position" in parts[0]:
+        depth, steps = max(len(p["accept_rate_by_position"]) for p in parts), out["verify_steps"]
+        rates = [p["accept_rate_by_position"] + [0.0] * (depth - len(p["accept_rate_by_position"])) for p in parts]
+        out["accept_rate_by_position"] = [  # share of all verify steps accepting >= k + 1 draft tokens
+            sum(r[k] * p["verify_steps"] for r, p in zip(rates, parts)) / steps if steps else 0.0
+            for k in range(depth)]
+        width = max(len(p["accepted_length_histogram"]) for p in parts)
+        out["accepted_length_histogram"] = [sum(p["accepted_length_histogram"][a] for p in parts
+                                                if a < len(p["accepted_length_histogram"])) for a in range(width)]
+    if "seconds" in parts[0]:
+        out["seconds"] = {k: None if any(p["seconds"][k] is None for p in parts)
+                          else round(sum(p["seconds"][k] for p in parts), 4) for k in parts[0]["seconds"]}
+    out["wall_seconds"] = round(sum(p["wall_seconds"] for p in parts), 4)
+    out["tokens_per_second"] = out["tokens"] / out["wall_seconds"] if out["wall_seconds"] > 0 else 0.0
+    if "per_turn" in parts[0]:
+        out["per_turn"] = merge_grouped([p["per_turn"] for p in parts], where, "per_turn")
+    if "prompt_lookup_num_tokens" in parts[0]:
+        out["prompt_lookup_num_tokens"] = parts[0]["prompt_lookup_num_tokens"]
+    return out
+
+
+def merge(reports: list[dict], where: list[str]) -> dict:
+    first = reports[0]
+    for key in SAME:
+        for r, w in zip(reports[1:], where[1:]):
+            if r.get(key) != first.get(key):
+                raise ValueError(f"{w}: {key} {r.get(key)!r} differs from {where[0]}'s {first.get(key)!r}; merge "
+                                 "shards of one configuration only")
+    shards = [r.get("shard") for r in reports]
+    dup = sorted({s for s in shards if s is not None and shards.count(s) > 1})
+    if dup or (len(reports) > 1 and None in shards):
+        raise ValueError(f"shards {shards} of {where}: each file must be a different --shard of the set")
+    out = {k: first.get(k) for k in SAME}
+    out.update({"shards": shards, "merged_from": where, "prompts": sum(r["prompts"] for r in reports),
+                "probe_agreement": sum(r["probe_agreement"] for r in reports) / len(reports)})
+    for run in RUNS:
+        have = [run in r for r in reports]
+        if any(have) and not all(have):
+            raise ValueError(f"{run} is in some shards and not in others ({have}): run every shard with the same "
+                             "flags")
+        if all(have):
+            out[run] = merge_run([r[run] for r in reports], where)
+    out["per_category"] = merge_grouped([r["per_category"] for r in reports], where, "per_category")
+    out["per_turn"] = merge_grouped([r["per_turn"] for r in reports], where, "per_turn")
+    spec = out["speculative"]["tokens_per_second"]
+    if "baseline" in out:
+        out["speedup_vs_baseline"] = spec / out["baseline"]["tokens_per_second"]
+    if "hf_generate" in out:
+        out["speedup_vs_hf"] = spec / out["hf_generate"]["tokens_per_second"]
+        if "prompt_lookup" in out:
+            out["prompt_lookup"]["speedup_vs_hf"] = (out["prompt_lookup"]["tokens_per_second"]
+                                                     / out["hf_generate"]["tokens_per_second"])
+    for key in ("greedy_identical_to_baseline", "greedy_identical_to_hf", "greedy_identical_to_prompt_lookup"):
+        if any(key in r for r in reports):
+            out[key] = all(r.get(key) is True for r in reports)
+    if any("sweep" in r for r in reports):
+        trees = [[(s["num_steps"], s["topk"], s["num_draft_tokens"]) for s in r.get("sweep", [])] for r in reports]
+        if any(t != trees[0] for t in trees):
+            raise ValueError(f"--sweep differs between shards: {trees}")
+        for r, w in zip(reports, where):
+            if any("verify_steps" not in s for s in r["sweep"]):
+                raise ValueError(f"{w}: sweep entries carry no verify_steps / tokens (written by an older toolkit "
+                                 "bench); rerun that shard with the current one")
+        out["sweep"] = [{**dict(zip(("num_steps", "topk", "num_draft_tokens"), t)),
+                         **merge_run([r["sweep"][i] for r in reports], where)} for i, t in enumerate(trees[0])]
+    return out
+
+
+def main() -> None:
+    from toolkit.atomic import write_text
+    from toolkit.infer.bench import write_png
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+", type=Path, help="toolkit bench --shard I/N --out JSON files")
+    p.add_argument("--out", type=Path, required=True, help="merged JSON; a PNG is written beside it")
+    args = p.parse_args()
+    merged = merge([json.loads(f.read_text()) for f in args.files], [str(f) for f in args.files])
+    write_text(args.out, json.dumps(merged, indent=2) + "\n")
+    write_png(args.out.with_suffix(".png"), merged["speculative"])
+    for run in RUNS:
+        if run in merged:
+            print(f"{run}: tau {merged[run]['tau']:.3f}, {merged[run]['tokens_per_second']:.1f} tok/s over "
+                  f"{merged[run]['tokens']} tokens")
+    for s in merged.get("sweep", []):
+        print(f"tree {s['num_steps']},{s['topk']},{s['num_draft_tokens']}: tau {s['tau']:.3f}, "
+              f"{s['tokens_per_second']:.1f} tok/s")
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')} ({merged['prompts']} prompts, "
+          f"{len(args.files)} shards)")
+
+
+if __name__ == "__main__":
+    main()
