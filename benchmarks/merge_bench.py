@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling")
+SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling", "sample_draft")
 RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup")
 
 
@@ -102,14 +102,15 @@ def merge(reports: list[dict], where: list[str]) -> dict:
         if any(key in r for r in reports):
             out[key] = all(r.get(key) is True for r in reports)
     if any("sweep" in r for r in reports):
-        trees = [[(s["num_steps"], s["topk"], s["num_draft_tokens"]) for s in r.get("sweep", [])] for r in reports]
+        trees = [[(s["num_steps"], s["topk"], s["num_draft_tokens"], s.get("sample_draft", False))
+                  for s in r.get("sweep", [])] for r in reports]
         if any(t != trees[0] for t in trees):
             raise ValueError(f"--sweep differs between shards: {trees}")
         for r, w in zip(reports, where):
             if any("verify_steps" not in s for s in r["sweep"]):
                 raise ValueError(f"{w}: sweep entries carry no verify_steps / tokens (written by an older toolkit "
                                  "bench); rerun that shard with the current one")
-        out["sweep"] = [{**dict(zip(("num_steps", "topk", "num_draft_tokens"), t)),
+        out["sweep"] = [{**dict(zip(("num_steps", "topk", "num_draft_tokens", "sample_draft"), t)),
                          **merge_run([r["sweep"][i] for r in reports], where)} for i, t in enumerate(trees[0])]
     return out
 

@@ -39,8 +39,8 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(folder), "--prompts",
                            str(shared / "data/eval/mt_bench.jsonl"), "--limit", "2", "--max-new-tokens", "6",
                            "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5", "--baseline",
-                           "--compare-hf", "--compare-pld", "3", "--sweep", "2,1,3", "--threads", "1", "--out",
-                           str(out)],
+                           "--compare-hf", "--compare-pld", "3", "--sweep", "2,1,3", "--sample-draft", "--threads", "1",
+                           "--out", str(out)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -62,6 +62,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     assert r["speedup_vs_baseline"] > 0 and r["speedup_vs_hf"] > 0 and len(r["sweep"]) == 1
     sweep = r["sweep"][0]  # a whole summary with counts, so that shards merge (benchmarks/merge_bench.py)
     assert (sweep["num_steps"], sweep["topk"], sweep["num_draft_tokens"]) == (2, 1, 3)
+    assert sweep["sample_draft"] is True and r["sample_draft"] is False  # --sample-draft: chains only
     assert sweep["tokens"] == s["tokens"] and sweep["tau"] == pytest.approx(
         (sweep["tokens"] - s["requests"]) / sweep["verify_steps"])  # greedy: same tokens; the first is prefill's
     assert r["greedy_identical_to_prompt_lookup"] is True and r["prompt_lookup"]["tau"] >= 1.0

@@ -2,6 +2,7 @@
 each consecutive pair) are distributed the same with a draft tree or chain as without speculation, under
 temperature, top-k and top-p; and no token the target's truncated distribution excludes is ever emitted.
 
+The sampled chain draws its drafts from the head (speculative sampling verifies them against the draft's law).
 Token 1 comes from prefill (the draft plays no part); tokens 2 and 3 come from the first verify step (an
 accepted draft token or the bonus) or the second; in the wide tree the first step always accepts a
 non-first child, so token 4 also checks the KV moved for that accepted path."""
@@ -72,19 +73,21 @@ def excluded(target, samples, params) -> int:
     return bad
 
 
-CASES = {  # tree, sampling; the wide tree has every token as a child of the root
-    "chain-top_p": (TreeConfig(2, 1, 3), SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=3)),
-    "wide-tree-top_k": (TreeConfig(2, 8, 17), SamplingParams(temperature=2.0, top_k=2, max_new_tokens=4)),
+CASES = {  # tree, sampling, sampled drafts; the wide tree has every token as a child of the root
+    "chain-top_p": (TreeConfig(2, 1, 3), SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=3), False),
+    "wide-tree-top_k": (TreeConfig(2, 8, 17), SamplingParams(temperature=2.0, top_k=2, max_new_tokens=4), False),
     "tree-top_k-top_p": (TreeConfig(3, 2, 6), SamplingParams(temperature=1.5, top_k=3, top_p=0.9,
-                                                             max_new_tokens=3)),
+                                                             max_new_tokens=3), False),
+    "sampled-chain-top_k": (TreeConfig(3, 1, 4), SamplingParams(temperature=1.3, top_k=4, max_new_tokens=4), True),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_first_tokens_are_distributed_as_without_speculation(tiny, case):
-    tree, params = CASES[case]
+    tree, params, sample_draft = CASES[case]
     plain = draws(Engine(tiny, max_len=32, max_batch=BATCH), params, 0)
-    spec_engine = Engine(tiny, random_head(tiny.config, seed=2), tree, max_len=32, max_batch=BATCH)
+    spec_engine = Engine(tiny, random_head(tiny.config, seed=2), tree, max_len=32, max_batch=BATCH,
+                         sample_draft=sample_draft)
     spec = draws(spec_engine, params, 1)
     assert excluded(tiny, spec, params) == 0 and excluded(tiny, plain, params) == 0
     for i in range(1, params.max_new_tokens):  # token i + 1 alone, and with the token before it
@@ -94,3 +97,17 @@ def test_first_tokens_are_distributed_as_without_speculation(tiny, case):
     res = spec_engine.generate(PROMPT, SamplingParams(temperature=1.3, max_new_tokens=20),
                                generator=torch.Generator().manual_seed(5))
     assert len(res.tokens) == 20 and res.verify_steps < 19  # drafts do get accepted
+
+
+def test_sampled_drafts_keep_greedy_rows_greedy_and_need_a_chain(tiny):
+    head = random_head(tiny.config, seed=2)
+    greedy = SamplingParams(max_new_tokens=12)
+    plain = Engine(tiny, max_len=32).generate(PROMPT, greedy).tokens
+    sampled = Engine(tiny, head, TreeConfig(3, 1, 4), max_len=32, sample_draft=True)
+    top1 = Engine(tiny, head, TreeConfig(3, 1, 4), max_len=32)
+    assert sampled.generate(PROMPT, greedy).tokens == plain
+    assert sampled.generate(PROMPT, greedy).accepted == top1.generate(PROMPT, greedy).accepted  # top-1 drafts
+    with pytest.raises(ValueError, match="needs a draft head and a chain"):
+        Engine(tiny, head, TreeConfig(2, 2, 4), max_len=32, sample_draft=True)
+    with pytest.raises(ValueError, match="needs a draft head and a chain"):
+        Engine(tiny, None, None, max_len=32, sample_draft=True)

@@ -85,3 +85,20 @@ def test_graphed_engine_equals_eager(target, tree):
     assert (4, n) in calls and (1, n) in calls  # 3 running rows padded to the 4-row bucket; then 1 row
     if tree is not None:
         assert ("loop", 4) in calls and ("loop", 1) in calls  # the whole draft loop replayed too
+
+
+def test_graphed_sampled_chain_equals_eager(target):
+    """The draft loop of a sampled chain (noise and 1 / T as graph inputs, the draft's log-probs as an output)
+    replays what the eager loop draws, from the same generator."""
+    head, tree = random_head(target.config, seed=1), TreeConfig(4, 1, 5)
+    params = SamplingParams(temperature=0.8, max_new_tokens=12)
+    runs = []
+    for graphs in (False, True):
+        calls = []
+        engine = Engine(target, head, tree, max_len=64, max_batch=4, cuda_graphs=graphs, sample_draft=True,
+                        graph_capture=counting(calls) if graphs else None)
+        calls.clear()
+        runs.append(engine.generate_batch(PROMPTS, params, generator=torch.Generator().manual_seed(4)))
+    assert [r.tokens for r in runs[1]] == [r.tokens for r in runs[0]]
+    assert [r.accepted for r in runs[1]] == [r.accepted for r in runs[0]]
+    assert ("loop", 4) in calls

@@ -54,3 +54,43 @@ def test_tensor_growth_equals_the_host_reference(cfg):
                               cfg, mask_len=64)
     assert tokens.tolist() == [w.tokens.tolist() for w in want]
     assert parents.tolist() == [w.parents.tolist() for w in want]
+
+
+def test_a_sampled_chain_draws_each_token_from_the_tempered_draft():
+    """grow with Gumbel noise: each node is the argmax of its step's log-probs * inv_temp + noise (the step's
+    log-probs come back), zero noise gives the top-1 chain, and the first token is distributed as
+    softmax(root_logp / T)."""
+    head = random_head(TARGET, seed=3)
+    with torch.no_grad():
+        head.lm_head.weight.normal_(0.0, 1.0)
+    embed = torch.nn.Embedding(TARGET.vocab_size, TARGET.hidden_size)
+    cfg, B, g = TreeConfig(4, 1, 5), 3, torch.Generator().manual_seed(1)
+    root_out = torch.randn(B, TARGET.hidden_size, generator=g)
+    root_logp = torch.randn(B, TARGET.vocab_size, generator=g).mul(3).log_softmax(-1)
+    prefixes, roots = [7, 12, 3], [5, 9, 200]
+    gumbel = -torch.log(-torch.log(torch.rand(B, cfg.num_steps, TARGET.vocab_size, generator=g)))
+    inv_temp = torch.tensor([1.0, 2.0, 0.5])
+    trees = draft_trees(head, embed, head.new_cache(64, batch=B), prefixes, roots, root_out, root_logp, cfg,
+                        gumbel=gumbel, inv_temp=inv_temp)
+    for b, t in enumerate(trees):
+        assert t.parents.tolist() == [-1, 0, 1, 2, 3] and t.draft_logp.shape == (4, TARGET.vocab_size)
+        assert torch.equal(t.draft_logp[0], root_logp[b])
+        want = head.to_target((t.draft_logp * inv_temp[b] + gumbel[b]).argmax(-1))
+        assert t.tokens[1:].tolist() == want.tolist()
+    top1 = draft_trees(head, embed, head.new_cache(64, batch=B), prefixes, roots, root_out, root_logp, cfg)
+    quiet = draft_trees(head, embed, head.new_cache(64, batch=B), prefixes, roots, root_out, root_logp, cfg,
+                        gumbel=torch.zeros_like(gumbel), inv_temp=torch.ones(B))
+    assert [t.tokens.tolist() for t in quiet] == [t.tokens.tolist() for t in top1]
+
+    n, T = 20_000, 1.5  # one step, many rows: the Gumbel-max draw is a draw from softmax(logp / T)
+    logp = (torch.randn(8, generator=g) * 2).log_softmax(-1)
+    small = TreeConfig(1, 1, 2)
+    noise = -torch.log(-torch.log(torch.rand(n, 1, 8, generator=g)))
+    tokens, _, _, back = grow(head, embed, None, torch.ones(n, dtype=torch.long), torch.zeros(n, dtype=torch.long),
+                              torch.zeros(n, TARGET.hidden_size), logp.expand(n, 8), small, gumbel=noise,
+                              inv_temp=torch.full((n,), 1 / T))
+    freq = torch.bincount(tokens[:, 1] - head.to_target(torch.zeros(1, dtype=torch.long)), minlength=8) / n
+    assert 0.5 * (freq - (logp / T).softmax(-1)).abs().sum() < 0.015
+    with pytest.raises(ValueError, match="chains only"):
+        grow(head, embed, None, torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+             torch.zeros(1, TARGET.hidden_size), logp[None], TreeConfig(2, 2, 3), gumbel=noise[:1], inv_temp=None)

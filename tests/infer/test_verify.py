@@ -1,11 +1,12 @@
-"""Tree verification: greedy follows the target argmax; sampling emits exactly the target distribution."""
+"""Tree verification: greedy follows the target argmax; sampling emits exactly the target distribution, with
+top-1 proposals and with a chain the draft sampled (there also accepting sum min(p, q) of the time)."""
 from collections import Counter
 
 import pytest
 import torch
 
 from toolkit.infer.sampling import SamplingParams, target_probs
-from toolkit.infer.verify import greedy_verify, sample_verify
+from toolkit.infer.verify import greedy_verify, sample_chain_verify, sample_verify
 
 
 def test_greedy_walks_the_matching_branch_and_adds_the_bonus():
@@ -63,6 +64,33 @@ def test_sampling_is_lossless(shape):
     assert tv(first, probs[0]) < 0.012
     assert sum(second.values()) > 3000 and tv(second, probs[1]) < 0.03
     assert first[[t for t in range(v) if probs[0][t] == 0][0]] == 0  # top-k removed it: never emitted
+
+
+def test_sampled_chain_verify_is_lossless_and_accepts_sum_min_p_q():
+    """Drafts drawn from q at every node: the first emitted token ~ p[0]; given node 1 accepted, the next ~ p[1];
+    node 1 is accepted with probability sum_x min(p[0](x), q[0](x))."""
+    g = torch.Generator().manual_seed(2)
+    v, n = 6, 40_000
+    logits = torch.randn(4, v, generator=g) * 1.5
+    probs = target_probs(logits, SamplingParams(temperature=0.9, top_k=5))             # [4, v]: root + 3 nodes
+    draft = (torch.randn(3, v, generator=g) * 1.5).softmax(-1)                         # q of nodes 1..3
+    first, second, accepted = Counter(), Counter(), 0
+    for _ in range(n):
+        tokens = torch.cat([torch.tensor([5]), torch.multinomial(draft, 1, generator=g)[:, 0]])
+        path, out = sample_chain_verify(tokens, probs, draft, g)
+        assert len(out) == len(path) and path == list(range(len(path)))
+        assert out[:len(path) - 1] == tokens[1:len(path)].tolist()   # accepted nodes emit their own tokens
+        first[out[0]] += 1
+        if len(path) > 1:
+            accepted += 1
+            second[out[1]] += 1
+    assert tv(first, probs[0]) < 0.012
+    assert tv(second, probs[1]) < 0.02
+    assert abs(accepted / n - float(torch.minimum(probs[0], draft[0]).sum())) < 0.01
+    assert first[[t for t in range(v) if probs[0][t] == 0][0]] == 0  # top-k removed it: never emitted
+    chain = torch.tensor([5, int(probs[0].argmax()), int(probs[1].argmax())])
+    same = sample_chain_verify(chain, probs[:3], probs[:2], g)                      # q == p: always accepted
+    assert same[0] == [0, 1, 2] and same[1][:2] == chain[1:].tolist()
 
 
 def test_target_probs_and_params():

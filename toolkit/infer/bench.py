@@ -47,6 +47,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="also run transformers prompt-lookup decoding with N lookup tokens (the peer that needs no "
                         "training)")
     p.add_argument("--sweep", default=None, metavar="S,K,N;S,K,N", help="grid of num_steps,topk,num_draft_tokens")
+    p.add_argument("--sample-draft", action="store_true", help="T > 0, chains (topk 1): draw the draft tokens from "
+                   "the head's tempered distribution and verify with speculative sampling (min(1, p/q)) instead of "
+                   "proposing its top-1 (EAGLE/SGLang); trees in --sweep keep top-k proposals")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -189,7 +192,10 @@ def main(args: argparse.Namespace) -> int:
 
     def make(draft, cfg):  # CUDA graphs on a GPU unless --eager
         return Engine(target, draft, cfg, max_len, cuda_graphs=False if args.eager else None,
-                      compile=args.compile)
+                      compile=args.compile, sample_draft=sampled(draft, cfg))
+
+    def sampled(draft, cfg) -> bool:  # --sample-draft applies to chains
+        return args.sample_draft and draft is not None and cfg.topk == 1
 
     agree = probe(head, target, tok, tok.apply_chat_template(
         [{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False, add_generation_prompt=True))
@@ -197,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
     results, spec_answers, wall = run_engine(make(head, tree), tok, prompts, params, args.seed)
     report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,
               "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
-              "probe_agreement": agree, "shard": args.shard,
+              "probe_agreement": agree, "shard": args.shard, "sample_draft": sampled(head, tree),
               "prompts": len(prompts), "speculative": summarize(results, wall, tree.num_steps),
               "per_category": {}, "per_turn": {}}
     # counts beside each τ, so that shards of one set merge exactly (benchmarks/merge_bench.py)
@@ -233,7 +239,7 @@ def main(args: argparse.Namespace) -> int:
         for cfg in parse_sweep(args.sweep):
             res, _, w = run_engine(make(head, cfg), tok, prompts, params, args.seed)
             s = summarize(res, w, cfg.num_steps)
-            report["sweep"].append({**vars(cfg), **s})
+            report["sweep"].append({**vars(cfg), "sample_draft": sampled(head, cfg), **s})
         best = max(report["sweep"], key=lambda r: r["tokens_per_second"])
         print(f"best of sweep: num_steps {best['num_steps']} topk {best['topk']} num_draft_tokens "
               f"{best['num_draft_tokens']}: tau {best['tau']:.2f}, {best['tokens_per_second']:.1f} tok/s")

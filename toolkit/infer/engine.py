@@ -15,13 +15,14 @@ import time
 
 import torch
 
+from toolkit.infer.draft_sampling import chain_draft_probs, gumbel_inputs
 from toolkit.infer.drafts import Eagle3Head
 from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memory
 from toolkit.infer.model import Transformer
 from toolkit.infer.sampling import SamplingParams, target_probs
 from toolkit.infer.sequence import Result, Sequence, StopStrings
 from toolkit.infer.tree import Tree, TreeConfig, ancestor_masks, draft_trees, window_mask
-from toolkit.infer.verify import greedy_verify, sample_verify
+from toolkit.infer.verify import greedy_verify, sample_chain_verify, sample_verify
 
 
 def _pad(rows: list[list], value) -> torch.Tensor:
@@ -46,17 +47,29 @@ def prefill_groups(lengths: list[int], waste: float = 1.25) -> list[range]:
 class Engine:
     def __init__(self, target: Transformer, head: Eagle3Head | None = None, tree: TreeConfig | None = None,
                  max_len: int | None = 2048, max_batch: int = 1, memory_fraction: float = 0.3,
-                 cuda_graphs: bool | None = None, graph_capture=None, compile: bool = False):
+                 cuda_graphs: bool | None = None, graph_capture=None, compile: bool = False,
+                 sample_draft: bool = False):
         """max_len None: size the KV cache from free memory (memory_fraction of it), capped by the
         target's max_position_embeddings. cuda_graphs (default: on for a CUDA target) replays the verify /
         decode step and the draft step from graphs per (batch, tokens) bucket (graphs.py); False is eager.
         graph_capture: how graphs are captured (default torch.cuda.graph; tests pass eager_capture).
-        compile: on CPU, one sequence's decode / verify step runs torch.compile'd (compiled_decode.py)."""
+        compile: on CPU, one sequence's decode / verify step runs torch.compile'd (compiled_decode.py).
+        sample_draft: a chain draws its draft tokens from the head's tempered distribution for sequences that
+        sample, verified with speculative sampling (verify.sample_chain_verify), instead of proposing the
+        head's top-1; greedy sequences are drafted and verified as before."""
         self.target, self.head = target, head
         self.tree = tree or TreeConfig(num_steps=1, topk=1, num_draft_tokens=2)
         if head is not None and self.tree.topk > len(head.d2t):
             raise ValueError(f"--topk {self.tree.topk} exceeds the draft vocabulary ({len(head.d2t)})")
+        if sample_draft and (head is None or self.tree.topk != 1):
+            raise ValueError(f"--sample-draft needs a draft head and a chain (--topk 1), got "
+                             f"{'no draft' if head is None else f'--topk {self.tree.topk}'}: a tree's top-k "
+                             "candidates are verified against the target alone")
+        self.sample_draft = sample_draft
         dtype, self.device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
+        # the target id of each draft id: where a sampled chain's draft law sits in the target's vocabulary
+        self._draft_ids = None if head is None else head.to_target(
+            torch.arange(len(head.d2t), device=head.d2t.device))
         if max_len is None:
             budget = int(free_memory_bytes(self.device) * memory_fraction)
             max_len = min(max_len_for_memory(target.config, budget, max_batch, dtype),
@@ -104,7 +117,8 @@ class Engine:
             width = len(self.aux_layers) * self.target.config.hidden_size
             self.draft_graphs = graph_draft(self.head, self.draft_cache, width, sizes, list(range(1, t.num_steps + 2)),
                                             capture)
-            self.draft_loop = GraphedDraftLoop(self.head, self.target.embed_tokens, self.draft_cache, t, sizes, capture)
+            self.draft_loop = GraphedDraftLoop(self.head, self.target.embed_tokens, self.draft_cache, t, sizes, capture,
+                                               sample=self.sample_draft)
 
     def _draft(self, emb, hidden, positions, slots, mask):
         """The head over the draft cache's rows 0..B-1, replayed from a graph when one holds the shape."""
@@ -176,13 +190,16 @@ class Engine:
         prefix, roots = [s.prefix for s in seqs], [s.result.tokens[-1] for s in seqs]
         if self.head is not None and speculate:
             root_out, root_logp = torch.stack([s.root_out for s in seqs]), torch.stack([s.root_logp for s in seqs])
+            sampled = {} if not self.sample_draft else gumbel_inputs(
+                [s.params for s in seqs], [s.generator for s in seqs], self.tree.num_steps, len(self.head.d2t),
+                self.device)
             grown = None if self.draft_loop is None else self.draft_loop(
-                self._host(prefix), self._host(roots), root_out, root_logp)
+                self._host(prefix), self._host(roots), root_out, root_logp, **sampled)
             if grown is not None:
                 trees = [Tree(*parts) for parts in zip(*grown)]
             else:
                 trees = draft_trees(self.head, self.target.embed_tokens, self.draft_cache, prefix, roots, root_out,
-                                    root_logp, self.tree)
+                                    root_logp, self.tree, **sampled)
         else:
             trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
         t2 = self._mark()
@@ -301,6 +318,10 @@ class Engine:
         for b, (tree, s) in enumerate(zip(trees, seqs)):
             if s.params.greedy:
                 path, out = greedy_verify(tree.tokens, tree.parents, logits[b])
+            elif tree.draft_logp is not None:  # a chain the draft sampled
+                path, out = sample_chain_verify(tree.tokens, target_probs(logits[b], s.params),
+                                                chain_draft_probs(tree.draft_logp, s.params.temperature,
+                                                                  self._draft_ids, logits.shape[-1]), s.generator)
             else:
                 path, out = sample_verify(tree.tokens, tree.parents, target_probs(logits[b], s.params), s.generator)
             # keep only the accepted path, in order; nodes already in their slot (path[j] == j: always the

@@ -150,18 +150,20 @@ class GraphedDraftLoop:
     """The whole draft loop (tree.grow: num_steps head forwards and the tree bookkeeping, all on the device)
     replayed from one graph per batch bucket. Padding rows draft for prefix 1 in their own (free) rows."""
 
-    def __init__(self, head, embed, cache, cfg, batch_sizes: list[int], capture=None):
+    def __init__(self, head, embed, cache, cfg, batch_sizes: list[int], capture=None, sample: bool = False):
+        """sample: a sampled chain (tree.grow's gumbel / inv_temp become inputs, its log-probs an output)."""
         from toolkit.infer.tree import grow
 
         if capture is None:
             capture = cuda_capture
         S, device, dtype = cache.max_len, cache.k.device, cache.k.dtype
 
-        def fn(prefix, roots, root_out, root_logp):
+        def fn(prefix, roots, root_out, root_logp, gumbel=None, inv_temp=None):
             def forward(emb, hidden, positions, slots, mask):
                 return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=S)
 
-            return grow(head, embed, forward, prefix, roots, root_out, root_logp, cfg, mask_len=S)
+            return grow(head, embed, forward, prefix, roots, root_out, root_logp, cfg, mask_len=S, gumbel=gumbel,
+                        inv_temp=inv_temp)
 
         pool = torch.cuda.graph_pool_handle() if capture is cuda_capture else None
         self.sizes, self.graphs = sorted(set(batch_sizes)), {}
@@ -170,19 +172,25 @@ class GraphedDraftLoop:
                       "roots": torch.zeros(b, dtype=torch.long, device=device),
                       "root_out": torch.zeros(b, head.config.hidden_size, dtype=dtype, device=device),
                       "root_logp": torch.zeros(b, len(head.d2t), dtype=torch.float32, device=device)}
+            if sample:
+                static["gumbel"] = torch.zeros(b, cfg.num_steps, len(head.d2t), dtype=torch.float32, device=device)
+                static["inv_temp"] = torch.ones(b, dtype=torch.float32, device=device)
             replay, out = capture(fn, static, pool)
             self.graphs[b] = (static, replay, out)
 
-    def __call__(self, prefix: torch.Tensor, roots: torch.Tensor, root_out: torch.Tensor, root_logp: torch.Tensor
-                 ) -> tuple | None:
+    def __call__(self, prefix: torch.Tensor, roots: torch.Tensor, root_out: torch.Tensor, root_logp: torch.Tensor,
+                 **sampled) -> tuple | None:
         """prefix/roots [B], root_out [B, H], root_logp [B, N] -> (tokens, parents, depth) [B, n], or None when
-        B exceeds every bucket."""
+        B exceeds every bucket. A sampled loop also takes gumbel and inv_temp and returns the log-probs."""
         B = len(prefix)
         b = next((s for s in self.sizes if s >= B), None)
         if b is None:
             return None
         static, replay, out = self.graphs[b]
-        for name, x in (("prefix", prefix), ("roots", roots), ("root_out", root_out), ("root_logp", root_logp)):
+        for name, x in (("prefix", prefix), ("roots", roots), ("root_out", root_out), ("root_logp", root_logp),
+                        *sampled.items()):
+            if name not in static:
+                raise ValueError(f"input {name!r} was not captured; captured: {sorted(static)}")
             static[name][:B].copy_(x)
         static["prefix"][B:] = 1
         replay()

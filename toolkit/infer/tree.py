@@ -45,6 +45,7 @@ class Tree:
     tokens: torch.Tensor   # int64 [n] target ids, node 0 = root
     parents: torch.Tensor  # int64 [n], parents[0] = -1, parents[i] < i
     depth: torch.Tensor    # int64 [n], depth[0] = 0
+    draft_logp: torch.Tensor | None = None  # float [n - 1, N]: a sampled chain's law of node i + 1 (tree.grow)
 
     def ancestor_mask(self) -> torch.Tensor:
         """bool [n, n]: node i may attend to node j (j is i or one of its ancestors)."""
@@ -74,16 +75,32 @@ def window_mask(prefix: torch.Tensor, window: torch.Tensor, width: int) -> torch
 
 @torch.no_grad()
 def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: torch.Tensor, root_out: torch.Tensor,
-         root_logp: torch.Tensor, cfg: TreeConfig, mask_len: int | None = None
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+         root_logp: torch.Tensor, cfg: TreeConfig, mask_len: int | None = None, gumbel: torch.Tensor | None = None,
+         inv_temp: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """The trees after each root, as tensors: (tokens, parents, depth), each [B, num_draft_tokens].
     prefix/roots [B]; root_out [B, H]; root_logp [B, N]. forward(emb, hidden, positions, slots, mask) runs
     the head over the draft cache, where sequence b holds positions 0..prefix[b]-1. mask_len: the width of
-    the masks given to forward (CUDA graphs attend over the whole cache); default: what the slots reach."""
+    the masks given to forward (CUDA graphs attend over the whole cache); default: what the slots reach.
+    A sampled chain (topk 1): with gumbel [B, num_steps, N] and inv_temp [B], step i draws its token from
+    softmax(logp * inv_temp) (Gumbel-max: argmax of logp * inv_temp + gumbel; a row of zero noise takes the
+    top-1 as before), and the draft's log-probs of each step [B, num_steps, N] come back as a fourth output."""
     B, k, dev = len(prefix), cfg.topk, root_logp.device
     E = (cfg.num_steps - 1) * k
     W = mask_len if mask_len is not None else int(prefix.max()) + E  # the host sync graphs avoid
-    lp, ids = root_logp.topk(k)                                                      # step 0: the root's children
+    if gumbel is not None and k != 1:
+        raise ValueError(f"drafts are sampled in chains only (topk 1), got topk {k}")
+
+    def choose(logp: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k children of each node: the top-k, or in a sampled chain one draw (logp [B, *, N])."""
+        if gumbel is None:
+            return logp.topk(k)
+        scale = inv_temp.view(B, *[1] * (logp.dim() - 1))
+        noise = gumbel[:, step].view(B, *[1] * (logp.dim() - 2), -1)
+        ids = (logp.float() * scale + noise).argmax(-1, keepdim=True)
+        return logp.gather(-1, ids), ids
+
+    chain_logp = [root_logp]
+    lp, ids = choose(root_logp, 0)                                                   # step 0: the root's children
     tok, score = [roots[:, None], head.to_target(ids)], [torch.zeros_like(lp[:, :1]), lp]
     parent = [torch.full((B, 1), -1, device=dev), torch.zeros(B, k, dtype=torch.long, device=dev)]
     depth = [torch.zeros(B, 1, dtype=torch.long, device=dev), torch.ones(B, k, dtype=torch.long, device=dev)]
@@ -100,7 +117,8 @@ def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: 
         hid = prev_h.gather(1, via.gather(1, pick)[:, :, None].expand(B, k, prev_h.shape[-1]))
         logp, prev_h = forward(embed(tok[-1].gather(1, pick)), hid, prefix[:, None] - 1 + d,
                                prefix[:, None] + e, mask)                            # [B, k, N], [B, k, H]
-        lp, ids = logp.topk(k)                                                       # [B, k, k]
+        lp, ids = choose(logp, step)                                                 # [B, k, k]
+        chain_logp.append(logp[:, 0])
         first += score[-1].shape[1]
         tok.append(head.to_target(ids).flatten(1))
         score.append((score[-1].gather(1, pick)[:, :, None] + lp).flatten(1))
@@ -117,20 +135,24 @@ def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: 
     new_id = torch.full_like(tok, -1).scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand_as(keep))
     parents = new_id.gather(1, parent.gather(1, keep).clamp(min=0))
     parents[:, 0] = -1
+    if gumbel is not None:  # a chain keeps every node in creation order: step i's log-probs drew node i + 1
+        return tok.gather(1, keep), parents, depth.gather(1, keep), torch.stack([x.float() for x in chain_logp], 1)
     return tok.gather(1, keep), parents, depth.gather(1, keep)
 
 
 def draft_trees(head, embed: torch.nn.Embedding, cache: KVCache, prefixes: list[int], roots: list[int],
-                root_out: torch.Tensor, root_logp: torch.Tensor, cfg: TreeConfig, forward=None) -> list[Tree]:
+                root_out: torch.Tensor, root_logp: torch.Tensor, cfg: TreeConfig, forward=None, gumbel=None,
+                inv_temp=None) -> list[Tree]:
     """Grow one tree per sequence after its root (the last emitted token), all sequences in lockstep.
     root_out [B, H], root_logp [B, N]. Sequence b's draft cache holds positions 0..prefixes[b]-1 (the
     root's own pair is the last); its expanded nodes go to slots prefixes[b], prefixes[b] + 1, ...
-    forward(emb, hidden, positions, slots, mask): the head over `cache` (default: the head itself)."""
+    forward(emb, hidden, positions, slots, mask): the head over `cache` (default: the head itself).
+    gumbel/inv_temp: a sampled chain (grow); each Tree then carries its draft_logp."""
     if forward is None:
         def forward(emb, hidden, positions, slots, mask):
             return head(emb, hidden, positions, cache, slots=slots, mask=mask)
 
     dev = root_logp.device
-    tokens, parents, depth = grow(head, embed, forward, torch.tensor(prefixes, device=dev),
-                                  torch.tensor(roots, device=dev), root_out, root_logp, cfg)
-    return [Tree(t, p, d) for t, p, d in zip(tokens, parents, depth)]
+    grown = grow(head, embed, forward, torch.tensor(prefixes, device=dev), torch.tensor(roots, device=dev),
+                 root_out, root_logp, cfg, gumbel=gumbel, inv_temp=inv_temp)
+    return [Tree(*parts) for parts in zip(*grown)]

@@ -13,6 +13,11 @@ their own (the "bonus" token), so a verify step always yields accepted + 1 token
     residual distribution (at first the target's), else remove c from r and renormalize; when no child is
     accepted, sample the bonus token from r. The emitted token is distributed exactly as r, i.e. as the
     target's distribution (SpecInfer; SGLang's tree_speculative_sampling_target_only does the same).
+  * sampling a chain the draft sampled (`sample_chain_verify`): speculative sampling (Leviathan et al. 2023,
+    Chen et al. 2023): token x, drawn from the draft's q, is accepted with probability min(1, p(x) / q(x)),
+    else the bonus token is drawn from max(p - q, 0) renormalized. Also exactly the target's distribution;
+    it accepts sum_x min(p, q) of the time, against p(top-1 of q) above, which is more where the draft is
+    calibrated and the target's distribution is spread (sampled text).
 """
 from __future__ import annotations
 
@@ -67,3 +72,25 @@ def sample_verify(tokens: torch.Tensor, parents: torch.Tensor, probs: torch.Tens
         out.append(toks[accepted])
         path.append(accepted)
         node = accepted
+
+
+def sample_chain_verify(tokens: torch.Tensor, probs: torch.Tensor, draft_probs: torch.Tensor,
+                        generator: torch.Generator | None = None):
+    """A chain whose tokens the draft sampled: tokens [N+1] (node 0 the root), probs [N+1, V] the target's
+    distribution after each node, draft_probs [N, V] the distribution token i + 1 was drawn from (over the
+    target's vocabulary) -> (path, emitted tokens), as sample_verify returns them."""
+    toks = tokens.tolist()
+    out = []
+    for i in range(len(toks) - 1):
+        p, q, x = probs[i].double(), draft_probs[i].double(), toks[i + 1]
+        # accept with probability min(1, p(x) / q(x)), i.e. when u * q(x) < p(x) (q(x) > 0: x was drawn from q)
+        if torch.rand((), generator=generator, dtype=torch.float64, device=probs.device) * q[x] < p[x]:
+            out.append(x)
+            continue
+        residual = (p - q).clamp_min(0.0)
+        if residual.sum() <= 0:  # p == q up to rounding, and x still rejected: cannot happen exactly
+            residual = p
+        out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+        return list(range(i + 1)), out
+    out.append(int(torch.multinomial(probs[-1].double(), 1, generator=generator)))  # all accepted: the bonus
+    return list(range(len(toks))), out

@@ -48,6 +48,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
                    "torch.compile'd (fuses the small ops between GEMMs; a minute or two to compile at start)")
+    p.add_argument("--sample-draft", action="store_true", help="chains (--topk 1), requests with temperature > 0: "
+                   "draw the draft tokens from the head's tempered distribution and verify with speculative sampling "
+                   "instead of proposing its top-1")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
                    "verify and draft steps from graphs per batch/token bucket)")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
@@ -111,7 +114,8 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
             add_generation_prompt=True))
     max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
-                    cuda_graphs=False if args.eager else None, compile=args.compile)
+                    cuda_graphs=False if args.eager else None, compile=args.compile,
+                    sample_draft=args.sample_draft and head is not None)
     recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(tree.num_steps + 1)
