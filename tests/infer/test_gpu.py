@@ -80,3 +80,17 @@ def test_sampled_speculation_runs_on_the_gpu_and_a_seed_reproduces_it(folder):
     runs = [engine.generate_batch(PROMPTS, params, generator=seeded_generator("cuda", 7)) for _ in range(2)]
     assert [r.tokens for r in runs[0]] == [r.tokens for r in runs[1]]
     assert all(len(r.tokens) == 16 for r in runs[0])
+
+
+def test_a_sampled_chain_on_the_gpu_replays_from_graphs_what_eager_draws(folder):
+    """--sample-draft on CUDA: the noise comes from a device generator; the graphed draft loop (noise and 1 / T as
+    inputs) and the eager one draw and accept the same tokens from the same seed."""
+    from toolkit.infer.sampling import seeded_generator
+
+    gpu = load_target(folder, torch.float32, "cuda")
+    head = random_head(gpu.config, seed=1).to(gpu.embed_tokens.weight)
+    params = SamplingParams(temperature=0.8, max_new_tokens=16)
+    runs = [Engine(gpu, head, TREES[1], max_len=64, max_batch=4, cuda_graphs=graphs, sample_draft=True)
+            .generate_batch(PROMPTS, params, generator=seeded_generator("cuda", 3)) for graphs in (False, True)]
+    assert [r.tokens for r in runs[1]] == [r.tokens for r in runs[0]]
+    assert [r.accepted for r in runs[1]] == [r.accepted for r in runs[0]]
