@@ -22,14 +22,11 @@ import torch
 
 
 def main() -> None:
-    from toolkit.data.chat import load_tokenizer
     from toolkit.infer.bench import answer_turns, parse_shard, read_prompts
     from toolkit.infer.engine import Engine
-    from toolkit.infer.loading import load_draft
-    from toolkit.infer.model import load_target
+    from toolkit.infer.loading import load
     from toolkit.infer.sampling import SamplingParams, seeded_generator, target_probs
     from toolkit.infer.tree import TreeConfig
-    from toolkit.models import resolve_target
     from toolkit.train.ttt import unroll
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -49,10 +46,8 @@ def main() -> None:
         raise ValueError("--temperature must be > 0: at 0 both proposals are the top-1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = json.loads((Path(args.draft) / "config.json").read_text())
-    folder = resolve_target(cfg["toolkit"]["target"])
-    tok, target = load_tokenizer(model=str(folder)), load_target(folder)
-    head = load_draft(args.draft, target, None)
+    loaded = load(args.draft, None, None, "cpu", "float32", "torch")  # the target the draft records
+    tok, target, head = loaded.tok, loaded.target, loaded.head
     draft_ids = head.to_target(torch.arange(len(head.d2t)))                       # [N] target id of each draft id
     engine = Engine(target, head, TreeConfig(args.num_steps, 1, args.num_steps + 1), 4096,
                     sample_draft=args.sample_draft)

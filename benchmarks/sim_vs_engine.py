@@ -18,13 +18,10 @@ import torch
 
 
 def main() -> None:
-    from toolkit.data.chat import load_tokenizer
     from toolkit.infer.bench import answer_turns, read_prompts
-    from toolkit.infer.loading import load_draft
+    from toolkit.infer.loading import load
     from toolkit.infer.engine import Engine
-    from toolkit.infer.model import load_target
     from toolkit.infer.sampling import SamplingParams
-    from toolkit.models import resolve_target
     from toolkit.train.evaluate import evaluate
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -38,10 +35,8 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = json.loads((Path(args.draft) / "config.json").read_text())
-    folder = resolve_target(cfg["toolkit"]["target"])
-    tok, target = load_tokenizer(model=str(folder)), load_target(folder)
-    head = load_draft(args.draft, target, None)
+    loaded = load(args.draft, None, None, "cpu", "float32", "torch")  # the target the draft records
+    tok, target, head = loaded.tok, loaded.target, loaded.head
     prompts = read_prompts(args.prompts, args.limit)
     plain = Engine(target, None, None, 4096)
     params = SamplingParams(0.0, max_new_tokens=args.max_new_tokens)
