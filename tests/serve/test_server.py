@@ -231,9 +231,15 @@ def test_mtp_and_eagle_drafts_serve_as_chains_equal_to_plain_greedy(serve, tiny_
     (save_mtp if kind == "mtp" else save_eagle)(head, tmp_path / kind, cfg, str(tiny_target), fingerprint(tiny_target))
     _, chat_ref, _ = reference
     with serve("--draft", str(tmp_path / kind), "--num-steps", "3", "--topk", "1", "--num-draft-tokens", "4",
-               "--max-seq-len", "256") as (base, proc):
+               "--max-seq-len", "256", "--sample-draft") as (base, proc):
         r = httpx.post(f"{base}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 16, "temperature": 0})
+        sampled = [httpx.post(f"{base}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 16,
+                                                                   "temperature": 1.0, "seed": 11}) for _ in range(2)]
     body = r.json()
-    assert body["choices"][0]["message"]["content"] == chat_ref(QUESTION, 16)[0]
+    assert body["choices"][0]["message"]["content"] == chat_ref(QUESTION, 16)[0]  # greedy: top-1 drafts still
     spec = body["usage"]["speculative"]
     assert spec["verify_steps"] >= 1 and len(spec["accept_rate_by_position"]) <= 3
+    # --sample-draft: requests that sample draw their drafts from the head; a seed reproduces the text
+    assert [x.status_code for x in sampled] == [200, 200]
+    assert sampled[0].json()["choices"][0]["message"] == sampled[1].json()["choices"][0]["message"]
+    assert sampled[0].json()["usage"]["completion_tokens"] > 0
