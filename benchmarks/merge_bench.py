@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling", "sample_draft")
+DEFAULTS = {"sample_draft": False}  # what a JSON from before the field existed ran with
 RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup")
 
 
@@ -71,14 +72,14 @@ def merge(reports: list[dict], where: list[str]) -> dict:
     first = reports[0]
     for key in SAME:
         for r, w in zip(reports[1:], where[1:]):
-            if r.get(key) != first.get(key):
+            if r.get(key, DEFAULTS.get(key)) != first.get(key, DEFAULTS.get(key)):
                 raise ValueError(f"{w}: {key} {r.get(key)!r} differs from {where[0]}'s {first.get(key)!r}; merge "
                                  "shards of one configuration only")
     shards = [r.get("shard") for r in reports]
     dup = sorted({s for s in shards if s is not None and shards.count(s) > 1})
     if dup or (len(reports) > 1 and None in shards):
         raise ValueError(f"shards {shards} of {where}: each file must be a different --shard of the set")
-    out = {k: first.get(k) for k in SAME}
+    out = {k: first.get(k, DEFAULTS.get(k)) for k in SAME}
     out.update({"shards": shards, "merged_from": where, "prompts": sum(r["prompts"] for r in reports),
                 "probe_agreement": sum(r["probe_agreement"] for r in reports) / len(reports)})
     for run in RUNS:

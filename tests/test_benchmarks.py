@@ -91,7 +91,10 @@ def test_merged_shards_equal_one_run_over_every_prompt(tmp_path):
     files = []
     for i, wall in enumerate(walls):
         files.append(tmp_path / f"s{i}.json")
-        files[-1].write_text(json.dumps(shard_report(i, 3, spec[i::3], plain[i::3], wall)))
+        r = shard_report(i, 3, spec[i::3], plain[i::3], wall)
+        if i > 0:  # written after `sample_draft` joined the report; shard 0 predates it (top-1 drafts alike)
+            r["sample_draft"] = False
+        files[-1].write_text(json.dumps(r))
     out = tmp_path / "merged.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/merge_bench.py"), *map(str, files), "--out",
                            str(out)], capture_output=True, text=True)
@@ -125,7 +128,8 @@ def test_merged_shards_equal_one_run_over_every_prompt(tmp_path):
     (lambda r: r["per_category"].update(math=1.5), "older toolkit bench"),
     (lambda r: r["sweep"][0].pop("verify_steps"), "older toolkit bench"),
     (lambda r: r.pop("baseline"), "same flags"),
-], ids=["tree", "duplicate-shard", "legacy-category", "legacy-sweep", "missing-run"])
+    (lambda r: r.update(sample_draft=True), "sample_draft"),  # the other shard predates the field: top-1 drafts
+], ids=["tree", "duplicate-shard", "legacy-category", "legacy-sweep", "missing-run", "sample-draft"])
 def test_merge_refuses_shards_that_do_not_belong_together(tmp_path, change, message):
     spec = fake_results(6, seed=2)
     files = []
