@@ -68,7 +68,7 @@ class Engine:
         self.sample_draft = sample_draft
         dtype, self.device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
         # the target id of each draft id: where a sampled chain's draft law sits in the target's vocabulary
-        self._draft_ids = None if head is None else head.to_target(
+        self._draft_ids = None if not sample_draft else head.to_target(
             torch.arange(len(head.d2t), device=head.d2t.device))
         if max_len is None:
             budget = int(free_memory_bytes(self.device) * memory_fraction)

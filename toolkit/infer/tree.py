@@ -118,7 +118,8 @@ def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: 
         logp, prev_h = forward(embed(tok[-1].gather(1, pick)), hid, prefix[:, None] - 1 + d,
                                prefix[:, None] + e, mask)                            # [B, k, N], [B, k, H]
         lp, ids = choose(logp, step)                                                 # [B, k, k]
-        chain_logp.append(logp[:, 0])
+        if gumbel is not None:  # a sampled chain hands its laws to verification
+            chain_logp.append(logp[:, 0])
         first += score[-1].shape[1]
         tok.append(head.to_target(ids).flatten(1))
         score.append((score[-1].gather(1, pick)[:, :, None] + lp).flatten(1))
