@@ -22,7 +22,7 @@ from torch import nn
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import attention_masks, rope_cos_sin
+from toolkit.infer.model import attention_masks, rope_cos_sin, row_step, row_step_ok
 
 
 class DraftHead(nn.Module):
@@ -74,9 +74,13 @@ class DraftHead(nn.Module):
         bias = attention_masks(mask, emb.dtype, self.kernels)
         first, *rest = self.layers()
         h, x = self.fuse(emb, hidden)
-        a = first.self_attn(x, cos, sin, bias, cache, 0, slots, kv_len)
-        h, x = first.post_attention_layernorm(a, residual=h)  # h + a, and its norm
-        h = h + first.mlp(x)
+        if row_step_ok(first.self_attn, first.mlp, x, cache, slots):  # one row on Triton: norms etc. in the GEMVs
+            h = row_step(first.self_attn, first.mlp, first.post_attention_layernorm, x, h, None, cos, sin, bias,
+                         cache, 0, slots, kv_len)
+        else:
+            a = first.self_attn(x, cos, sin, bias, cache, 0, slots, kv_len)
+            h, x = first.post_attention_layernorm(a, residual=h)  # h + a, and its norm
+            h = h + first.mlp(x)
         for k, layer in enumerate(rest):
             h = layer(h, cos, sin, bias, cache, k + 1, slots, kv_len)
         h = self.finish(h)

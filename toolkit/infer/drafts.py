@@ -18,7 +18,7 @@ from torch import nn
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import DraftHead, draft_config, write_draft_folder
-from toolkit.infer.model import MLP, Attention, Block, RMSNorm
+from toolkit.infer.model import MLP, Attention, Block, RMSNorm, few_rows
 
 
 class Eagle3Layer(nn.Module):
@@ -56,6 +56,10 @@ class Eagle3Head(DraftHead):
         return hidden, torch.cat([self.midlayer.input_layernorm(emb), self.midlayer.hidden_norm(hidden)], -1)
 
     def readout(self, h):
+        if few_rows(h, self.kernels):  # the norm folded into the GEMV
+            from toolkit.infer.kernels.gemv import gemv
+
+            return gemv(h, self.lm_head.weight, "norm", self.norm.weight, self.norm.eps)
         return self.lm_head(self.norm(h))
 
 

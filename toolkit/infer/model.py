@@ -105,13 +105,8 @@ class Attention(nn.Module):
         (without a cache, the T new tokens')."""
         B, T, _ = x.shape
         c = self.c
-        if self.kernels == "triton" and self.qkv is not None and cache is not None and not c.qk_norm \
-                and not isinstance(slots, int):  # one kernel: RoPE on q and k, k and v into the cache
-            from toolkit.infer.kernels.layer_ops import rope_cache_write
-
-            q = rope_cache_write(F.linear(x, self.qkv, self.qkv_b), cos, sin, slots, cache.k[layer], cache.v[layer],
-                                 c.num_heads, c.num_kv_heads)                # [B, Hq, T, D]
-            return q, cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]
+        if self.fused_rope_ok(cache, slots):  # one kernel: RoPE on q and k, k and v into the cache
+            return self._rope_write(F.linear(x, self.qkv, self.qkv_b), cos, sin, cache, layer, slots, kv_len)
         q, k, v = self.qkv_proj(x)
         q = q.view(B, T, c.num_heads, c.head_dim)                        # [B, T, Hq, D]
         k = k.view(B, T, c.num_kv_heads, c.head_dim)                     # [B, T, Hkv, D]
@@ -123,6 +118,27 @@ class Attention(nn.Module):
             cache.write(layer, k, v, slots)
             k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]  # [B, Hkv, S, D]
         return q, k, v
+
+    def fused_rope_ok(self, cache: KVCache | None, slots) -> bool:
+        """The Triton path from the fused q/k/v GEMM's output: RoPE + cache write as one kernel."""
+        return self.kernels == "triton" and self.qkv is not None and cache is not None and not self.c.qk_norm \
+            and not isinstance(slots, int)
+
+    def _rope_write(self, qkv, cos, sin, cache: KVCache, layer: int, slots, kv_len: int):
+        """qkv [B, T, (Hq + 2 Hkv) D] -> q [B, Hq, T, D] rotated, k/v [B, Hkv, S, D] (the cache's slots, the new
+        ones written)."""
+        from toolkit.infer.kernels.layer_ops import rope_cache_write
+
+        B, c = qkv.shape[0], self.c
+        q = rope_cache_write(qkv, cos, sin, slots, cache.k[layer], cache.v[layer], c.num_heads, c.num_kv_heads)
+        return q, cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]
+
+    def attend_qkv(self, qkv, cos, sin, mask, cache: KVCache, layer: int, slots, kv_len: int):
+        """The Triton path after the fused q/k/v GEMM: qkv [B, T, *] -> attention output [B, T, Hq*D] (before
+        o_proj)."""
+        B, T, _ = qkv.shape
+        q, k, v = self._rope_write(qkv, cos, sin, cache, layer, slots, kv_len)
+        return self._attend(q, k, v, mask).transpose(1, 2).reshape(B, T, self.c.num_heads * self.c.head_dim)
 
     def qkv_proj(self, x):
         """x [B, T, *] -> q [B, T, Hq*D], k and v [B, T, Hkv*D]."""
@@ -179,9 +195,43 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
     def forward(self, h, cos, sin, mask, cache, layer, slots, kv_len):
+        if row_step_ok(self.self_attn, self.mlp, h, cache, slots):
+            return row_step(self.self_attn, self.mlp, self.post_attention_layernorm, h, h, self.input_layernorm,
+                            cos, sin, mask, cache, layer, slots, kv_len)
         a = self.self_attn(self.input_layernorm(h), cos, sin, mask, cache, layer, slots, kv_len)
         h, x = self.post_attention_layernorm(a, residual=h)  # h + a, and its norm (one kernel with Triton)
         return h + self.mlp(x)
+
+
+def few_rows(x: torch.Tensor, kernels: str) -> bool:
+    """A step of at most 16 tokens in all (a decode step of up to 16 sequences, a verify or draft step) on the
+    Triton kernels: kernels/gemv.py runs its projections, with the small steps folded in."""
+    from toolkit.infer.kernels.gemv import MAX_ROWS
+
+    return kernels == "triton" and x.shape[0] * x.shape[1] <= MAX_ROWS
+
+
+def row_step_ok(attn: nn.Module, mlp: nn.Module, x: torch.Tensor, cache: KVCache | None, slots) -> bool:
+    """True when row_step can run the layer: few_rows, fused projections, a Llama-family layer over a cache."""
+    return few_rows(x, mlp.kernels) and isinstance(attn, Attention) and attn.fused_rope_ok(cache, slots) \
+        and isinstance(mlp, MLP) and mlp.gate_up is not None
+
+
+def row_step(attn: "Attention", mlp: "MLP", post_norm: RMSNorm, x, h, pre_norm: RMSNorm | None, cos, sin, mask,
+             cache: KVCache, layer: int, slots, kv_len: int) -> torch.Tensor:
+    """A decoder layer for a few rows as 6 kernels (kernels/gemv.py folds the norms, SiLU-mul and residual adds
+    into the GEMVs): x [B, T, *] the attention's input (normed by pre_norm first when given), h [B, T, H] the
+    residual. Returns the layer's output h [B, T, H]: Block.forward's numbers up to the summation order."""
+    from toolkit.infer.kernels.gemv import gemv
+
+    if pre_norm is None:
+        qkv = gemv(x, attn.qkv, bias=attn.qkv_b)                                   # [1, 1, (Hq + 2 Hkv) D]
+    else:
+        qkv = gemv(x, attn.qkv, "norm", pre_norm.weight, pre_norm.eps, attn.qkv_b)
+    a = attn.attend_qkv(qkv, cos, sin, mask, cache, layer, slots, kv_len)          # [1, 1, Hq D]
+    h = gemv(a, attn.o_proj.weight, bias=attn.o_proj.bias, residual=h)             # h + o_proj(a)
+    gate_up = gemv(h, mlp.gate_up, "norm", post_norm.weight, post_norm.eps)        # [1, 1, 2I]
+    return gemv(gate_up, mlp.down_proj.weight, "silu", residual=h)                 # h + down(silu(g) * u)
 
 
 class Transformer(nn.Module):
@@ -245,13 +295,17 @@ class Transformer(nn.Module):
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
         cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, self.config.rope_attention_factor(), self.kernels)
         bias = None if unmasked else attention_masks(mask, h.dtype, self.kernels)
-        if cache is not None:
+        if cache is not None and self.kernels == "torch":
             slots = cache.slot_range(slots)  # one sequence's contiguous host slots -> int start (a plain copy)
         kept = {}
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, bias, cache, i, slots, kv_len)
             if i in aux_layers:
                 kept[i] = h
+        if logits_at is None and -1 not in aux_layers and few_rows(h, self.kernels):  # the norm in the GEMV
+            from toolkit.infer.kernels.gemv import gemv
+
+            return gemv(h, self.lm_head.weight, "norm", self.norm.weight, self.norm.eps), [kept[i] for i in aux_layers]
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
         out = kept[-1] if logits_at is None else kept[-1][torch.arange(B, device=h.device), logits_at][:, None]
         return self.lm_head(out), [kept[i] for i in aux_layers]

@@ -1,0 +1,130 @@
+"""The one-row GEMV kernel with its prologues (RMSNorm, SiLU-mul) and epilogues (bias, residual) equals the
+model's torch path (on CPU under TRITON_INTERPRET=1, compiled on a GPU), for weights in either layout and
+sizes that are not multiples of the block; a model running it decodes the same tokens as torch's kernels."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before the kernel module is imported: without a GPU, interpret the kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from toolkit.infer.kernels.gemv import gemv, reference_gemv  # noqa: E402
+
+interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+device = "cpu" if interpreting else "cuda"
+DTYPES = [torch.float32, torch.bfloat16]
+TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def rand(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("prologue", [None, "norm", "silu"])
+@pytest.mark.parametrize("n, k", [(70, 200), (33, 1536)])
+@pytest.mark.parametrize("extras", ["", "residual", "bias+residual"])
+@pytest.mark.parametrize("rows, config", [(1, ("ew", 8, 64, 4, 1)), (1, ("dot", 16, 64, 4, 2)),
+                                          (5, ("dot", 32, 32, 4, 2)), (16, None), (3, ("torch", 0, 0, 0, 0))],
+                         ids=["ew", "dot1", "dot5", "dot16", "torch3"])
+def test_gemv_equals_the_torch_path(dtype, prologue, n, k, extras, rows, config):
+    x = rand(1, rows, 2 * k if prologue == "silu" else k, dtype=dtype, seed=1)
+    w = rand(n, k, dtype=dtype, seed=2) / k ** 0.5
+    norm_w = rand(k, dtype=dtype, seed=3) if prologue == "norm" else None
+    bias = rand(n, dtype=dtype, seed=4) if "bias" in extras else None
+    residual = rand(1, rows, n, dtype=dtype, seed=5) if "residual" in extras else None
+    y = gemv(x, w, prologue, norm_w, 1e-5, bias, residual, config=config)
+    want = reference_gemv(x, w, prologue, norm_w, 1e-5, bias, residual)
+    assert y.shape == want.shape and y.dtype == dtype
+    assert not y.isnan().any()
+    err = (y.float() - want.float()).norm() / want.float().norm()
+    assert err <= TOL[dtype], err
+
+
+def test_either_weight_layout_and_the_default_config():
+    x, w = rand(1, 300, seed=1), rand(50, 300, seed=2)
+    want = reference_gemv(x, w)
+    for weight in (w, w.t().contiguous().t()):  # [out, in] rows, or the CPU's [in, out] storage
+        assert torch.allclose(gemv(x, weight), want, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_input_is_refused():
+    w = rand(8, 16)
+    with pytest.raises(ValueError, match="1..16 rows of 16"):
+        gemv(rand(17, 16), w)
+    with pytest.raises(ValueError, match="1..16 rows of 32"):
+        gemv(rand(16), w, "silu")
+    with pytest.raises(ValueError, match="norm_w"):
+        gemv(rand(16), w, "norm")
+    with pytest.raises(ValueError, match="accepted"):
+        gemv(rand(16), w, "gelu")
+
+
+def _tiny_target(tmp_path, num_layers=2):
+    import transformers
+
+    from toolkit.infer.model import load_target
+
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    return load_target(tmp_path, device=device)
+
+
+def test_batch_one_decode_steps_run_the_gemv_layer_and_equal_the_torch_path(tmp_path, monkeypatch):
+    """One sequence decoding token by token (model.row_step: norms, SiLU-mul and residual adds folded into the
+    GEMVs) gives the torch path's logits, aux hidden states and KV cache; the GEMV kernel really runs."""
+    import toolkit.infer.kernels.gemv as gemv_module
+    from toolkit.infer.kv_cache import KVCache
+
+    model = _tiny_target(tmp_path)
+    calls = []
+    real = gemv_module.gemv
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prompt = torch.randint(0, 97, (1, 9), device=device)
+    steps = torch.randint(0, 97, (1, 4), device=device)
+    outs = []
+    for kernels in ("torch", "triton"):
+        model.set_kernels(kernels)
+        cache = KVCache(model.config, 1, 24, device=device)
+        with torch.no_grad():
+            got = [model(prompt, cache=cache)[0][:, -1]]
+            for i in range(4):
+                pos = torch.tensor([[9 + i]], device=device)
+                logits, aux = model(steps[:, i:i + 1], pos, cache=cache, aux_layers=[0, 1])
+                got += [logits[:, -1], *aux]
+        outs.append((*got, cache.k.clone(), cache.v.clone()))
+    assert len(calls) == 5 * (2 * 4 + 1)  # (a 9-token prefill + 4 steps) x (2 layers x 4 GEMVs + the readout)
+    for want, got in zip(*outs):
+        assert (want - got).abs().max() <= 1e-4
+
+
+def test_a_draft_step_of_one_row_equals_the_torch_path():
+    """An EAGLE-3 head's one-token step (fused first layer through row_step, the readout's norm in the GEMV) gives
+    the plain head's log-probs, output hidden state and draft cache, at step 0 (fc over aux features) and after."""
+    from toolkit.infer.config import ModelConfig
+    from toolkit.infer.drafts import random_head
+    from toolkit.infer.model import fuse_projections
+
+    c = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=6,
+                    num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=256)
+    outs = []
+    for kernels in ("torch", "triton"):
+        head = random_head(c, seed=3, num_layers=2).to(device)
+        fuse_projections(head)
+        head.set_kernels(kernels)
+        g = torch.Generator().manual_seed(4)
+        cache = head.new_cache(16, device=device)
+        got = []
+        with torch.no_grad():
+            h = torch.randn(1, 1, 3 * 64, generator=g).to(device)
+            for t in range(3):
+                logp, h = head(torch.randn(1, 1, 64, generator=g).to(device), h, torch.tensor([[t]], device=device),
+                               cache)
+                got += [logp, h]
+        outs.append((*got, cache.k.clone(), cache.v.clone()))
+    for want, got in zip(*outs):
+        assert (want - got).abs().max() <= 1e-4

@@ -1,0 +1,187 @@
+"""One-row matrix-vector products (a batch-1 decode step's GEMVs) with the layer's small steps folded in, as a
+Triton kernel beside its torch reference.
+
+    y = epilogue(W @ prologue(x))        x one row [K] (or [2K] for silu), W [N, K] (any strides), y [N]
+prologue:  none | "norm": RMSNorm(x) * norm_w, rounded as model.RMSNorm rounds it
+                | "silu": silu(x[:K]) * x[K:], x being the fused gate/up GEMM's output (MLP's SiLU-mul)
+epilogue:  + bias (fp32, before rounding), then + residual (after rounding, as torch's add rounds it)
+
+Why: in a batch-1 decode step of an 8B model on an H100 the GEMMs stream the weights at 97% of the copy
+bandwidth, but each layer also ran two RMSNorms, the SiLU-mul, the residual add and two cuBLAS split-K
+reductions as separate kernels, ~11 us per layer (~0.35 ms per step, 6% of it: benchmarks/RESULTS.md). With
+this kernel a layer is 7 kernels: qkv(norm) -> RoPE + cache write -> attention -> merge -> o(+ residual)
+-> gate_up(norm) -> down(silu, + residual). Every program owns BLOCK_N whole rows of W, so there is no
+split-K reduction; a norm prologue recomputes the row's statistic per program (K values from L2).
+On CPU it runs under TRITON_INTERPRET=1 (tests/infer/kernels/test_gemv.py).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+PROLOGUES = (None, "norm", "silu")
+
+
+def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=None, residual=None):
+    """The model's torch path for the same thing: rms_norm / silu_mul, F.linear, + residual."""
+    from toolkit.infer.kernels.layer_ops import reference_rms_norm, reference_silu_mul
+
+    if prologue == "norm":
+        x = reference_rms_norm(x, norm_w, eps)
+    elif prologue == "silu":
+        x = reference_silu_mul(x)
+    y = torch.nn.functional.linear(x, w, bias)
+    return y if residual is None else residual + y
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
+                 PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    cols = tl.arange(0, BLOCK_K)
+    dt = y_ptr.dtype.element_ty
+    inv = 1.0
+    if PROLOGUE == 1:  # the row's RMS statistic first: one pass over x (K values, in L2 after the first program)
+        ss = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < K, other=0.0).to(tl.float32)
+            ss += xk * xk
+        inv = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + cols
+        if EVEN_K:
+            xk = tl.load(x_ptr + k).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None], other=0.0)
+        else:
+            xk = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K)[None, :],
+                        other=0.0)
+        if PROLOGUE == 1:  # normalised in fp32, rounded, then scaled and rounded (model.RMSNorm)
+            nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            xk = (nw * (xk * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        if PROLOGUE == 2:  # silu(gate) rounded like torch's silu, times up, rounded
+            up = tl.load(x_ptr + K + k, mask=k < K, other=0.0).to(tl.float32)
+            xk = ((xk / (1.0 + tl.exp(-xk))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        acc += w.to(tl.float32) * xk[None, :]
+    y = tl.sum(acc, 1)                                          # [BLOCK_N]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:  # the product rounded, then added as torch adds two tensors of this dtype
+        y = y.to(dt).to(tl.float32) + tl.load(r_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + n, y.to(dt), mask=n_ok)
+
+
+@triton.jit
+def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, sr,
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Up to BLOCK_M (16) rows at once on the matrix unit (a verify step's 2-16 tokens, a batch's decode step):
+    each W tile is loaded once for all rows, and the loads feed tl.dot, so Triton pipelines them. Prologues run
+    before it as their own kernels: folded in, they cost more than they save (an H100 sweep, RESULTS.md)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    n_ok, m_ok = n < N, m < M
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + cols
+        xk = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+        w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+        if UPCAST:  # the interpreter's bf16 tl.dot is wrong: fp32 operands (exact products of the same values)
+            acc += tl.dot(xk.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(xk, tl.trans(w), input_precision="ieee")   # fp32: no tf32
+    y = acc
+    if HAS_BIAS:
+        y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_RESIDUAL:
+        dt = y_ptr.dtype.element_ty
+        y = y.to(dt).to(tl.float32) + tl.load(r_ptr + m[:, None] * sr + n[None, :],
+                                              mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    tl.store(y_ptr + m[:, None] * sy + n[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+MAX_ROWS = 16  # more rows (a prefill) are a GEMM's job
+
+
+@functools.lru_cache(maxsize=None)
+def tuned_configs(device_name: str) -> dict:
+    """gemv_configs.json beside this file: {device name: {"NxKxR": config}} (R: "1" row or "many"), written by
+    benchmarks/bench_gemv.py --sweep --write-configs on that device."""
+    path = Path(__file__).with_name("gemv_configs.json")
+    return json.loads(path.read_text()).get(device_name, {}) if path.is_file() else {}
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = None) -> tuple:
+    """(kind, BLOCK_N, BLOCK_K, num_warps, num_stages); kind "ew" (one row, element-wise products), "dot"
+    (_rows_kernel) or "torch" (cuBLAS after the prologue's kernel): the device's tuned entry for this shape if
+    there is one, else a rule from an H100 sweep."""
+    hit = tuned_configs(_device_name(device or torch.device("cpu"))).get(f"{n}x{k}x{1 if rows == 1 else 'many'}")
+    if hit:
+        return tuple(hit)
+    if rows > 1:  # wide tiles for wide outputs, narrow ones where N / BLOCK_N programs would be too few
+        return "dot", (64 if n >= 16384 else 16), 256, 4, 4
+    if n * k <= 32 * 2 ** 20:  # few rows' worth of bytes: one row per program keeps every SM busy
+        return "ew", 1, 512, 4, 1
+    return "ew", (2 if k > 8192 else 8), 512, 4, 1
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: torch.Tensor | None = None,
+         eps: float = 1e-6, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+         config: tuple | None = None) -> torch.Tensor:
+    """x [..., K] holding 1..MAX_ROWS rows ([..., 2K] for silu), w [N, K] -> y [..., N]; residual [..., N]."""
+    if prologue not in PROLOGUES:
+        raise ValueError(f"prologue {prologue!r}; accepted: {PROLOGUES}")
+    N, K = w.shape
+    width = 2 * K if prologue == "silu" else K
+    rows = x.numel() // max(width, 1)
+    if x.shape[-1] != width or not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"gemv takes 1..{MAX_ROWS} rows of {width} values; got x of shape {tuple(x.shape)}")
+    if prologue == "norm" and (norm_w is None or norm_w.shape != (K,)):
+        raise ValueError(f"a norm prologue needs norm_w of shape ({K},)")
+    lead = x.shape[:-1]
+    x = x.reshape(rows, width)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    y = torch.empty(rows, N, dtype=x.dtype, device=x.device)
+    r = y
+    if residual is not None:
+        if residual.numel() != rows * N:
+            raise ValueError(f"residual holds {residual.numel()} values, the product {rows * N}")
+        r = residual.reshape(rows, N)
+        if r.stride(-1) != 1:
+            r = r.contiguous()
+    kind, block_n, block_k, warps, stages = config or gemv_config(N, K, rows, x.device)
+    if kind == "ew" and rows == 1:
+        _gemv_kernel[(triton.cdiv(N, block_n),)](
+            x, w, y, norm_w if norm_w is not None else x, bias if bias is not None else x, r, N, K, eps,
+            w.stride(0), w.stride(1), PROLOGUE=PROLOGUES.index(prologue), HAS_BIAS=bias is not None,
+            HAS_RESIDUAL=residual is not None, EVEN_K=K % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
+            num_warps=warps, num_stages=stages)
+        return y.view(*lead, N)
+    from toolkit.infer.kernels.layer_ops import rms_norm, silu_mul
+
+    x = rms_norm(x, norm_w, eps) if prologue == "norm" else silu_mul(x) if prologue == "silu" else x
+    if kind == "torch":  # the separate kernels (cuBLAS), where the sweep found them faster for this shape
+        y = torch.nn.functional.linear(x, w, bias)
+        return (y if residual is None else r + y).view(*lead, N)
+    _rows_kernel[(triton.cdiv(N, block_n),)](
+        x, w, y, bias if bias is not None else x, r, rows, N, K, x.stride(0), w.stride(0), w.stride(1), y.stride(0),
+        r.stride(0), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        UPCAST=os.environ.get("TRITON_INTERPRET") == "1", BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps, num_stages=stages)
+    return y.view(*lead, N)
