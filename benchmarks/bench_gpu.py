@@ -119,6 +119,12 @@ def main() -> None:
         emb = torch.randn(1, 1, c.hidden_size, device=dev, dtype=dtype)
         hid = torch.randn(1, 1, c.hidden_size, device=dev, dtype=dtype)
         pos = torch.tensor([[ctx]], device=dev)
+        if args.profile and dev == "cuda":  # the draft step's kernels, eager (the graph replays the same ones)
+            head(emb, hid, pos, dcache)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                head(emb, hid, pos, dcache)
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20), flush=True)
         if args.cuda_graphs:
             graphed = graph_draft(head, dcache, c.hidden_size, [1], [1], capture)
             mask = torch.ones(1, 1, ctx + 1, dtype=torch.bool, device=dev)

@@ -53,7 +53,15 @@ class Eagle3Head(DraftHead):
         """hidden: [B, T, 3Ht] aux features (step 0, fused by fc) or [B, T, H] the head's own output."""
         if hidden.shape[-1] != self.config.hidden_size:
             hidden = self.fc(hidden)
-        return hidden, torch.cat([self.midlayer.input_layernorm(emb), self.midlayer.hidden_norm(hidden)], -1)
+        n1, n2, H = self.midlayer.input_layernorm, self.midlayer.hidden_norm, self.config.hidden_size
+        if self.kernels == "triton":  # each norm writes its half of the concatenation: no cat kernel
+            from toolkit.infer.kernels.layer_ops import rms_norm
+
+            x = torch.empty(*emb.shape[:-1], 2 * H, dtype=emb.dtype, device=emb.device)
+            rms_norm(emb, n1.weight, n1.eps, out=x[..., :H])
+            rms_norm(hidden, n2.weight, n2.eps, out=x[..., H:])
+            return hidden, x
+        return hidden, torch.cat([n1(emb), n2(hidden)], -1)
 
     def readout(self, h):
         if few_rows(h, self.kernels):  # the norm folded into the GEMV

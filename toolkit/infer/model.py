@@ -65,8 +65,10 @@ def attention_masks(mask: torch.Tensor, dtype, kernels: str = "torch") -> tuple:
     """bool [B, T, S] -> (additive float [B, 1, T, S] for SDPA, None, None), or for the Triton kernel
     (None, int8 mask [B, T, S], lens [B]: one past the last slot any of row b's tokens sees)."""
     if kernels == "triton":
-        seen = torch.arange(1, mask.shape[-1] + 1, device=mask.device) * mask.any(1)    # [B, S]
-        return None, mask.view(torch.int8), seen.amax(-1).to(torch.int32)  # bool is one byte: a view
+        from toolkit.infer.kernels.tree_attention import mask_lens
+
+        mask = mask.contiguous()
+        return None, mask.view(torch.int8), mask_lens(mask)  # bool is one byte: a view
     bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
     return bias[:, None], None, None
 

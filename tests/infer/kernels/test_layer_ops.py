@@ -142,3 +142,15 @@ def test_draft_head_with_the_fused_kernels_equals_the_torch_path():
 
     with pytest.raises(ValueError, match="accepted: torch, triton"):
         DraftHead.set_kernels(plain, "cuda")
+
+
+def test_rms_norm_into_half_of_a_concatenation():
+    """out= writes the normed rows into a strided view (EAGLE-3's cat[norm(emb), norm(hidden)] without a cat)."""
+    x, y, w1, w2 = rand(2, 3, 64), rand(2, 3, 64, seed=1), rand(64, seed=2), rand(64, seed=3)
+    both = torch.full((2, 3, 128), float("nan"), device=device)
+    rms_norm(x, w1, 1e-5, out=both[..., :64])
+    rms_norm(y, w2, 1e-5, out=both[..., 64:])
+    want = torch.cat([reference_rms_norm(x, w1, 1e-5), reference_rms_norm(y, w2, 1e-5)], -1)
+    assert (both - want).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="shaped like x"):
+        rms_norm(x, w1, 1e-5, out=both[..., :32])

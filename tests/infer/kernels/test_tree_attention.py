@@ -8,7 +8,8 @@ if not torch.cuda.is_available():  # before the kernel module is imported: witho
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from toolkit.infer.kernels.tree_attention import reference_attention, tree_attention  # noqa: E402
+from toolkit.infer.kernels.tree_attention import (mask_lens, reference_attention, reference_mask_lens,  # noqa: E402
+                                                   tree_attention)
 
 interpreting = os.environ.get("TRITON_INTERPRET") == "1"
 device = "cpu" if interpreting else "cuda"
@@ -107,3 +108,15 @@ def test_model_with_the_kernel_equals_the_torch_path(tmp_path):
                                mask=mask)
         outs.append(logits)
     assert (outs[0] - outs[1]).abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("T, S", [(1, 7), (3, 1500), (5, 2048)])
+def test_mask_lens_equals_its_reference(T, S):
+    """One past the last slot each row's tokens may see; rows that see nothing give 0; S over one block."""
+    g = torch.Generator().manual_seed(T)
+    mask = torch.rand(4, T, S, generator=g) < 0.01
+    mask[1] = False                                    # sees nothing
+    mask[2, -1, -1] = True                             # the very last slot
+    mask = mask.to(device)
+    assert torch.equal(mask_lens(mask), reference_mask_lens(mask))
+    assert torch.equal(mask_lens(mask.to(torch.int8)), reference_mask_lens(mask))

@@ -44,11 +44,15 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, N, eps, sx, sr, sy, sh,
     tl.store(y_ptr + row * sy + cols, (w * y).to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """x (and residual) [..., N] -> normed, or (residual + x, normed) with a residual."""
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             out: torch.Tensor | None = None):
+    """x (and residual) [..., N] -> normed, or (residual + x, normed) with a residual. out: where the normed rows
+    go (shaped like x, last dimension contiguous; e.g. one half of a concatenation, so no cat kernel follows)."""
     N = x.shape[-1]
     x2 = x.reshape(-1, N)
-    y = torch.empty_like(x2)
+    if out is not None and (out.shape != x.shape or out.stride(-1) != 1):
+        raise ValueError("rms_norm's out must be shaped like x with a contiguous last dimension")
+    y = torch.empty_like(x2) if out is None else out.view(-1, N)
     r2 = h = x2
     if residual is not None:
         r2, h = residual.reshape(-1, N), torch.empty_like(x2)
@@ -56,7 +60,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tenso
         raise ValueError("rms_norm needs a contiguous last dimension")
     _rms_norm_kernel[(x2.shape[0],)](x2, r2, w, y, h, N, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
                                      HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N))
-    return y.view(x.shape) if residual is None else (h.view(x.shape), y.view(x.shape))
+    y = y.view(x.shape) if out is None else out
+    return y if residual is None else (h.view(x.shape), y)
 
 
 def reference_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

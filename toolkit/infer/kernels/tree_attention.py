@@ -141,3 +141,33 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
         _merge_kernel[(B * HQ * T,)](po, pm, pl, out, out.stride(0), out.stride(1), out.stride(2), T, D, HQ, splits,
                                      BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d)
     return out
+
+
+def reference_mask_lens(mask: torch.Tensor) -> torch.Tensor:
+    """bool [B, T, S] -> int32 [B]: one past the last slot any of row b's tokens may see (0 if none)."""
+    seen = torch.arange(1, mask.shape[-1] + 1, device=mask.device) * mask.any(1)       # [B, S]
+    return seen.amax(-1).to(torch.int32)
+
+
+@triton.jit
+def _mask_lens_kernel(m_ptr, out_ptr, T, S, smb, smt, BLOCK_S: tl.constexpr):
+    b = tl.program_id(0)
+    best = tl.zeros([BLOCK_S], tl.int32)
+    for t in range(0, T):
+        for s0 in range(0, S, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            seen = tl.load(m_ptr + b * smb + t * smt + s, mask=s < S, other=0) != 0
+            best = tl.maximum(best, tl.where(seen, s + 1, 0))
+    tl.store(out_ptr + b, tl.max(best, 0))
+
+
+def mask_lens(mask: torch.Tensor) -> torch.Tensor:
+    """reference_mask_lens as one kernel (it was five: arange, any, mul, amax, cast) for an int8 / bool mask
+    [B, T, S] with a contiguous last dimension."""
+    B, T, S = mask.shape
+    if mask.stride(-1) != 1:
+        raise ValueError("mask_lens needs a contiguous last dimension")
+    m = mask.view(torch.int8) if mask.dtype == torch.bool else mask
+    out = torch.empty(B, dtype=torch.int32, device=mask.device)
+    _mask_lens_kernel[(B,)](m, out, T, S, m.stride(0), m.stride(1), BLOCK_S=1024)
+    return out
