@@ -215,8 +215,8 @@ def few_rows(x: torch.Tensor, kernels: str) -> bool:
 
 def row_step_ok(attn: nn.Module, mlp: nn.Module, x: torch.Tensor, cache: KVCache | None, slots) -> bool:
     """True when row_step can run the layer: few_rows, fused projections, a Llama-family layer over a cache."""
-    return few_rows(x, mlp.kernels) and isinstance(attn, Attention) and attn.fused_rope_ok(cache, slots) \
-        and isinstance(mlp, MLP) and mlp.gate_up is not None
+    return isinstance(mlp, MLP) and few_rows(x, mlp.kernels) and isinstance(attn, Attention) \
+        and attn.fused_rope_ok(cache, slots) and mlp.gate_up is not None
 
 
 def row_step(attn: "Attention", mlp: "MLP", post_norm: RMSNorm, x, h, pre_norm: RMSNorm | None, cos, sin, mask,
@@ -252,8 +252,10 @@ class Transformer(nn.Module):
 
     def set_kernels(self, kernels: str) -> "Transformer":
         """"torch", or "triton": masked attention over the cache (kernels/tree_attention.py), RMSNorm with the
-        residual add, SiLU-mul and RoPE + cache write (kernels/layer_ops.py) as fused Triton kernels. Triton
-        needs a CUDA model, or TRITON_INTERPRET=1 on CPU (tests); DeepSeek MLA targets keep torch's."""
+        residual add, SiLU-mul and RoPE + cache write (kernels/layer_ops.py) as fused Triton kernels, and for
+        steps of at most 16 tokens the projections as GEMVs with the norms, SiLU-mul and residual adds folded in
+        (kernels/gemv.py, row_step). Triton needs a CUDA model, or TRITON_INTERPRET=1 on CPU (tests); DeepSeek
+        MLA targets keep torch's."""
         return apply_kernels(self, kernels)
 
     def fuse(self) -> "Transformer":

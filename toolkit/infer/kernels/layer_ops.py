@@ -9,7 +9,8 @@ step on an H100 against a 5.3 ms weight-streaming floor (benchmarks/RESULTS.md).
   rope_cache_write(qkv, ...)      RoPE on q and k from the fused q/k/v GEMM's output, k and v written into
                                   the KV cache at their slots, q returned [B, Hq, T, D]
   rope_cos_sin(positions, ...)    the step's cos / sin tables (model.rope_cos_sin's 9 kernels as one)
-On CPU they run under TRITON_INTERPRET=1 (tests/infer/kernels/test_layer_ops.py).
+On CPU they run under TRITON_INTERPRET=1 (tests/infer/kernels/test_layer_ops.py). Steps of at most 16 tokens
+go further: kernels/gemv.py folds the norms, SiLU-mul and residual adds into the projections themselves.
 """
 from __future__ import annotations
 
