@@ -74,7 +74,8 @@ def measure_gflops(threads: int, reps: int = 5) -> float:
 @dataclass(frozen=True)
 class Plan:
     """Sizes that fit the budget, from rates measured on a 2-core CPU, times the machine's relative speed
-    (measured on a CPU; a fixed 25 on a GPU, where these small steps are bound by launches, not FLOPs)."""
+    (measured on a CPU; a fixed 25 on a GPU, where these small steps are bound by launches, not FLOPs; the
+    bench's prompts on a GPU from their own rate, see for_budget)."""
     prompts: int          # training conversations the target answers
     max_new_tokens: int   # per answer
     eval_prompts: int     # held-out prompts for the bench
@@ -90,9 +91,12 @@ class Plan:
         if not speed > 0:
             raise ValueError(f"speed {speed}: must be > 0")
         seconds, speed = minutes * 60, 25.0 if gpu else speed
-        # 35% answering at ~0.5 conversations/s (128 new tokens, batch 32), 40% training, 15% bench
+        # 35% answering at ~0.5 conversations/s (128 new tokens, batch 32), 40% training, 15% bench at ~25 s a
+        # prompt. On a GPU the bench is not 25x faster: transformers' generate (one of its three runs) is bound by
+        # ~15-20 ms of launches a token there, so a prompt of 256 tokens costs ~12 s (on an H100 a 5-minute plan
+        # of 45 eval prompts spent over 5 minutes in the bench alone, 2026-11-24)
         prompts = int(min(2000, max(16, 0.35 * seconds * 0.5 * speed)))
-        eval_prompts = int(min(80, max(2, 0.15 * seconds / 25 * speed)))
+        eval_prompts = int(min(80, max(2, 0.15 * seconds / (12.0 if gpu else 25 / speed))))
         return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2, round(speed, 3))
 
     def train_steps(self, tokens_per_row: float) -> int:
