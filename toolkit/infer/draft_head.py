@@ -74,7 +74,7 @@ class DraftHead(nn.Module):
         bias = attention_masks(mask, emb.dtype, self.kernels)
         first, *rest = self.layers()
         h, x = self.fuse(emb, hidden)
-        if row_step_ok(first.self_attn, first.mlp, x, cache, slots):  # one row on Triton: norms etc. in the GEMVs
+        if row_step_ok(first.self_attn, first.mlp, x, cache, slots):  # <= 16 rows on Triton: norms etc. in the GEMVs
             h = row_step(first.self_attn, first.mlp, first.post_attention_layernorm, x, h, None, cos, sin, bias,
                          cache, 0, slots, kv_len)
         else:

@@ -1,5 +1,6 @@
-"""One-row matrix-vector products (a batch-1 decode step's GEMVs) with the layer's small steps folded in, as a
-Triton kernel beside its torch reference.
+"""Projections of steps of 1-16 tokens (decode, verify and draft steps) as Triton kernels beside their torch
+reference: one row as a GEMV with the layer's small steps folded in (_gemv_kernel), 2-16 rows on the matrix unit
+(_rows_kernel, its prologue run first as its own kernel).
 
     y = epilogue(W @ prologue(x))        x one row [K] (or [2K] for silu), W [N, K] (any strides), y [N]
 prologue:  none | "norm": RMSNorm(x) * norm_w, rounded as model.RMSNorm rounds it
