@@ -22,7 +22,7 @@ import torch
 from toolkit.data.chat import load_tokenizer
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 from toolkit.models import resolve_target

@@ -24,7 +24,8 @@ from toolkit.infer.config import ModelConfig
 from toolkit.infer.drafts import random_head
 from toolkit.infer.graphs import GraphedDraftLoop, eager_capture, graph_draft, graph_target
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import Transformer, fuse_projections
+from toolkit.infer.model import Transformer
+from toolkit.infer.prepare import fuse_projections
 from toolkit.infer.tree import TreeConfig, draft_trees
 
 CONFIGS = {

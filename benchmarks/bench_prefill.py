@@ -17,7 +17,7 @@ import torch
 
 from toolkit.data.chat import load_tokenizer
 from toolkit.infer.engine import Engine, _pad, prefill_groups
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.sequence import Sequence
 from toolkit.models import resolve_target

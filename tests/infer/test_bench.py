@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from toolkit.infer.drafts import load_eagle3, random_head, save_eagle3
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 from toolkit.models import fingerprint
 
 

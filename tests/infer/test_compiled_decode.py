@@ -8,7 +8,7 @@ from toolkit.infer.compiled_decode import CompiledDecode, cpp_compiler
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 

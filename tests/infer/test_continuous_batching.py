@@ -6,7 +6,7 @@ import torch
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.sequence import Sequence
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 

@@ -10,8 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from toolkit.infer.config import ConfigError, ModelConfig
 from toolkit.infer.engine import Engine
-from toolkit.infer.loading import load_draft
-from toolkit.infer.model import Block, load_target
+from toolkit.infer.loading import load_draft, load_target
+from toolkit.infer.model import Block
 from toolkit.infer.mtp import MTPHead
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig

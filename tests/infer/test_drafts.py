@@ -102,7 +102,7 @@ def test_agreement_probe_lines_up_draft_and_target_positions(tmp_path):
     from torch import nn
 
     from toolkit.infer.drafts import agreement
-    from toolkit.infer.model import load_target
+    from toolkit.infer.loading import load_target
 
     cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=6,
                                    num_attention_heads=2, num_key_value_heads=1)

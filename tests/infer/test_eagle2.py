@@ -6,7 +6,7 @@ import torch
 
 from toolkit.infer.eagle2 import load_eagle2
 from toolkit.infer.engine import Engine
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 from toolkit.tokenmap.maps import save_freq

@@ -14,7 +14,7 @@ import torch
 
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams, target_probs
 from toolkit.infer.tree import TreeConfig
 

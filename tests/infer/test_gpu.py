@@ -13,7 +13,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 
 from toolkit.infer.drafts import random_head  # noqa: E402
 from toolkit.infer.engine import Engine  # noqa: E402
-from toolkit.infer.model import load_target  # noqa: E402
+from toolkit.infer.loading import load_target  # noqa: E402
 from toolkit.infer.sampling import SamplingParams  # noqa: E402
 from toolkit.infer.tree import TreeConfig  # noqa: E402
 

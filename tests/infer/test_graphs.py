@@ -8,7 +8,7 @@ import torch
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.graphs import GraphedForward, batch_buckets, eager_capture
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 

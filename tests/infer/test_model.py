@@ -4,7 +4,7 @@ import torch
 
 from toolkit.infer.config import ConfigError, ModelConfig
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 
 TINY = dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256)

@@ -8,8 +8,8 @@ from safetensors.torch import load_file, save_file
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.engine import Engine
-from toolkit.infer.loading import load_draft
-from toolkit.infer.model import Transformer, load_target
+from toolkit.infer.loading import load_draft, load_target
+from toolkit.infer.model import Transformer
 from toolkit.infer.mtp import MTPHead, load_mtp, save_mtp
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig

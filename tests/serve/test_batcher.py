@@ -7,8 +7,7 @@ from fastapi.testclient import TestClient
 
 from toolkit.data.chat import load_tokenizer
 from toolkit.infer.engine import Engine
-from toolkit.infer.loading import stop_ids
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target, stop_ids
 from toolkit.serve.app import Served, build_app
 from toolkit.serve.batcher import Batcher
 from toolkit.serve.gate import Gate

@@ -14,7 +14,7 @@ from openai import OpenAI
 from toolkit.cli import main
 from toolkit.data.chat import load_tokenizer
 from toolkit.infer.engine import Engine
-from toolkit.infer.model import load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams
 
 QUESTION = [{"role": "user", "content": "Name three colours."}]

@@ -22,7 +22,8 @@ from torch import nn
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import attention_masks, rope_cos_sin, row_step, row_step_ok
+from toolkit.infer.model import attention_masks, rope_cos_sin
+from toolkit.infer.row_step import row_step, row_step_ok
 
 
 class DraftHead(nn.Module):
@@ -51,7 +52,7 @@ class DraftHead(nn.Module):
     def set_kernels(self, kernels: str) -> "DraftHead":
         """Inference only (the Triton kernels have no backward): "torch", or "triton" for the fused kernels
         of model.Transformer.set_kernels; their RoPE + cache write needs fused projections (fuse_projections)."""
-        from toolkit.infer.model import apply_kernels
+        from toolkit.infer.prepare import apply_kernels
 
         return apply_kernels(self, kernels)
 

@@ -18,7 +18,8 @@ from torch import nn
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import DraftHead, draft_config, write_draft_folder
-from toolkit.infer.model import MLP, Attention, Block, RMSNorm, few_rows
+from toolkit.infer.model import MLP, Attention, Block, RMSNorm
+from toolkit.infer.row_step import few_rows
 
 
 class Eagle3Layer(nn.Module):

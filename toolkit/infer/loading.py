@@ -1,4 +1,5 @@
-"""Loading a target and its draft for `toolkit bench` and `toolkit serve`: the device and dtype, the target a
+"""Loading a target and its draft: the target's weights from an HF folder (load_target; training uses it too),
+and for `toolkit bench` and `toolkit serve` the device and dtype, the target a
 draft was trained for (a different `--model` is refused with both names), the draft itself (EAGLE-3 or
 EAGLE-1/2), the stop tokens of the chat template, and the load-time sanity probe."""
 from __future__ import annotations
@@ -10,7 +11,11 @@ from pathlib import Path
 
 import torch
 
+from safetensors import safe_open
+
 from toolkit.embedded import DEFAULT_MODEL
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.model import Transformer
 
 
 def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.dtype]:
@@ -26,6 +31,42 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.d
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype {dtype}: give auto, float32, bfloat16 or float16")
     return device, getattr(torch, dtype)
+
+
+def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
+    """Build the model from config.json and load every weight from *.safetensors; a missing or unexpected
+    tensor is an error naming it (no weight is ever left random)."""
+    folder = Path(folder)
+    config = ModelConfig.from_folder(folder)
+    with torch.device("meta"):
+        model = Transformer(config)
+    expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), "pt", device="cpu") as sf:
+            for name in sf.keys():
+                ours = name.removeprefix("model.")
+                if ours.endswith("rotary_emb.inv_freq") or _is_mtp_weight(ours, config.num_layers):
+                    continue
+                tensors[ours] = sf.get_tensor(name).to(dtype)
+    if config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    missing, unexpected = expected - tensors.keys(), tensors.keys() - expected
+    if missing or unexpected:
+        raise ValueError(f"{folder}: weights do not match the {config.model_type} config: missing "
+                         f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
+    model.load_state_dict(tensors, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.inv_freq = config.inv_freq().to(device)
+    return model.to(device).eval().fuse()
+
+
+def _is_mtp_weight(name: str, num_layers: int) -> bool:
+    """MTP layers a target ships (MiMo's mtp_layers.*, DeepSeek-V3's layers.{num_layers + i}.*) are a draft's
+    weights, read by toolkit/infer/mtp.py, not the target's."""
+    parts = name.split(".")
+    return parts[0] == "mtp_layers" or (parts[0] == "layers" and int(parts[1]) >= num_layers)
 
 
 def recorded_target(draft: str) -> dict:
@@ -80,7 +121,7 @@ def load_draft(folder: str, target, token_map: str | None):
     kind = draft_kind(folder)
     if kind == "eagle3" and token_map is not None:
         raise ValueError("--token-map applies to EAGLE-1/2 and MTP heads; an EAGLE-3 head carries its own d2t")
-    from toolkit.infer.model import fuse_projections, readout_layout
+    from toolkit.infer.prepare import fuse_projections, readout_layout
 
     dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
     if kind == "eagle3":
@@ -136,7 +177,6 @@ def load(draft: str | None, model: str | None, token_map: str | None, device: st
          dtype: str = "auto", kernels: str = "auto") -> Loaded:
     """Target (+ draft when given) on the chosen device, with the chosen kernels."""
     from toolkit.data.chat import load_tokenizer
-    from toolkit.infer.model import load_target
     from toolkit.models import resolve_target
 
     device, torch_dtype = pick_device(device, dtype)

@@ -9,16 +9,13 @@ Shapes: B batch, T new tokens, S cache slots, H hidden, D head dim, Hq/Hkv query
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.kv_cache import KVCache
+from toolkit.infer.row_step import few_rows, row_step, row_step_ok
 
 
 class RMSNorm(nn.Module):
@@ -205,37 +202,6 @@ class Block(nn.Module):
         return h + self.mlp(x)
 
 
-def few_rows(x: torch.Tensor, kernels: str) -> bool:
-    """A step of at most 16 tokens in all (a decode step of up to 16 sequences, a verify or draft step) on the
-    Triton kernels: kernels/gemv.py runs its projections, with the small steps folded in."""
-    from toolkit.infer.kernels.gemv import MAX_ROWS
-
-    return kernels == "triton" and x.shape[0] * x.shape[1] <= MAX_ROWS
-
-
-def row_step_ok(attn: nn.Module, mlp: nn.Module, x: torch.Tensor, cache: KVCache | None, slots) -> bool:
-    """True when row_step can run the layer: few_rows, fused projections, a Llama-family layer over a cache."""
-    return isinstance(mlp, MLP) and few_rows(x, mlp.kernels) and isinstance(attn, Attention) \
-        and attn.fused_rope_ok(cache, slots) and mlp.gate_up is not None
-
-
-def row_step(attn: "Attention", mlp: "MLP", post_norm: RMSNorm, x, h, pre_norm: RMSNorm | None, cos, sin, mask,
-             cache: KVCache, layer: int, slots, kv_len: int) -> torch.Tensor:
-    """A decoder layer for a few rows as 6 kernels (kernels/gemv.py folds the norms, SiLU-mul and residual adds
-    into the GEMVs): x [B, T, *] the attention's input (normed by pre_norm first when given), h [B, T, H] the
-    residual. Returns the layer's output h [B, T, H]: Block.forward's numbers up to the summation order."""
-    from toolkit.infer.kernels.gemv import gemv
-
-    if pre_norm is None:
-        qkv = gemv(x, attn.qkv, bias=attn.qkv_b)                                   # [1, 1, (Hq + 2 Hkv) D]
-    else:
-        qkv = gemv(x, attn.qkv, "norm", pre_norm.weight, pre_norm.eps, attn.qkv_b)
-    a = attn.attend_qkv(qkv, cos, sin, mask, cache, layer, slots, kv_len)          # [1, 1, Hq D]
-    h = gemv(a, attn.o_proj.weight, bias=attn.o_proj.bias, residual=h)             # h + o_proj(a)
-    gate_up = gemv(h, mlp.gate_up, "norm", post_norm.weight, post_norm.eps)        # [1, 1, 2I]
-    return gemv(gate_up, mlp.down_proj.weight, "silu", residual=h)                 # h + down(silu(g) * u)
-
-
 class Transformer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
@@ -256,10 +222,14 @@ class Transformer(nn.Module):
         steps of at most 16 tokens the projections as GEMVs with the norms, SiLU-mul and residual adds folded in
         (kernels/gemv.py, row_step). Triton needs a CUDA model, or TRITON_INTERPRET=1 on CPU (tests); DeepSeek
         MLA targets keep torch's."""
+        from toolkit.infer.prepare import apply_kernels
+
         return apply_kernels(self, kernels)
 
     def fuse(self) -> "Transformer":
         """For inference: fused q/k/v and gate/up weights (fuse_projections), the readout in readout_layout."""
+        from toolkit.infer.prepare import fuse_projections, readout_layout
+
         fuse_projections(self)
         readout_layout(self.lm_head)
         if self.config.tie_word_embeddings:
@@ -313,92 +283,3 @@ class Transformer(nn.Module):
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
         out = kept[-1] if logits_at is None else kept[-1][torch.arange(B, device=h.device), logits_at][:, None]
         return self.lm_head(out), [kept[i] for i in aux_layers]
-
-
-def apply_kernels(module: nn.Module, kernels: str) -> nn.Module:
-    """Set `kernels` ("torch" or "triton") on `module` (a target or a draft head) and on its norms, attention
-    and MLPs, refusing what cannot run: an unknown name, MLA layers, Triton off CUDA without the interpreter."""
-    if kernels not in ("torch", "triton"):
-        raise ValueError(f"kernels {kernels!r}; accepted: torch, triton")
-    if kernels == "triton":
-        if module.config.mla is not None:
-            raise ValueError("--kernels triton covers Llama-family attention; MLA layers (DeepSeek) run with "
-                             "--kernels torch")
-        if next(module.parameters()).device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)")
-    module.kernels = kernels
-    for m in module.modules():
-        if isinstance(m, (RMSNorm, Attention, MLP)):
-            m.kernels = kernels
-    return module
-
-
-def fuse_projections(module: nn.Module) -> None:
-    """For inference: one weight for q/k/v and one for gate/up in every Attention / MLP of `module` (a target
-    or a draft head), so a decode step runs 4 GEMMs per layer instead of 7 (fewer, larger kernels: ~2 ms less
-    per plain decode step on CPU), stored [in, out] on CPU like the vocabulary projection (readout_layout).
-    The separate modules' weights become frozen views of the fused ones, so nothing is stored twice."""
-    def join(mods, dst, name):
-        fused = in_out_storage(torch.cat([m.weight.detach() for m in mods]))  # 15-35% faster GEMVs on CPU
-        setattr(dst, name, fused)
-        start = 0
-        for m in mods:
-            n = m.weight.shape[0]
-            m.weight = nn.Parameter(fused[start:start + n], requires_grad=False)
-            start += n
-
-    for m in module.modules():
-        if isinstance(m, Attention) and m.qkv is None:  # not DeepSeek's MLA, not fused yet
-            join([m.q_proj, m.k_proj, m.v_proj], m, "qkv")
-            if m.q_proj.bias is not None:
-                m.qkv_b = torch.cat([m.q_proj.bias.detach(), m.k_proj.bias.detach(), m.v_proj.bias.detach()])
-        elif isinstance(m, MLP) and m.gate_up is None:  # not a MoE
-            join([m.gate_proj, m.up_proj], m, "gate_up")
-
-
-def in_out_storage(w: torch.Tensor) -> torch.Tensor:
-    """On CPU, a Linear weight [out, in] stored as [in, out] (a transposed view: same shape, same values), the
-    layout CPU BLAS streams decode GEMVs fastest from; unchanged elsewhere."""
-    return w.t().contiguous().t() if w.device.type == "cpu" else w
-
-
-def readout_layout(linear: nn.Linear) -> None:
-    """A vocabulary projection in in_out_storage (its decode GEMV ~2x faster on CPU: 8-10 -> 20 GB/s
-    measured). Inference only: the weight is frozen."""
-    linear.weight = nn.Parameter(in_out_storage(linear.weight.detach()), requires_grad=False)
-
-
-def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
-    """Build the model from config.json and load every weight from *.safetensors; a missing or unexpected
-    tensor is an error naming it (no weight is ever left random)."""
-    folder = Path(folder)
-    config = ModelConfig.from_folder(folder)
-    with torch.device("meta"):
-        model = Transformer(config)
-    expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
-    tensors = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), "pt", device="cpu") as sf:
-            for name in sf.keys():
-                ours = name.removeprefix("model.")
-                if ours.endswith("rotary_emb.inv_freq") or _is_mtp_weight(ours, config.num_layers):
-                    continue
-                tensors[ours] = sf.get_tensor(name).to(dtype)
-    if config.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
-    missing, unexpected = expected - tensors.keys(), tensors.keys() - expected
-    if missing or unexpected:
-        raise ValueError(f"{folder}: weights do not match the {config.model_type} config: missing "
-                         f"{sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
-    model.load_state_dict(tensors, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
-    model.inv_freq = config.inv_freq().to(device)
-    return model.to(device).eval().fuse()
-
-
-def _is_mtp_weight(name: str, num_layers: int) -> bool:
-    """MTP layers a target ships (MiMo's mtp_layers.*, DeepSeek-V3's layers.{num_layers + i}.*) are a draft's
-    weights, read by toolkit/infer/mtp.py, not the target's."""
-    parts = name.split(".")
-    return parts[0] == "mtp_layers" or (parts[0] == "layers" and int(parts[1]) >= num_layers)

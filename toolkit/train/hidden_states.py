@@ -37,7 +37,7 @@ def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from toolkit.atomic import atomic_path, write_text
-    from toolkit.infer.model import load_target
+    from toolkit.infer.loading import load_target
     from toolkit.models import fingerprint, resolve_target
     from toolkit.train.data import PreparedData
 

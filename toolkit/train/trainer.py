@@ -67,7 +67,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from tqdm import tqdm
     from transformers import get_scheduler
 
-    from toolkit.infer.model import load_target
+    from toolkit.infer.loading import load_target
     from toolkit.models import fingerprint, resolve_target
     from toolkit.tokenmap.maps import save_vocab_map
     from toolkit.train import checkpoint as ckpt

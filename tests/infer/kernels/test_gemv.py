@@ -65,7 +65,7 @@ def test_bad_input_is_refused():
 def _tiny_target(tmp_path, num_layers=2):
     import transformers
 
-    from toolkit.infer.model import load_target
+    from toolkit.infer.loading import load_target
 
     cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
                                    num_attention_heads=4, num_key_value_heads=2)
@@ -107,7 +107,7 @@ def test_a_draft_step_of_one_row_equals_the_torch_path():
     the plain head's log-probs, output hidden state and draft cache, at step 0 (fc over aux features) and after."""
     from toolkit.infer.config import ModelConfig
     from toolkit.infer.drafts import random_head
-    from toolkit.infer.model import fuse_projections
+    from toolkit.infer.prepare import fuse_projections
 
     c = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=6,
                     num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=256)

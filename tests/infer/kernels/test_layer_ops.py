@@ -85,7 +85,7 @@ def test_model_with_the_fused_kernels_equals_the_torch_path(tmp_path):
     import transformers
 
     from toolkit.infer.kv_cache import KVCache
-    from toolkit.infer.model import load_target
+    from toolkit.infer.loading import load_target
 
     cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2)
@@ -115,7 +115,7 @@ def test_draft_head_with_the_fused_kernels_equals_the_torch_path():
     and writes the same draft cache as the plain torch head, over a prefix and then a tree step."""
     from toolkit.infer.config import ModelConfig
     from toolkit.infer.drafts import random_head
-    from toolkit.infer.model import fuse_projections
+    from toolkit.infer.prepare import fuse_projections
 
     c = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=6,
                     num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=256)

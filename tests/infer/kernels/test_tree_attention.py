@@ -86,7 +86,7 @@ def test_model_with_the_kernel_equals_the_torch_path(tmp_path):
     import transformers
 
     from toolkit.infer.kv_cache import KVCache
-    from toolkit.infer.model import load_target
+    from toolkit.infer.loading import load_target
 
     cfg = transformers.Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2)
