@@ -15,14 +15,15 @@ import time
 
 import torch
 
-from toolkit.infer.draft_sampling import chain_draft_probs, gumbel_inputs
+from toolkit.infer.draft_sampling import gumbel_inputs
 from toolkit.infer.drafts import Eagle3Head
 from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memory
 from toolkit.infer.model import Transformer
+from toolkit.infer.phase_clock import PhaseClock
 from toolkit.infer.sampling import SamplingParams, target_probs
 from toolkit.infer.sequence import Result, Sequence, StopStrings
 from toolkit.infer.tree import Tree, TreeConfig, ancestor_masks, draft_trees, window_mask
-from toolkit.infer.verify import greedy_verify, sample_chain_verify, sample_verify
+from toolkit.infer.verify import verify_tree
 
 
 def _pad(rows: list[list], value) -> torch.Tensor:
@@ -101,7 +102,7 @@ class Engine:
             self.compiled = CompiledDecode(target, self.cache, self.aux_layers)
         self.running: list[Sequence] = []  # running sequence i is in cache row i
         self.seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0}  # engine time so far, by phase
-        self._stream = None  # the CUDA stream phase events are recorded on (_mark)
+        self.clock = PhaseClock(self.device)  # draft / verify split without syncing the device
 
     @torch.no_grad()
     def _capture(self, capture) -> None:
@@ -184,7 +185,7 @@ class Engine:
         """One speculative round for every running sequence; returns them (finished ones are done and have
         left the running batch). speculate=False verifies the roots alone (plain decoding) but still extends
         the draft over the new tokens, so speculation can resume at the next step."""
-        seqs, t1 = list(self.running), self._mark()
+        seqs, t1 = list(self.running), self.clock.mark()
         if not seqs:
             return []
         prefix, roots = [s.prefix for s in seqs], [s.result.tokens[-1] for s in seqs]
@@ -202,9 +203,9 @@ class Engine:
                                     root_logp, self.tree, **sampled)
         else:
             trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
-        t2 = self._mark()
+        t2 = self.clock.mark()
         paths, emitted, aux = self._verify(trees, seqs)
-        t3 = self._mark()
+        t3 = self.clock.mark()
         for s, path, out in zip(seqs, paths, emitted):
             s.result.verify_steps += 1
             added = next((i + 1 for i, tok in enumerate(out) if s.add(tok)), len(out))  # stop where plain would
@@ -218,8 +219,9 @@ class Engine:
             hidden = fused.gather(1, idx[:, :, None].expand(-1, -1, fused.shape[-1]))
             self._draft_extend(seqs, self._host(_pad(emitted, 0)), hidden, prefix, 0)
         self._retire()
-        t4 = self._mark()
-        draft, verify = self._between(t1, t2) + self._between(t3, t4), self._between(t2, t3)
+        t4 = self.clock.mark()
+        between = self.clock.between
+        draft, verify = between(t1, t2) + between(t3, t4), between(t2, t3)
         self.seconds["draft"] += draft
         self.seconds["verify"] += verify
         for s in seqs:
@@ -231,26 +233,6 @@ class Engine:
         """Host data (a list or a CPU tensor) on the engine's device without stopping the host: a blocking
         copy to a GPU first waits for all queued work, which would idle the GPU while the host catches up."""
         return torch.as_tensor(data).to(self.device, non_blocking=True)
-
-    def _mark(self):
-        """A point in time: on a GPU a CUDA event on the device's timeline (graph replays run asynchronously;
-        syncing the host to read a clock would stop it queueing the next phase while the device works),
-        else the host clock."""
-        if self.device.type != "cuda":
-            return time.perf_counter()
-        if self._stream is None:  # looked up once, in the thread that steps: tens of microseconds a lookup
-            self._stream = torch.cuda.current_stream(self.device)
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(self._stream)
-        return event
-
-    @staticmethod
-    def _between(start, end) -> float:
-        """Seconds from one _mark to a later one (waits for the device to reach `end`)."""
-        if isinstance(start, float):
-            return end - start
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
 
     def release(self, seq: Sequence) -> None:
         """Take a running sequence out between steps (a cancelled request); its row is reused."""
@@ -316,21 +298,8 @@ class Engine:
             logits, *aux = out
         paths, emitted = [], []
         for b, (tree, s) in enumerate(zip(trees, seqs)):
-            if s.params.greedy:
-                path, out = greedy_verify(tree.tokens, tree.parents, logits[b])
-            elif tree.draft_logp is not None:  # a chain the draft sampled
-                path, out = sample_chain_verify(tree.tokens, target_probs(logits[b], s.params),
-                                                chain_draft_probs(tree.draft_logp, s.params.temperature,
-                                                                  self._draft_ids, logits.shape[-1]), s.generator)
-            else:
-                path, out = sample_verify(tree.tokens, tree.parents, target_probs(logits[b], s.params), s.generator)
-            # keep only the accepted path, in order; nodes already in their slot (path[j] == j: always the
-            # root, and a whole chain) are not copied
-            moved = next((j for j, node in enumerate(path) if node != j), len(path))
-            if moved < len(path):
-                src = self._host(path[moved:]) + s.prefix
-                for kv in (self.cache.k, self.cache.v):
-                    kv[:, b, :, s.prefix + moved:s.prefix + len(path)] = kv[:, b, :, src]
+            path, out = verify_tree(tree, logits[b], s.params, s.generator, self._draft_ids)
+            self.cache.keep_path(b, s.prefix, path)
             paths.append(path)
             emitted.append(out)
         return paths, emitted, aux

@@ -44,6 +44,18 @@ class KVCache:
         self.k[:, dst, :, :length] = self.k[:, src, :, :length]
         self.v[:, dst, :, :length] = self.v[:, src, :, :length]
 
+    def keep_path(self, row: int, prefix: int, path: list[int]) -> None:
+        """After a verify that wrote tree nodes 0..n-1 of sequence `row` to slots prefix..prefix+n-1: keep
+        only the accepted `path` (node indices, root first), in order, in slots prefix..prefix+len(path)-1.
+        The slots after it are free for the next round. Nodes already in their slot (path[j] == j: always
+        the root, and a whole chain) are not copied."""
+        moved = next((j for j, node in enumerate(path) if node != j), len(path))
+        if moved == len(path):
+            return
+        src = torch.tensor(path[moved:]).to(self.k.device, non_blocking=True) + prefix
+        for kv in (self.k, self.v):
+            kv[:, row, :, prefix + moved:prefix + len(path)] = kv[:, row, :, src]
+
     @staticmethod
     def slot_range(slots: torch.Tensor) -> torch.Tensor | int:
         """slots [1, T] on the host that run start..start+T-1 -> start, which `write` stores with one plain

@@ -23,6 +23,10 @@ from __future__ import annotations
 
 import torch
 
+from toolkit.infer.draft_sampling import chain_draft_probs
+from toolkit.infer.sampling import SamplingParams, target_probs
+from toolkit.infer.tree import Tree
+
 
 def _children(parents: list[int]) -> list[list[int]]:
     kids: list[list[int]] = [[] for _ in parents]
@@ -94,3 +98,17 @@ def sample_chain_verify(tokens: torch.Tensor, probs: torch.Tensor, draft_probs: 
         return list(range(i + 1)), out
     out.append(int(torch.multinomial(probs[-1].double(), 1, generator=generator)))  # all accepted: the bonus
     return list(range(len(toks))), out
+
+
+def verify_tree(tree: Tree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                draft_ids: torch.Tensor | None) -> tuple[list[int], list[int]]:
+    """One sequence's Tree against the target's logits [N + 1, V] at its nodes, by its sampling params:
+    greedy, a chain the draft sampled (tree.draft_logp set; draft_ids [N_draft] the target id of each draft
+    id), or top-k proposals. Returns (accepted path of node indices, emitted tokens)."""
+    if params.greedy:
+        return greedy_verify(tree.tokens, tree.parents, logits)
+    probs = target_probs(logits, params)
+    if tree.draft_logp is not None:
+        draft = chain_draft_probs(tree.draft_logp, params.temperature, draft_ids, logits.shape[-1])
+        return sample_chain_verify(tree.tokens, probs, draft, generator)
+    return sample_verify(tree.tokens, tree.parents, probs, generator)
