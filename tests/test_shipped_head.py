@@ -5,18 +5,21 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 HEAD = ROOT / "benchmarks/heads/smollm2-135m-eagle3"
+TOPICS_HEAD = ROOT / "benchmarks/heads/smollm2-135m-eagle3-topics"  # HEAD trained on with topic-prompt answers
 
 
-def test_the_shipped_head_follows_the_format():
+@pytest.mark.parametrize("head", [HEAD, TOPICS_HEAD], ids=["1k", "topics"])
+def test_the_shipped_head_follows_the_format(head):
     from safetensors import safe_open
 
-    cfg = json.loads((HEAD / "config.json").read_text())
+    cfg = json.loads((head / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 8192
     assert cfg["toolkit"]["target"] == "smollm2-135m-instruct"
-    with safe_open(str(HEAD / "model.safetensors"), "pt") as f:
+    with safe_open(str(head / "model.safetensors"), "pt") as f:
         names = set(f.keys())
     assert {"fc.weight", "lm_head.weight", "d2t", "t2d", "midlayer.self_attn.q_proj.weight"} <= names
 
