@@ -8,19 +8,22 @@ from conftest import ROOT
 
 from toolkit.data.topics import topic_prompts
 
-REGEN_TOPICS = ROOT / "benchmarks/data/smollm2_regen_topics.jsonl.gz"  # SmolLM2's answers to version 1, by index
+DATA = ROOT / "benchmarks/data"  # SmolLM2's answers to the set, sorted by index
 
 
 def users(conv):
     return [m["content"] for m in conv["messages"] if m["role"] == "user"]
 
 
-def test_version_1_is_the_set_the_committed_answers_were_made_from():
-    v1 = topic_prompts(2370)
-    rows = [json.loads(line) for line in gzip.open(REGEN_TOPICS, "rt")]
-    assert len(rows) == 2370
-    for row in rows:  # "topics.jsonl:N" is the set's conversation N
-        assert users(row) == users(v1[int(row["source"].rsplit(":", 1)[1])]), row["source"]
+@pytest.mark.parametrize("name, version, answered", [("smollm2_regen_topics.jsonl.gz", 1, 2370),
+                                                      ("smollm2_regen_topics_v2.jsonl.gz", 2, 800)])
+def test_the_committed_answers_were_made_from_this_set(name, version, answered):
+    whole = topic_prompts(answered, version=version)
+    rows = [json.loads(line) for line in gzip.open(DATA / name, "rt")]
+    assert [int(row["source"].rsplit(":", 1)[1]) for row in rows] == list(range(answered))
+    for row in rows:  # "topics.jsonl:N" / "topics_v2.jsonl:N" is the set's conversation N
+        assert users(row) == users(whole[int(row["source"].rsplit(":", 1)[1])]), row["source"]
+        assert row["messages"][-1]["role"] == "assistant"
     with pytest.raises(ValueError, match="this set has 2370"):
         topic_prompts(2371)
 
