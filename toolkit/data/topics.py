@@ -107,6 +107,8 @@ FOLLOW_UPS_V2 = ["Now rewrite your answer as a short poem.", "Put the main point
                  "Now do the same for {u}.", "What is the weakest part of your answer, and how would you fix it?",
                  "Give your answer again in exactly three bullet points."]
 
+FOLLOW_UPS_BY_VERSION = {1: FOLLOW_UPS, 2: FOLLOW_UPS_V2}
+
 
 def _texts(version: int, rng: random.Random) -> list[str]:
     """The set's first turns, before shuffling (the random draws happen in a fixed order per version)."""
@@ -128,14 +130,15 @@ def topic_prompts(n: int, seed: int = 0, start: int = 0, follow_up_share: float 
     held out); versions 1 and 2 share no prompt. Version 1 is fixed: its prompts and order never change."""
     if n < 1:
         raise ValueError(f"asked for {n} prompts; give at least 1")
-    if version not in (1, 2):
-        raise ValueError(f"topic set version {version!r} does not exist; versions are 1 and 2")
+    if version not in FOLLOW_UPS_BY_VERSION:
+        raise ValueError(f"topic set version {version!r} does not exist; versions are "
+                         f"{' and '.join(map(str, FOLLOW_UPS_BY_VERSION))}")
     rng = random.Random(seed)
     texts = _texts(version, rng)
     rng.shuffle(texts)
     if start + n > len(texts):
         raise ValueError(f"asked for prompts {start}..{start + n - 1}; this set has {len(texts)}")
-    follow_ups = FOLLOW_UPS if version == 1 else FOLLOW_UPS_V2
+    follow_ups = FOLLOW_UPS_BY_VERSION[version]
     prefix = "topic" if version == 1 else "topic-v2"
     out = []
     for i, text in enumerate(texts):
