@@ -17,6 +17,10 @@ def test_overrides_are_typed_and_flags_win(tmp_path):
                       data="b", output_dir=None)
     assert cfg.lr == 3e-4 and cfg.aux_layers == [1, 5, 9] and cfg.max_steps == 12 and cfg.data == "b"
     assert cfg.token_map is None and cfg.ttt_steps == 7
+    recipe.write_text("data: a\nmixed_precision: no\n")  # YAML 1.1 reads a bare `no` as false
+    assert load_config(str(recipe)).mixed_precision == "no"
+    assert load_config(str(recipe), ["mixed_precision=no"]).mixed_precision == "no"
+    assert load_config(str(recipe), ["mixed_precision=bf16"]).mixed_precision == "bf16"
 
 
 @pytest.mark.parametrize("override, words", [
@@ -25,6 +29,7 @@ def test_overrides_are_typed_and_flags_win(tmp_path):
     (["nonsense=1"], "unknown config keys ['nonsense']"),
     (["init_lm_head=zeros"], "accepted target, random"),
     (["aux_layers=[1,2]"], "give 3 target layer ids"),
+    (["mixed_precision=fp8"], "mixed_precision 'fp8': accepted auto, no, bf16, fp16"),
     (["lr"], "write key=value"),
 ])
 def test_bad_values_are_named(override, words):

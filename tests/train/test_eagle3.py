@@ -60,6 +60,29 @@ def test_training_lowers_the_loss_and_exports_a_draft_the_engine_loads(tiny_targ
     assert torch.allclose(h2.lm_head.weight, w[ids].to(torch.bfloat16).float(), atol=1e-2)
 
 
+def test_bf16_autocast_on_a_cpu_trains_like_fp32_and_evaluates_in_fp32(tiny_target, prepared, tmp_path):
+    # bf16 matmuls run ~2x fp32 on a CPU; the head then trains under autocast and the target runs in bf16
+    steps = ["max_steps=12", "save_every=12"]
+    assert train(tiny_target, prepared, tmp_path / "fp32", *steps, "mixed_precision=no") == 0
+    # its own process: accelerate keeps one precision per process
+    run = subprocess.run([sys.executable, str(ROOT / "toolkit/train/eagle3.py"), "--model", str(tiny_target),
+                          "--data", str(prepared), "--output-dir", str(tmp_path / "bf16"), *COMMON, *steps,
+                          "mixed_precision=bf16"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "mixed precision bf16" in run.stdout
+    a, b = losses(tmp_path / "fp32"), losses(tmp_path / "bf16")
+    assert a[1] != b[1], "bf16 changed nothing: autocast did not apply"
+    assert abs(a[1] - b[1]) <= 0.01 * a[1]  # the same weights: bf16 rounding only
+    late_a, late_b = (sum(x[s] for s in range(9, 13)) / 4 for x in (a, b))  # lr 3e-3 on a tiny head: paths part
+    assert late_b < 0.25 * b[1] and abs(late_a - late_b) <= 0.15 * late_a, (a, b)
+    # the held-out evaluation serves as `toolkit bench` does on a CPU (fp32): replayed == engine still holds
+    ev = [r for r in read_metrics(tmp_path / "bf16" / "metrics.jsonl") if "eval_engine_tau" in r][-1]
+    assert ev["eval_replay_differing_rows"] == 0 and ev["eval_replayed_tau"] == ev["eval_engine_tau"] >= 1
+    from safetensors.torch import load_file
+
+    assert all(v.dtype != torch.float16 for v in load_file(str(tmp_path / "bf16/draft/model.safetensors")).values())
+
+
 def test_resume_after_a_kill_continues_exactly(tiny_target, prepared, tmp_path):
     steps = ["max_steps=30", "save_every=3"]
     whole = tmp_path / "whole"

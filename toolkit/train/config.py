@@ -44,7 +44,8 @@ class TrainConfig:
     epochs: float = 1.0
     max_minutes: float | None = None         # wall-clock budget: stop, save and export at the first step past it
     seed: int = 0
-    dtype: str = "auto"                      # target dtype: auto = bf16 on GPU, fp32 on CPU
+    dtype: str = "auto"                      # target dtype: auto = bf16 on GPU or under bf16 autocast, else fp32
+    mixed_precision: str = "auto"            # head autocast: no | bf16 | fp16; auto = as accelerate was launched
     # bookkeeping
     log_every: int = 10
     save_every: int = 500
@@ -83,6 +84,8 @@ class TrainConfig:
             problems.append(f"scheduler {self.scheduler!r}: accepted cosine, linear, constant")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             problems.append(f"dtype {self.dtype!r}: accepted auto, float32, bfloat16, float16")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            problems.append(f"mixed_precision {self.mixed_precision!r}: accepted auto, no, bf16, fp16")
         for name in ("ttt_steps", "max_len", "batch_size", "grad_accum", "log_every", "save_every",
                      "keep_checkpoints", "draft_vocab_size", "eval_max_new_tokens"):
             if getattr(self, name) < 1:
@@ -112,6 +115,8 @@ def _coerce(name: str, kind, text: str):
     for word, typ in checks:
         if base.startswith(word) or base.startswith(f"{word} ") or base.startswith(f"{word}["):
             if word == "str":
+                if isinstance(value, bool):  # YAML 1.1 reads a bare no / off / yes as a bool
+                    return text.strip() if isinstance(text, str) else ("yes" if value else "no")
                 return str(value) if not isinstance(value, (list, dict)) else value
             if word == "float" and isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
                 try:

@@ -50,7 +50,10 @@ def make_accelerator(cfg):
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not torch.cuda.is_available() else []
     log_with = ["wandb"] if cfg.wandb_project else None
-    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers)
+    # mixed_precision "auto" leaves accelerate's own choice (launch flag, env, config file; default no)
+    precision = {} if cfg.mixed_precision == "auto" else {"mixed_precision": cfg.mixed_precision}
+    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers,
+                      **precision)
     if acc.state.deepspeed_plugin is not None:  # fill the DeepSpeed config's "auto" values from the recipe
         ds = acc.state.deepspeed_plugin.deepspeed_config
         ds["train_micro_batch_size_per_gpu"] = cfg.batch_size
@@ -106,8 +109,11 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     target_hf = json.loads((folder / "config.json").read_text())
     target_fp = fingerprint(folder)
     device = acc.device
+    # bf16 on a CPU: matmuls run ~2x fp32 there, so under bf16 autocast the frozen target runs in bf16 too
     dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
-        torch.bfloat16 if device.type == "cuda" else torch.float32)
+        torch.bfloat16 if device.type == "cuda" or acc.mixed_precision == "bf16" else torch.float32)
+    # held-out evaluation in the dtype `toolkit bench` serves in by default: bf16 on GPU, fp32 on CPU
+    eval_dtype = dtype if device.type == "cuda" else torch.float32
     data = PreparedData(cfg.data, cfg.max_len)
     if cfg.eval_samples >= len(data):
         raise ValueError(f"eval_samples {cfg.eval_samples} leaves no training rows of the {len(data)} in {cfg.data}")
@@ -177,6 +183,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     stop_ids = {int(i) for i in ([target_hf.get("eos_token_id")] if isinstance(target_hf.get("eos_token_id"), int)
                                  else target_hf.get("eos_token_id") or [])}
 
+    evaluator = {}
+
     def run_eval(step: int) -> None:
         from toolkit.train.evaluate import evaluate
 
@@ -184,8 +192,11 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         if acc.is_main_process and cfg.eval_samples:
             template.load_state_dict({k.removeprefix("head."): v.float() for k, v in state.items()
                                       if k.startswith("head.")})
-            full = target if target is not None else load_target(folder, dtype, device)
-            res = evaluate(template.to(device, dtype), full, [data[r] for r in held], cfg.ttt_steps,
+            if "target" not in evaluator:  # loaded once: the training target when it runs in eval_dtype
+                evaluator["target"] = target if target is not None and dtype == eval_dtype else load_target(
+                    folder, eval_dtype, device)
+            full = evaluator["target"]
+            res = evaluate(template.to(device, eval_dtype), full, [data[r] for r in held], cfg.ttt_steps,
                            cfg.loss_decay, cfg.eval_max_new_tokens, stop_ids)
             template.to("cpu", torch.float32)
             tracker.log(step, res)
