@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from toolkit.quickstart import REFERENCE_GFLOPS, Plan, add_args, measure_gflops, pick_speed
+from toolkit.quickstart import REFERENCE_GFLOPS, Plan, add_args, measure_gflops, pick_precision, pick_speed
 
 
 def test_plan_shrinks_on_a_slower_machine_and_ignores_cpu_speed_on_a_gpu():
@@ -39,8 +39,26 @@ def test_pick_speed_measures_once_then_keeps_the_resumed_plan(monkeypatch):
 
 def test_measure_gflops_is_positive_and_restores_the_thread_count():
     before = torch.get_num_threads()
-    assert measure_gflops(threads=1, reps=2) > 0.5
+    assert measure_gflops(threads=1, reps=2) > 0.5 and measure_gflops(threads=1, reps=2, dtype="bfloat16") > 0.1
     assert torch.get_num_threads() == before
+
+
+def test_bf16_is_taken_only_where_its_gemm_is_clearly_faster_and_plans_more_steps(monkeypatch):
+    rates = {"float32": 100.0, "bfloat16": 220.0}  # a CPU with native bf16 (AVX512-BF16): ~2.2x
+    monkeypatch.setattr("toolkit.quickstart.measure_gflops", lambda threads, dtype="float32": rates[dtype])
+    state = {"stages": {}}
+    assert pick_precision("auto", 20, state, gpu=False) == "bf16" and state["bf16_gflops"] == 220.0
+    rates["bfloat16"] = 40.0  # emulated bf16 (AVX2 only) is slower than fp32
+    assert pick_precision("auto", 20, {"stages": {}}, gpu=False) == "no"
+    assert pick_precision("auto", 20, {"stages": {}, "gflops": 20.0}, gpu=False) == "bf16"  # reuses the fp32 rate
+    resumed = {"minutes": 20, "plan": {"precision": "bf16"}}
+    assert pick_precision("auto", 20, resumed, gpu=False) == "bf16"  # its finished stages fit that plan
+    assert pick_precision("no", 20, resumed, gpu=False) == "no" and pick_precision("auto", 20, {}, gpu=True) == "no"
+    fp32, bf16 = Plan.for_budget(20, gpu=False), Plan.for_budget(20, gpu=False, precision="bf16")
+    assert (fp32.prompts, fp32.train_seconds) == (bf16.prompts, bf16.train_seconds)
+    assert bf16.train_steps(170.0) == pytest.approx(1.5 * fp32.train_steps(170.0), abs=1)
+    with pytest.raises(ValueError, match="accepted no, bf16"):
+        Plan.for_budget(20, gpu=False, precision="fp16")
 
 
 @pytest.mark.parametrize("bad", ["0", "fast", "-1", "1000"])
@@ -51,14 +69,18 @@ def test_bad_speed_is_refused_with_what_is_accepted(bad, capsys):
         p.parse_args(["--speed", bad])
     assert "give auto or a relative speed in 0.01..100" in capsys.readouterr().err
     assert p.parse_args(["--speed", "0.3"]).speed == 0.3 and p.parse_args([]).speed == "auto"
+    assert p.parse_args([]).mixed_precision == "auto" and p.parse_args(["--mixed-precision", "bf16"]).mixed_precision
+    with pytest.raises(SystemExit):
+        p.parse_args(["--mixed-precision", "fp16"])
+    assert "invalid choice: 'fp16'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_quickstart_runs_the_whole_pipeline_and_resumes(tmp_path, smollm2_dir):
     out = tmp_path / "qs"
-    # --speed 1 fixes the plan (31 prompts, ~20 steps) so the head is the same on a slow or fast CI box
+    # --speed 1 and fp32 fix the plan (31 prompts, ~20 steps) so the head is the same on a slow or fast CI box
     cmd = [sys.executable, "-m", "toolkit.cli", "quickstart", "--out", str(out), "--minutes", "3", "--device", "cpu",
-           "--speed", "1"]
+           "--speed", "1", "--mixed-precision", "no"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     for f in ("report.md", "training.png", "speedup.png", "bench.png", "maps/coverage.png", "draft/model.safetensors",
@@ -71,6 +93,7 @@ def test_quickstart_runs_the_whole_pipeline_and_resumes(tmp_path, smollm2_dir):
     assert ev["eval_replay_differing_rows"] == 0 and ev["eval_replayed_tau"] == ev["eval_engine_tau"] > 1.0
     report = (out / "report.md").read_text()
     assert f"{bench['speculative']['tau']:.2f}" in report and "![training curves](training.png)" in report
+    assert "mixed_precision=no" in done.stdout and "optimizer steps\nat batch 4 in fp32" in report
     assert f"toolkit serve --draft {out / 'draft'}" in done.stdout
 
     again = subprocess.run(cmd, capture_output=True, text=True)

@@ -28,6 +28,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speed", default="auto", type=_speed_arg,
                    help="this CPU's speed relative to the box the plan's rates were measured on (1.0); auto times "
                         "an fp32 GEMM first, so --minutes holds on slower and faster machines alike")
+    p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
+                   help="the head's training precision on a CPU; auto times a bf16 GEMM against fp32 and trains in "
+                        f"bf16 (the target too) when bf16 is >= {BF16_MIN_GAIN:g}x faster (native bf16, e.g. "
+                        "AVX512-BF16 or AMX); a GPU keeps the default (target bf16, head fp32)")
 
 
 def _speed_arg(text: str) -> str | float:
@@ -48,17 +52,22 @@ def _speed_arg(text: str) -> str | float:
 # trained at a steady ~70 tokens/s (200 on the reference box): the GEMM rate sizes the plan only to within ~2x,
 # so the training stage is also bounded by the clock (max_minutes).
 REFERENCE_GFLOPS = 128.0
+# Training under bf16 autocast on a CPU with native bf16 (AVX512-BF16) ran 1.52-1.54x the tokens/s of fp32 at
+# the same losses, where the bf16 GEMM below ran 2.2x fp32 (RESULTS.md, 2026-11-25). A CPU without native bf16
+# emulates it, slower than fp32: bf16 is taken only where its GEMM is clearly faster.
+BF16_MIN_GAIN = 1.5
+BF16_TRAIN_GAIN = 1.5
 
 
-def measure_gflops(threads: int, reps: int = 5) -> float:
-    """fp32 GEMM rate of this CPU on `threads` threads: [1024, 576] x [576, 1536], the target's MLP shape at a
-    training micro-batch. Best of `reps` timings of 10 products (~0.2 s on the reference box)."""
+def measure_gflops(threads: int, reps: int = 5, dtype: str = "float32") -> float:
+    """GEMM rate of this CPU on `threads` threads: [1024, 576] x [576, 1536], the target's MLP shape at a
+    training micro-batch, in fp32 (or bf16). Best of `reps` timings of 10 products (~0.2 s on the reference box)."""
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        a, b = torch.randn(1024, 576), torch.randn(576, 1536)
+        a, b = torch.randn(1024, 576, dtype=getattr(torch, dtype)), torch.randn(576, 1536, dtype=getattr(torch, dtype))
         a @ b  # warm-up: thread pool, pages
         best = float("inf")
         for _ in range(reps):
@@ -83,9 +92,14 @@ class Plan:
     draft_vocab: int
     threads: int
     speed: float          # relative to the reference box (1.0)
+    precision: str = "no"  # the training config's mixed_precision: no | bf16
+
+    def __post_init__(self):
+        if self.precision not in ("no", "bf16"):
+            raise ValueError(f"precision {self.precision!r}: accepted no, bf16")
 
     @classmethod
-    def for_budget(cls, minutes: float, gpu: bool, speed: float = 1.0) -> "Plan":
+    def for_budget(cls, minutes: float, gpu: bool, speed: float = 1.0, precision: str = "no") -> "Plan":
         if minutes < 2:
             raise ValueError(f"--minutes {minutes}: the pipeline needs at least 2 minutes")
         if not speed > 0:
@@ -97,12 +111,12 @@ class Plan:
         # of 45 eval prompts spent over 5 minutes in the bench alone, 2026-11-24)
         prompts = int(min(2000, max(16, 0.35 * seconds * 0.5 * speed)))
         eval_prompts = int(min(80, max(2, 0.15 * seconds / (12.0 if gpu else 25 / speed))))
-        return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2, round(speed, 3))
+        return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2, round(speed, 3), precision)
 
     def train_steps(self, tokens_per_row: float) -> int:
         """Optimizer steps at batch 4 that fit train_seconds at ~200 tokens/s x speed (8k draft vocab, fp32,
-        2 threads on the reference box)."""
-        rate = 200.0 * self.speed
+        2 threads on the reference box), 1.5x that under bf16."""
+        rate = 200.0 * self.speed * (BF16_TRAIN_GAIN if self.precision == "bf16" else 1.0)
         return max(10, int(self.train_seconds * rate / (4 * max(tokens_per_row, 1.0))))
 
 
@@ -121,6 +135,24 @@ def pick_speed(speed: str | float, minutes: float, state: dict, gpu: bool) -> fl
     print(f"[quickstart] this CPU: {gflops:.0f} GFLOP/s fp32 GEMM on 2 threads = {factor:.2f}x the box the plan was "
           f"measured on; sizes scaled to fit {minutes:g} minutes", flush=True)
     return factor
+
+
+def pick_precision(precision: str, minutes: float, state: dict, gpu: bool) -> str:
+    """The training precision: no on a GPU (the trainer's default there: bf16 target, fp32 head); given; kept from
+    the run being resumed; else bf16 where this CPU's bf16 GEMM is >= BF16_MIN_GAIN x its fp32 GEMM."""
+    if gpu:
+        return "no"
+    if precision != "auto":
+        return precision
+    if state.get("minutes") == minutes and "precision" in state.get("plan", {}):
+        return state["plan"]["precision"]
+    fp32 = state.get("gflops") or measure_gflops(threads=2)
+    bf16 = measure_gflops(threads=2, dtype="bfloat16")
+    state["bf16_gflops"] = round(bf16, 1)
+    chosen = "bf16" if bf16 >= BF16_MIN_GAIN * fp32 else "no"
+    print(f"[quickstart] bf16 GEMM {bf16:.0f} GFLOP/s = {bf16 / fp32:.2f}x fp32: the head trains in "
+          f"{'bf16 (target too)' if chosen == 'bf16' else 'fp32'}", flush=True)
+    return chosen
 
 
 def _run(argv: list[str]) -> None:
@@ -148,7 +180,8 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     state_file = out / "quickstart.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {"stages": {}}
-    plan = Plan.for_budget(args.minutes, gpu, pick_speed(args.speed, args.minutes, state, gpu))
+    speed = pick_speed(args.speed, args.minutes, state, gpu)
+    plan = Plan.for_budget(args.minutes, gpu, speed, pick_precision(args.mixed_precision, args.minutes, state, gpu))
     state.update(plan=asdict(plan), minutes=args.minutes, device=device)
     dev = ["--device", device]
     t_all = time.perf_counter()
@@ -192,7 +225,8 @@ def main(args: argparse.Namespace) -> int:
                   "warmup_ratio=0.05", "eval_every=0", f"eval_samples={min(8, max(2, plan.prompts // 20))}",
                   "eval_max_new_tokens=64", "log_every=5", f"save_every={max(steps // 4, 10)}",
                   f"max_minutes={plan.train_seconds / 60:.2f}",  # the step estimate can be off: the clock decides
-                  f"threads={plan.threads}"] + (["--resume"] if any(train_dir.glob("checkpoint-*")) else []))
+                  f"threads={plan.threads}", f"mixed_precision={plan.precision}"]
+                 + (["--resume"] if any(train_dir.glob("checkpoint-*")) else []))
         tmp = out / "draft.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(train_dir / "draft", tmp)

@@ -43,6 +43,8 @@ def write_report(out: Path, state: dict, steps: int) -> Path:
     size = str(plan["draft_vocab"])
     speed = (f"a machine {plan['speed']:.2f}x as fast as the reference box" +
              (f" (fp32 GEMM measured at {state['gflops']:.0f} GFLOP/s on 2 threads)" if "gflops" in state else ""))
+    precision = ("bf16 (autocast; the frozen target in bf16 too)" if plan.get("precision") == "bf16" else "fp32") + (
+        f", the bf16 GEMM measured at {state['bf16_gflops']:.0f} GFLOP/s" if "bf16_gflops" in state else "")
     trained = f"{last['step']}" + (f" (of {steps} planned; the time budget ended it)" if last["step"] < steps else "")
     took = {name: "skipped (done before)" if v.get("skipped") else f"{v['seconds']:.0f} s"
             for name, v in state["stages"].items()}
@@ -75,7 +77,7 @@ The {size} most frequent assistant tokens cover {cov['sizes'].get(size, float('n
 ## Training
 
 EAGLE-3 head, one decoder layer, training-time test over {len(last['acc_i'])} steps, {trained} optimizer steps
-at batch 4: final loss {last['loss']:.2f}, acc_i {', '.join(f'{a:.2f}' for a in last['acc_i'])}, simulated
+at batch 4 in {precision}: final loss {last['loss']:.2f}, acc_i {', '.join(f'{a:.2f}' for a in last['acc_i'])}, simulated
 tau on the training batch {last['simulated_tau']:.2f}""" + (f"""; on held-out rows: simulated tau
 {evals[-1]['eval_simulated_tau']:.2f}, engine tau {evals[-1]['eval_engine_tau']:.2f} (replayed from the training
 pass: {evals[-1].get('eval_replayed_tau', float('nan')):.2f})""" if evals else "") + f""".
