@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling", "sample_draft")
-DEFAULTS = {"sample_draft": False}  # what a JSON from before the field existed ran with
+SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling", "sample_draft", "lookup")
+DEFAULTS = {"sample_draft": False, "lookup": None}  # what a JSON from before the field existed ran with
 RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup")
 
 
@@ -43,7 +43,7 @@ def merge_grouped(groups: list[dict], where: list[str], what: str) -> dict:
 def merge_run(parts: list[dict], where: list[str]) -> dict:
     """Summaries of one engine or transformers run, one per shard -> the run over every shard."""
     out = {}
-    for key in ("requests", "tokens", "verify_steps"):
+    for key in ("requests", "tokens", "verify_steps", "accepted_from_lookup"):
         if all(key in p for p in parts):
             out[key] = sum(p[key] for p in parts)
     out["tau"] = weighted(parts, "tau")

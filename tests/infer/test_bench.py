@@ -71,6 +71,27 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     assert "tau" in done.stdout and "best of sweep" in done.stdout
 
 
+def test_bench_grafts_a_prompt_lookup_branch_and_keeps_greedy_exact(draft_dir, shared, tmp_path):
+    """--lookup N: the speculative runs get the lookup branch, the baseline stays plain; a turn 2 that asks
+    for turn 1 again is copied, so even a random head's runs accept lookup tokens."""
+    folder, _, _ = draft_dir
+    out, prompts = tmp_path / "lookup.json", tmp_path / "copy.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "copy", "turns": [
+        "Name the planets of the solar system, one per line.", "Repeat your previous answer word for word."]}))
+    bench = [sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(folder), "--prompts", str(prompts),
+             "--max-new-tokens", "24", "--num-steps", "3", "--topk", "1", "--threads", "1"]
+    done = subprocess.run(bench + ["--lookup", "5", "--baseline", "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["lookup"] == {"num_tokens": 5, "max_ngram": 3, "min_ngram": 1}
+    assert r["greedy_identical_to_baseline"] is True and r["baseline"]["accepted_from_lookup"] == 0
+    s = r["speculative"]
+    assert 0 < s["accepted_from_lookup"] <= s["tokens"] - s["requests"] - s["verify_steps"]
+    assert len(s["accept_rate_by_position"]) == 5 and "lookup branch:" in done.stdout  # the branch is deeper
+    refused = subprocess.run(bench + ["--lookup", "5", "--sample-draft"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "do not mix" in refused.stderr
+
+
 def test_bench_refuses_a_target_the_draft_was_not_trained_for(draft_dir, tmp_path, shared):
     import transformers
 

@@ -1,5 +1,8 @@
 """Lossless greedy: speculative output == plain output of the same engine == transformers greedy, on the
-real SmolLM2, for chains and trees; and EOS / max_new_tokens stop exactly where plain decoding stops."""
+real SmolLM2, for chains and trees, with and without a prompt-lookup branch; and EOS / max_new_tokens stop
+exactly where plain decoding stops."""
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -7,12 +10,15 @@ from torch import nn
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
+from toolkit.infer.lookup import LookupConfig
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 
 PROMPTS = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
            "<|im_start|>user\nWrite a Python function that adds two numbers.<|im_end|>\n<|im_start|>assistant\n",
            "The three primary colors are"]
+REPEAT = ("<|im_start|>user\nRepeat this sentence three times: the cat sat on the mat.<|im_end|>\n"
+          "<|im_start|>assistant\n")  # SmolLM2 copies it, then loops: the lookup branch gets accepted
 
 
 class OracleHead(nn.Module):
@@ -52,6 +58,15 @@ def smollm2(smollm2_dir, smollm2_tokenizer):
 
 def plain(model, ids, n):
     return Engine(model, max_len=512).generate(ids, SamplingParams(max_new_tokens=n)).tokens
+
+
+@functools.lru_cache
+def _plain_cached(model, ids, n):
+    return plain(model, list(ids), n)
+
+
+def plain_cached(model, ids, n):
+    return _plain_cached(model, tuple(ids), n)
 
 
 def test_plain_engine_equals_transformers_greedy(smollm2, smollm2_dir):
@@ -144,3 +159,38 @@ def test_bad_tree_and_length_are_refused(smollm2):
         TreeConfig(2, 2, 9)
     with pytest.raises(ValueError, match="max length"):
         Engine(model, max_len=16).generate(list(range(10)), SamplingParams(max_new_tokens=10))
+
+
+@pytest.mark.parametrize("draft, tree", [(None, None), ("random", TreeConfig(5, 1, 6)), ("random", TreeConfig(3, 2, 6)),
+                                         ("oracle", TreeConfig(4, 3, 10))],
+                         ids=["lookup-alone", "chain5", "tree-s3-k2-n6", "oracle-tree-s4-k3-n10"])
+def test_lookup_branch_keeps_greedy_exact(smollm2, draft, tree):
+    model, tok = smollm2
+    c = model.config
+    from_lookup, random = 0, random_head(c, seed=1) if draft == "random" else None
+    for prompt in (PROMPTS[1], REPEAT):
+        ids = tok(prompt, add_special_tokens=False).input_ids
+        want = plain_cached(model, ids, 40)
+        head = random if draft != "oracle" else OracleHead(ids + want + [0] * 16, c.vocab_size, c.hidden_size,
+                                                           c.default_aux_layers())
+        res = Engine(model, head, tree, max_len=512, lookup=LookupConfig(8)).generate(
+            ids, SamplingParams(max_new_tokens=40))
+        assert res.tokens == want
+        from_lookup += res.from_lookup
+        assert res.from_lookup <= sum(res.accepted)
+    if draft != "oracle":  # a random head is hardly ever right: the lookup branch carries the run
+        assert from_lookup >= 10
+
+
+def test_lookup_branch_in_a_batch_equals_each_alone(smollm2):
+    model, tok = smollm2
+    c = model.config
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in (REPEAT, PROMPTS[0], PROMPTS[2])] + [[504, 3575]]
+    want = [plain(model, ids, 24) for ids in prompts]
+    stop = want[1][5]
+    for head, tree in ((None, None), (random_head(c, seed=1), TreeConfig(3, 2, 6))):
+        eng = Engine(model, head, tree, max_len=256, max_batch=4, lookup=LookupConfig(6))
+        got = eng.generate_batch(prompts, SamplingParams(max_new_tokens=24), stop_ids={stop})
+        for w, r in zip(want, got):
+            assert r.tokens == w[:w.index(stop) + 1 if stop in w else len(w)]
+        assert got[0].from_lookup > 0

@@ -5,7 +5,8 @@ temperature, top-k and top-p; and no token the target's truncated distribution e
 The sampled chain draws its drafts from the head (speculative sampling verifies them against the draft's law).
 Token 1 comes from prefill (the draft plays no part); tokens 2 and 3 come from the first verify step (an
 accepted draft token or the bonus) or the second; in the wide tree the first step always accepts a
-non-first child, so token 4 also checks the KV moved for that accepted path."""
+non-first child, so token 4 also checks the KV moved for that accepted path. A prompt-lookup branch grafted
+onto the chain (or alone) is one more deterministic candidate: the same law must come out."""
 import math
 from collections import Counter
 
@@ -15,6 +16,7 @@ import torch
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
+from toolkit.infer.lookup import LookupConfig
 from toolkit.infer.sampling import SamplingParams, target_probs
 from toolkit.infer.tree import TreeConfig
 
@@ -73,21 +75,27 @@ def excluded(target, samples, params) -> int:
     return bad
 
 
-CASES = {  # tree, sampling, sampled drafts; the wide tree has every token as a child of the root
-    "chain-top_p": (TreeConfig(2, 1, 3), SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=3), False),
-    "wide-tree-top_k": (TreeConfig(2, 8, 17), SamplingParams(temperature=2.0, top_k=2, max_new_tokens=4), False),
+CASES = {  # tree, sampling, sampled drafts, lookup; the wide tree has every token as a child of the root
+    "chain-top_p": (TreeConfig(2, 1, 3), SamplingParams(temperature=1.0, top_p=0.8, max_new_tokens=3), False, None),
+    "wide-tree-top_k": (TreeConfig(2, 8, 17), SamplingParams(temperature=2.0, top_k=2, max_new_tokens=4), False,
+                        None),
     "tree-top_k-top_p": (TreeConfig(3, 2, 6), SamplingParams(temperature=1.5, top_k=3, top_p=0.9,
-                                                             max_new_tokens=3), False),
-    "sampled-chain-top_k": (TreeConfig(3, 1, 4), SamplingParams(temperature=1.3, top_k=4, max_new_tokens=4), True),
+                                                             max_new_tokens=3), False, None),
+    "sampled-chain-top_k": (TreeConfig(3, 1, 4), SamplingParams(temperature=1.3, top_k=4, max_new_tokens=4), True,
+                            None),
+    # PROMPT's tokens recur often in a vocabulary of 8: the lookup branch is a second candidate nearly every step
+    "chain+lookup-top_p": (TreeConfig(2, 1, 3), SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=4), False,
+                           LookupConfig(3, 2)),
+    "lookup-alone": (None, SamplingParams(temperature=1.2, max_new_tokens=4), False, LookupConfig(3, 2)),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_first_tokens_are_distributed_as_without_speculation(tiny, case):
-    tree, params, sample_draft = CASES[case]
+    tree, params, sample_draft, lookup = CASES[case]
     plain = draws(Engine(tiny, max_len=32, max_batch=BATCH), params, 0)
-    spec_engine = Engine(tiny, random_head(tiny.config, seed=2), tree, max_len=32, max_batch=BATCH,
-                         sample_draft=sample_draft)
+    spec_engine = Engine(tiny, None if tree is None else random_head(tiny.config, seed=2), tree, max_len=32,
+                         max_batch=BATCH, sample_draft=sample_draft, lookup=lookup)
     spec = draws(spec_engine, params, 1)
     assert excluded(tiny, spec, params) == 0 and excluded(tiny, plain, params) == 0
     for i in range(1, params.max_new_tokens):  # token i + 1 alone, and with the token before it
@@ -97,6 +105,10 @@ def test_first_tokens_are_distributed_as_without_speculation(tiny, case):
     res = spec_engine.generate(PROMPT, SamplingParams(temperature=1.3, max_new_tokens=20),
                                generator=torch.Generator().manual_seed(5))
     assert len(res.tokens) == 20 and res.verify_steps < 19  # drafts do get accepted
+    if lookup is not None:  # and nodes only the lookup branch proposed get accepted too
+        runs = spec_engine.generate_batch([PROMPT] * 8, SamplingParams(temperature=1.3, max_new_tokens=20),
+                                          generator=torch.Generator().manual_seed(5))
+        assert sum(r.from_lookup for r in runs) > 8
 
 
 def test_sampled_drafts_keep_greedy_rows_greedy_and_need_a_chain(tiny):
@@ -111,3 +123,5 @@ def test_sampled_drafts_keep_greedy_rows_greedy_and_need_a_chain(tiny):
         Engine(tiny, head, TreeConfig(2, 2, 4), max_len=32, sample_draft=True)
     with pytest.raises(ValueError, match="needs a draft head and a chain"):
         Engine(tiny, None, None, max_len=32, sample_draft=True)
+    with pytest.raises(ValueError, match="do not mix"):
+        Engine(tiny, head, TreeConfig(3, 1, 4), max_len=32, sample_draft=True, lookup=LookupConfig(3))

@@ -9,6 +9,7 @@ from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.graphs import GraphedForward, batch_buckets, eager_capture
 from toolkit.infer.loading import load_target
+from toolkit.infer.lookup import LookupConfig
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 
@@ -102,3 +103,22 @@ def test_graphed_sampled_chain_equals_eager(target):
     assert [r.tokens for r in runs[1]] == [r.tokens for r in runs[0]]
     assert [r.accepted for r in runs[1]] == [r.accepted for r in runs[0]]
     assert ("loop", 4) in calls
+
+
+@pytest.mark.parametrize("tree", [None, TreeConfig(3, 2, 6)], ids=["lookup-alone", "tree+lookup"])
+def test_graphed_lookup_branch_equals_eager(target, tree):
+    """A round with a lookup branch verifies num_draft_tokens + lookup tokens: its own graph bucket."""
+    head = None if tree is None else random_head(target.config, seed=1)
+    prompts = [p * 3 for p in PROMPTS]  # repeated text: the lookup finds matches from the first round on
+    params, lookup = SamplingParams(max_new_tokens=12), LookupConfig(4)
+    eager = Engine(target, head, tree, max_len=96, max_batch=4, cuda_graphs=False, lookup=lookup)
+    want = eager.generate_batch(prompts, params)
+    calls = []
+    graphed = Engine(target, head, tree, max_len=96, max_batch=4, cuda_graphs=True, graph_capture=counting(calls),
+                     lookup=lookup)
+    calls.clear()
+    got = graphed.generate_batch(prompts, params)
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert [r.accepted for r in got] == [r.accepted for r in want]
+    assert (4, (1 if tree is None else tree.num_draft_tokens) + lookup.num_tokens) in calls
+    assert sum(r.from_lookup for r in got) > 0

@@ -243,3 +243,22 @@ def test_mtp_and_eagle_drafts_serve_as_chains_equal_to_plain_greedy(serve, tiny_
     assert [x.status_code for x in sampled] == [200, 200]
     assert sampled[0].json()["choices"][0]["message"] == sampled[1].json()["choices"][0]["message"]
     assert sampled[0].json()["usage"]["completion_tokens"] > 0
+
+
+@pytest.mark.parametrize("flags", [["--no-speculation"], ["--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5"]],
+                         ids=["lookup-alone", "tree+lookup"])
+def test_prompt_lookup_branch_serves_plain_greedy_output(serve, tiny_draft, reference, flags):
+    """--lookup N: the prompt-lookup branch (alone, or grafted onto the head's tree) changes how many target
+    forwards a reply takes, never the reply."""
+    _, chat_ref, _ = reference
+    question = [{"role": "user", "content": "Say 'red green blue red green blue red green blue' again."}]
+    with serve("--draft", str(tiny_draft), *flags, "--lookup", "4", "--max-seq-len", "256") as (base, proc):
+        r = httpx.post(f"{base}/v1/chat/completions", json={"messages": question, "max_tokens": 40, "temperature": 0})
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == chat_ref(question, 40)[0]
+    assert body["usage"]["speculative"]["tau"] > 1.0  # a random target's greedy text loops: lookup finds it
+
+
+def test_a_negative_lookup_is_refused(tiny_draft, capsys):
+    assert main(["serve", "--draft", str(tiny_draft), "--lookup", "-1", "--port", "0"]) == 2
+    assert "--lookup -1" in capsys.readouterr().err

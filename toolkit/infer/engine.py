@@ -18,6 +18,7 @@ import torch
 from toolkit.infer.draft_sampling import gumbel_inputs
 from toolkit.infer.drafts import Eagle3Head
 from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memory
+from toolkit.infer.lookup import LookupConfig, graft, propose
 from toolkit.infer.model import Transformer
 from toolkit.infer.phase_clock import PhaseClock
 from toolkit.infer.sampling import SamplingParams, target_probs
@@ -49,7 +50,7 @@ class Engine:
     def __init__(self, target: Transformer, head: Eagle3Head | None = None, tree: TreeConfig | None = None,
                  max_len: int | None = 2048, max_batch: int = 1, memory_fraction: float = 0.3,
                  cuda_graphs: bool | None = None, graph_capture=None, compile: bool = False,
-                 sample_draft: bool = False):
+                 sample_draft: bool = False, lookup: LookupConfig | None = None):
         """max_len None: size the KV cache from free memory (memory_fraction of it), capped by the
         target's max_position_embeddings. cuda_graphs (default: on for a CUDA target) replays the verify /
         decode step and the draft step from graphs per (batch, tokens) bucket (graphs.py); False is eager.
@@ -57,7 +58,9 @@ class Engine:
         compile: on CPU, one sequence's decode / verify step runs torch.compile'd (compiled_decode.py).
         sample_draft: a chain draws its draft tokens from the head's tempered distribution for sequences that
         sample, verified with speculative sampling (verify.sample_chain_verify), instead of proposing the
-        head's top-1; greedy sequences are drafted and verified as before."""
+        head's top-1; greedy sequences are drafted and verified as before.
+        lookup: each round also proposes the prompt-lookup continuation of each sequence (lookup.py), merged
+        into the head's tree as one more branch (or, without a head, as the only draft)."""
         self.target, self.head = target, head
         self.tree = tree or TreeConfig(num_steps=1, topk=1, num_draft_tokens=2)
         if head is not None and self.tree.topk > len(head.d2t):
@@ -66,7 +69,11 @@ class Engine:
             raise ValueError(f"--sample-draft needs a draft head and a chain (--topk 1), got "
                              f"{'no draft' if head is None else f'--topk {self.tree.topk}'}: a tree's top-k "
                              "candidates are verified against the target alone")
-        self.sample_draft = sample_draft
+        if sample_draft and lookup is not None:
+            raise ValueError("--sample-draft and --lookup do not mix: a sampled chain's draft law does not cover "
+                             "the lookup branch")
+        self.sample_draft, self.lookup = sample_draft, lookup
+        extra = lookup.num_tokens if lookup is not None else 0  # the lookup branch's nodes, at most
         dtype, self.device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
         # the target id of each draft id: where a sampled chain's draft law sits in the target's vocabulary
         self._draft_ids = None if not sample_draft else head.to_target(
@@ -84,11 +91,11 @@ class Engine:
         if graphs and not target.graphable:
             raise ValueError("CUDA graphs cannot hold a MoE target's routing: run it eagerly (--eager)")
         scratch = int(graphs)  # graphs send padding to one extra, never-attended cache slot
-        self.cache = KVCache(target.config, max_batch, max_len + self.tree.num_draft_tokens + scratch, dtype,
+        self.cache = KVCache(target.config, max_batch, max_len + self.tree.num_draft_tokens + extra + scratch, dtype,
                              self.device)
         self.draft_cache, self.aux_layers = None, head.aux_layers if head is not None else ()
         if head is not None:
-            spare = self.tree.num_steps * self.tree.topk + 1
+            spare = self.tree.num_steps * self.tree.topk + 1 + extra
             self.draft_cache = head.new_cache(max_len + spare + scratch, dtype, self.device, max_batch)
         self.target_graphs = self.draft_graphs = self.draft_loop = None
         if graphs:
@@ -112,8 +119,10 @@ class Engine:
         from toolkit.infer.graphs import GraphedDraftLoop, batch_buckets, graph_draft, graph_target
 
         sizes, t = batch_buckets(self.max_batch), self.tree
-        self.target_graphs = graph_target(self.target, self.cache, self.aux_layers, sizes,
-                                          sorted({1, t.num_draft_tokens}), capture)
+        counts = {1, t.num_draft_tokens}
+        if self.lookup is not None:  # a round with a lookup branch verifies its nodes too
+            counts.add((t.num_draft_tokens if self.head is not None else 1) + self.lookup.num_tokens)
+        self.target_graphs = graph_target(self.target, self.cache, self.aux_layers, sizes, sorted(counts), capture)
         if self.head is not None:
             width = len(self.aux_layers) * self.target.config.hidden_size
             self.draft_graphs = graph_draft(self.head, self.draft_cache, width, sizes, list(range(1, t.num_steps + 2)),
@@ -203,13 +212,19 @@ class Engine:
                                     root_logp, self.tree, **sampled)
         else:
             trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
+        own = len(trees[0].tokens)  # nodes the head drafted; a lookup branch's new nodes come after them
+        if self.lookup is not None and speculate:
+            chains = [propose(s.prompt + s.result.tokens, self.lookup) for s in seqs]
+            if any(chains):  # else the round verifies the head's tree alone
+                trees = [graft(t, c, own + self.lookup.num_tokens) for t, c in zip(trees, chains)]
         t2 = self.clock.mark()
-        paths, emitted, aux = self._verify(trees, seqs)
+        paths, emitted, aux = self._verify(trees, seqs, grafted=len(trees[0].tokens) > own)
         t3 = self.clock.mark()
         for s, path, out in zip(seqs, paths, emitted):
             s.result.verify_steps += 1
             added = next((i + 1 for i, tok in enumerate(out) if s.add(tok)), len(out))  # stop where plain would
             s.result.accepted.append(added - 1)  # tokens this step emitted, the bonus not counted
+            s.result.from_lookup += sum(node >= own for node in path[1:added])  # of those, nodes only lookup had
         for s, path in zip(seqs, paths):
             s.prefix += len(path)
         if self.head is not None and not all(s.done for s in seqs):
@@ -271,17 +286,18 @@ class Engine:
             return int(logits.argmax())
         return int(torch.multinomial(target_probs(logits, params), 1, generator=generator))
 
-    def _verify(self, trees: list[Tree], seqs: list[Sequence]):
+    def _verify(self, trees: list[Tree], seqs: list[Sequence], grafted: bool = False):
         """One target forward over every sequence's tree; returns per sequence the accepted path and the
         emitted tokens, and the aux hidden states of the tree nodes. Accepted nodes' KV moves to contiguous
-        slots right after the sequence's prefix."""
+        slots right after the sequence's prefix. grafted: the trees carry a lookup branch (never a chain)."""
         n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
         start = self._host(prefix)[:, None]                                            # [B, 1]
         slots = start + torch.arange(n, device=dev)                                    # [B, n]
-        if n == 1 or self.tree.topk == 1:  # plain decoding or a chain: node t sees every slot up to its own
-            mask = torch.arange(max(prefix) + n, device=dev) <= slots[:, :, None]       # [B, n, S]
+        if n == 1 or (self.tree.topk == 1 and not grafted):  # plain decoding or a chain: node t sees every slot
+            mask = torch.arange(max(prefix) + n, device=dev) <= slots[:, :, None]       # up to its own [B, n, S]
         else:
-            tree = ancestor_masks(self._host(torch.stack([t.parents for t in trees])), self.tree.num_steps)  # [B,n,n]
+            deepest = self.tree.num_steps + (self.lookup.num_tokens if grafted else 0)
+            tree = ancestor_masks(self._host(torch.stack([t.parents for t in trees])), deepest)  # [B, n, n]
             mask = window_mask(start[:, 0], tree, max(prefix) + n)                     # [B, n, S]
         tokens = self._host(torch.stack([t.tokens for t in trees]))
         positions = start + self._host(torch.stack([t.depth for t in trees]))

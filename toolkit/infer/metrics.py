@@ -3,6 +3,7 @@
 tau        tokens emitted per verify step, the bonus token included: mean(accepted + 1)
 accept[k]  share of verify steps that accepted at least k draft tokens (k = 1..positions: the tree depth)
 histogram  count of verify steps by accepted length 0, 1, ..., positions
+from_lookup accepted draft tokens that only the prompt-lookup branch proposed (lookup.py; 0 without it)
 seconds    prefill / draft / verify summed over the results; other = wall - those three (None without a wall)
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ def summarize(results: list[Result], seconds: float | None = None, positions: in
         "accept_rate_by_position": [sum(n for a, n in hist.items() if a >= k) / steps if steps else 0.0
                                     for k in range(1, depth + 1)],
         "accepted_length_histogram": [hist.get(a, 0) for a in range(depth + 1)],
+        "accepted_from_lookup": sum(r.from_lookup for r in results),
         "seconds": {k: None if v is None else round(v, 4) for k, v in split.items()}, "wall_seconds": round(wall, 4),
         "tokens_per_second": tokens / wall if wall > 0 else 0.0,
     }

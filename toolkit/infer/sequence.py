@@ -16,6 +16,7 @@ class Result:
     seconds: dict = field(default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "verify": 0.0})
     category: str = "all"               # the caller's label (bench groups τ by it)
     turn: int = 1                       # which turn of a multi-turn prompt (bench groups τ by it too)
+    from_lookup: int = 0                # accepted draft tokens on nodes only the lookup branch proposed
 
     @property
     def tau(self) -> float:

@@ -48,6 +48,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
                    "torch.compile'd (fuses the small ops between GEMMs; a minute or two to compile at start)")
+    p.add_argument("--lookup", type=int, default=0, metavar="N",
+                   help="also propose up to N tokens by prompt lookup each round, merged into the draft's tree as "
+                        "one more branch; with --no-speculation, prompt lookup alone (0 = off)")
+    p.add_argument("--lookup-max-ngram", type=int, default=3, metavar="M",
+                   help="the longest suffix the lookup matches (then shorter ones, down to 1)")
     p.add_argument("--sample-draft", action="store_true", help="chains (--topk 1), requests with temperature > 0: "
                    "draw the draft tokens from the head's tempered distribution and verify with speculative sampling "
                    "instead of proposing its top-1")
@@ -86,6 +91,11 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
+    if args.lookup < 0:
+        raise ValueError(f"--lookup {args.lookup}: give the lookup branch's length, or 0 for none")
+    if args.lookup and args.sample_draft:
+        raise ValueError("--sample-draft and --lookup do not mix: a sampled chain's draft law does not cover the "
+                         "lookup branch; drop one of them")
     sock = bind(args.host, args.port)  # fail fast, before minutes of loading
     try:
         return serve(args, tree, sock)
@@ -97,6 +107,7 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
     import uvicorn
 
     from toolkit.infer.engine import Engine
+    from toolkit.infer.lookup import LookupConfig
     from toolkit.infer.loading import draft_target, load, probe, recorded_target, stop_ids
     from toolkit.serve.app import Served, build_app
     from toolkit.serve.batcher import Batcher
@@ -113,16 +124,19 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
             [{"role": "user", "content": "Explain what a hash map is, briefly."}], tokenize=False,
             add_generation_prompt=True))
     max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
+    lookup = LookupConfig(args.lookup, args.lookup_max_ngram) if args.lookup else None
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
                     cuda_graphs=False if args.eager else None, compile=args.compile,
-                    sample_draft=args.sample_draft and head is not None)
+                    sample_draft=args.sample_draft and head is not None, lookup=lookup)
     recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
-    metrics = ServerMetrics(tree.num_steps + 1)
+    metrics = ServerMetrics(tree.num_steps + 1 + args.lookup)
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
     app = Gate(build_app(Served(name, tok, frozenset(stop_ids(tok)), batcher)), args.max_body_bytes, metrics)
     host, port = sock.getsockname()[:2]
     spec = f"draft {args.draft}, tree {vars(tree)}" if head is not None else "no speculation"
+    if lookup is not None:
+        spec = ("" if head is None else spec + ", ") + f"prompt lookup {vars(lookup)}"
     print(f"toolkit serve: serving {name} ({spec}; batch {engine.max_batch}, context {engine.max_len}) on "
           f"http://{host}:{port}/v1", flush=True)
     batcher.start()

@@ -1,0 +1,77 @@
+"""Prompt lookup (n-gram) drafts, alone or grafted onto the head's tree: a branch that costs no draft forward.
+
+A model that copies from its prompt or repeats itself (MT-bench's turn 2 rewrites turn 1; SmolLM2's greedy
+answers loop) is predicted well by its own text: find the last n tokens earlier in the sequence and propose
+what followed them there (prompt lookup decoding, Saxena 2023; transformers' `prompt_lookup_num_tokens`,
+SGLang's and vLLM's n-gram speculation). Arctic Inference pairs such a suffix draft with a trained head; here
+the lookup continuation is merged into the head's tree as one more branch (a trie: shared prefixes are one
+node), so the target verifies both in the same forward and the longer accepted path wins.
+
+Every node of the merged tree is a deterministic proposal, so greedy verification stays exact and the
+recursive rejection of verify.sample_verify stays lossless; the branch only adds candidates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import sliding_window_view
+
+from toolkit.infer.tree import Tree
+
+
+@dataclass(frozen=True)
+class LookupConfig:
+    num_tokens: int = 10  # most tokens the branch proposes per round
+    max_ngram: int = 3    # the longest suffix looked up; shorter ones are tried when it is not found
+    min_ngram: int = 1
+
+    def __post_init__(self):
+        if self.num_tokens < 1:
+            raise ValueError(f"--lookup {self.num_tokens}: the branch needs at least 1 token (0 turns lookup off)")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"lookup n-gram sizes must satisfy 1 <= min ({self.min_ngram}) <= max "
+                             f"({self.max_ngram})")
+
+
+def propose(context: list[int], cfg: LookupConfig) -> list[int]:
+    """The continuation after the most recent earlier occurrence of the context's last n tokens, for the
+    longest n in max_ngram..min_ngram that occurs; at most cfg.num_tokens tokens, [] when nothing matches.
+    An occurrence may overlap the suffix itself (a run "a a a" proposes "a ...")."""
+    size = len(context)
+    arr = np.asarray(context, dtype=np.int64)
+    for n in range(min(cfg.max_ngram, size - 1), cfg.min_ngram - 1, -1):
+        windows = sliding_window_view(arr[:size - 1], n)       # [size - n, n]: every start with a token after it
+        hits = np.flatnonzero((windows == arr[size - n:]).all(1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return arr[start:start + cfg.num_tokens].tolist()
+    return []
+
+
+def graft(tree: Tree, chain: list[int], width: int) -> Tree:
+    """The tree with `chain` (tokens proposed after the root) merged in as a branch from the root, sharing
+    the nodes it agrees with, then padded to `width` nodes. New nodes follow the tree's own (node i's parent
+    stays < i); padding nodes have no parent (-1) and so sit on no path: verification never reaches them
+    and no real node attends to them."""
+    if tree.draft_logp is not None:
+        raise ValueError("a sampled chain's draft law does not cover a lookup branch: lookup needs top-1 drafts")
+    tokens, parents, depth = tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist()
+    child = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens)) if p >= 0}
+    node = 0
+    for tok in chain:
+        nxt = child.get((node, tok))
+        if nxt is None:
+            nxt = len(tokens)
+            tokens.append(tok)
+            parents.append(node)
+            depth.append(depth[node] + 1)
+            child[(node, tok)] = nxt
+        node = nxt
+    if len(tokens) > width:
+        raise ValueError(f"tree of {len(tree.tokens)} nodes + a {len(chain)}-token branch does not fit {width}")
+    pad = width - len(tokens)
+    dev = tree.tokens.device
+    return Tree(torch.tensor(tokens + [0] * pad, device=dev), torch.tensor(parents + [-1] * pad, device=dev),
+                torch.tensor(depth + [0] * pad, device=dev))
