@@ -215,8 +215,9 @@ class Engine:
         own = len(trees[0].tokens)  # nodes the head drafted; a lookup branch's new nodes come after them
         if self.lookup is not None and speculate:
             chains = [propose(s.prompt + s.result.tokens, self.lookup) for s in seqs]
-            if any(chains):  # else the round verifies the head's tree alone
-                trees = [graft(t, c, own + self.lookup.num_tokens) for t, c in zip(trees, chains)]
+            if any(chains):  # else the round verifies the head's tree alone; rows pad to the longest branch
+                width = own + max(map(len, chains))  # (a CPU verify costs more per node than a GPU's)
+                trees = [graft(t, c, width) for t, c in zip(trees, chains)]
         t2 = self.clock.mark()
         paths, emitted, aux = self._verify(trees, seqs, grafted=len(trees[0].tokens) > own)
         t3 = self.clock.mark()
