@@ -256,7 +256,10 @@ def test_prompt_lookup_branch_serves_plain_greedy_output(serve, tiny_draft, refe
         r = httpx.post(f"{base}/v1/chat/completions", json={"messages": question, "max_tokens": 40, "temperature": 0})
     body = r.json()
     assert body["choices"][0]["message"]["content"] == chat_ref(question, 40)[0]
-    assert body["usage"]["speculative"]["tau"] > 1.0  # a random target's greedy text loops: lookup finds it
+    spec = body["usage"]["speculative"]
+    assert spec["tau"] > 1.0  # a random target's greedy text loops: lookup finds it
+    assert 0 < spec["accepted_from_lookup"] <= spec["accepted_tokens"]
+    assert len(spec["accept_rate_by_position"]) == 4  # the branch's depth (--lookup 4 > --num-steps 3)
 
 
 def test_a_negative_lookup_is_refused(tiny_draft, capsys):

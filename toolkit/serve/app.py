@@ -41,14 +41,16 @@ def usage(seq: Sequence, positions: int = 0) -> dict:
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
             "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(seq.result.accepted),
                             "tau": s["tau"], "accept_rate_by_position": s["accept_rate_by_position"],
-                            "accepted_length_histogram": s["accepted_length_histogram"]}}
+                            "accepted_length_histogram": s["accepted_length_histogram"],
+                            "accepted_from_lookup": s["accepted_from_lookup"]}}
 
 
 def build_app(served: Served) -> FastAPI:
     app = FastAPI(title="toolkit serve", docs_url=None, redoc_url=None)
     batcher, tok = served.batcher, served.tok
     engine, metrics = batcher.engine, batcher.metrics
-    positions = engine.tree.num_steps if engine.head is not None else 0  # draft positions usage reports
+    positions = max(engine.tree.num_steps if engine.head is not None else 0,  # draft positions usage reports:
+                    engine.lookup.num_tokens if engine.lookup is not None else 0)  # the tree's or lookup's depth
     served.created = served.created or int(time.time())
 
     @app.exception_handler(ApiError)

@@ -130,7 +130,7 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
                     sample_draft=args.sample_draft and head is not None, lookup=lookup)
     recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
-    metrics = ServerMetrics(tree.num_steps + 1 + args.lookup)
+    metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1)  # the most tokens one verify step emits
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
     app = Gate(build_app(Served(name, tok, frozenset(stop_ids(tok)), batcher)), args.max_body_bytes, metrics)
     host, port = sock.getsockname()[:2]
