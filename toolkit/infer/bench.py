@@ -17,7 +17,7 @@ import torch
 from toolkit.atomic import atomic_path, write_text
 from toolkit.data.schemas import ReadStats, raw_records, to_samples
 from toolkit.embedded import DEFAULT_MODEL
-from toolkit.infer.lookup import LookupConfig
+from toolkit.infer import lookup
 from toolkit.infer.tree import TreeConfig
 
 
@@ -48,11 +48,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="also run transformers prompt-lookup decoding with N lookup tokens (the peer that needs no "
                         "training)")
     p.add_argument("--sweep", default=None, metavar="S,K,N;S,K,N", help="grid of num_steps,topk,num_draft_tokens")
-    p.add_argument("--lookup", type=int, default=0, metavar="N",
-                   help="also propose up to N tokens by prompt lookup each round, merged into the head's tree as "
-                        "one more branch (0 = off); the baseline stays plain decoding")
-    p.add_argument("--lookup-max-ngram", type=int, default=3, metavar="M",
-                   help="the longest suffix the lookup matches (then shorter ones, down to 1)")
+    lookup.add_args(p, "; the baseline stays plain decoding")
     p.add_argument("--sample-draft", action="store_true", help="T > 0, chains (topk 1): draw the draft tokens from "
                    "the head's tempered distribution and verify with speculative sampling (min(1, p/q)) instead of "
                    "proposing its top-1 (EAGLE/SGLang); trees in --sweep keep top-k proposals")
@@ -190,10 +186,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit {args.limit}: give at least 1 prompt")
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
-    lookup = LookupConfig(args.lookup, args.lookup_max_ngram) if args.lookup else None
-    if lookup is not None and args.sample_draft:
-        raise ValueError("--sample-draft and --lookup do not mix: a sampled chain's draft law does not cover the "
-                         "lookup branch; drop one of them")
+    branch = lookup.from_args(args)
     loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels)
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
@@ -202,10 +195,10 @@ def main(args: argparse.Namespace) -> int:
 
     def make(draft, cfg):  # CUDA graphs on a GPU unless --eager
         return Engine(target, draft, cfg, max_len, cuda_graphs=False if args.eager else None,
-                      compile=args.compile, sample_draft=sampled(draft, cfg), lookup=lookup if draft else None)
+                      compile=args.compile, sample_draft=sampled(draft, cfg), lookup=branch if draft else None)
 
     def depth(cfg) -> int:  # the deepest path a round can accept: the head's tree or the lookup branch
-        return max(cfg.num_steps, lookup.num_tokens if lookup is not None else 0)
+        return max(cfg.num_steps, branch.num_tokens if branch is not None else 0)
 
     def sampled(draft, cfg) -> bool:  # --sample-draft applies to chains
         return args.sample_draft and draft is not None and cfg.topk == 1
@@ -217,7 +210,7 @@ def main(args: argparse.Namespace) -> int:
     report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,
               "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
               "probe_agreement": agree, "shard": args.shard, "sample_draft": sampled(head, tree),
-              "lookup": None if lookup is None else vars(lookup),
+              "lookup": None if branch is None else vars(branch),
               "prompts": len(prompts), "speculative": summarize(results, wall, depth(tree)),
               "per_category": {}, "per_turn": {}}
     # counts beside each τ, so that shards of one set merge exactly (benchmarks/merge_bench.py)
@@ -264,8 +257,9 @@ def main(args: argparse.Namespace) -> int:
     print(f"tau {s['tau']:.2f} over {s['verify_steps']} verify steps, {spec_tps:.1f} tok/s; per position "
           f"{[round(r, 2) for r in s['accept_rate_by_position']]}; per turn "
           f"{ {t: round(v['tau'], 2) for t, v in report['per_turn'].items()} }")
-    if lookup is not None:
-        print(f"lookup branch: {s['accepted_from_lookup']} of {s['tokens'] - s['verify_steps']} accepted draft tokens "
+    if branch is not None:
+        print(f"lookup branch: {s['accepted_from_lookup']} of {s['tokens'] - s['requests'] - s['verify_steps']} "
+              "accepted draft tokens "
               "were proposed by prompt lookup alone")
     if "prompt_lookup" in report:
         pld = report["prompt_lookup"]

@@ -12,6 +12,7 @@ recursive rejection of verify.sample_verify stays lossless; the branch only adds
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +34,25 @@ class LookupConfig:
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"lookup n-gram sizes must satisfy 1 <= min ({self.min_ngram}) <= max "
                              f"({self.max_ngram})")
+
+
+def add_args(p: argparse.ArgumentParser, alone: str = "") -> None:
+    """`--lookup N` and `--lookup-max-ngram M` (bench and serve); `alone`: what the flag does without a head."""
+    p.add_argument("--lookup", type=int, default=0, metavar="N",
+                   help="also propose up to N tokens by prompt lookup each round, merged into the head's tree as one "
+                        f"more branch and verified in the same forward (0 = off){alone}")
+    p.add_argument("--lookup-max-ngram", type=int, default=3, metavar="M",
+                   help="the longest suffix the lookup matches (then shorter ones, down to 1)")
+
+
+def from_args(args: argparse.Namespace) -> LookupConfig | None:
+    """The LookupConfig the flags ask for, or None; refuses a negative length and --sample-draft with it."""
+    if args.lookup < 0:
+        raise ValueError(f"--lookup {args.lookup}: give the lookup branch's length, or 0 for none")
+    if args.lookup and args.sample_draft:
+        raise ValueError("--sample-draft and --lookup do not mix: a sampled chain's draft law does not cover the "
+                         "lookup branch; drop one of them")
+    return LookupConfig(args.lookup, args.lookup_max_ngram) if args.lookup else None
 
 
 def propose(context: list[int], cfg: LookupConfig) -> list[int]:

@@ -17,6 +17,7 @@ import sys
 import torch
 
 from toolkit.embedded import DEFAULT_MODEL
+from toolkit.infer import lookup
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -48,11 +49,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
                    "torch.compile'd (fuses the small ops between GEMMs; a minute or two to compile at start)")
-    p.add_argument("--lookup", type=int, default=0, metavar="N",
-                   help="also propose up to N tokens by prompt lookup each round, merged into the draft's tree as "
-                        "one more branch; with --no-speculation, prompt lookup alone (0 = off)")
-    p.add_argument("--lookup-max-ngram", type=int, default=3, metavar="M",
-                   help="the longest suffix the lookup matches (then shorter ones, down to 1)")
+    lookup.add_args(p, "; with --no-speculation, prompt lookup alone")
     p.add_argument("--sample-draft", action="store_true", help="chains (--topk 1), requests with temperature > 0: "
                    "draw the draft tokens from the head's tempered distribution and verify with speculative sampling "
                    "instead of proposing its top-1")
@@ -91,23 +88,18 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
-    if args.lookup < 0:
-        raise ValueError(f"--lookup {args.lookup}: give the lookup branch's length, or 0 for none")
-    if args.lookup and args.sample_draft:
-        raise ValueError("--sample-draft and --lookup do not mix: a sampled chain's draft law does not cover the "
-                         "lookup branch; drop one of them")
+    branch = lookup.from_args(args)  # bad flags fail here, before binding
     sock = bind(args.host, args.port)  # fail fast, before minutes of loading
     try:
-        return serve(args, tree, sock)
+        return serve(args, tree, branch, sock)
     finally:
         sock.close()
 
 
-def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
+def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     import uvicorn
 
     from toolkit.infer.engine import Engine
-    from toolkit.infer.lookup import LookupConfig
     from toolkit.infer.loading import draft_target, load, probe, recorded_target, stop_ids
     from toolkit.serve.app import Served, build_app
     from toolkit.serve.batcher import Batcher
@@ -124,10 +116,9 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
             [{"role": "user", "content": "Explain what a hash map is, briefly."}], tokenize=False,
             add_generation_prompt=True))
     max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
-    lookup = LookupConfig(args.lookup, args.lookup_max_ngram) if args.lookup else None
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
                     cuda_graphs=False if args.eager else None, compile=args.compile,
-                    sample_draft=args.sample_draft and head is not None, lookup=lookup)
+                    sample_draft=args.sample_draft and head is not None, lookup=branch)
     recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1)  # the most tokens one verify step emits
@@ -135,8 +126,8 @@ def serve(args: argparse.Namespace, tree, sock: socket.socket) -> int:
     app = Gate(build_app(Served(name, tok, frozenset(stop_ids(tok)), batcher)), args.max_body_bytes, metrics)
     host, port = sock.getsockname()[:2]
     spec = f"draft {args.draft}, tree {vars(tree)}" if head is not None else "no speculation"
-    if lookup is not None:
-        spec = ("" if head is None else spec + ", ") + f"prompt lookup {vars(lookup)}"
+    if branch is not None:
+        spec = ("" if head is None else spec + ", ") + f"prompt lookup {vars(branch)}"
     print(f"toolkit serve: serving {name} ({spec}; batch {engine.max_batch}, context {engine.max_len}) on "
           f"http://{host}:{port}/v1", flush=True)
     batcher.start()
