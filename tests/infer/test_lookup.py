@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from toolkit.infer.lookup import LookupConfig, graft, propose
+from toolkit.infer.lookup import LookupConfig, graft, graft_all, propose
 from toolkit.infer.tree import Tree, ancestor_masks
 
 
@@ -57,6 +57,19 @@ def test_graft_shares_the_prefix_it_agrees_with_and_pads_with_parentless_nodes()
     # a branch that differs at once hangs off the root; an empty one only pads
     assert graft(base, [12, 5], 6).parents.tolist() == [-1, 0, 0, 1, 2, -1]
     assert graft(base, [], 5).tokens.tolist() == [10, 11, 12, 13, 0]
+
+
+def test_graft_all_pads_a_batch_to_its_largest_merge_not_to_the_longest_branch():
+    base = tree([10, 11, 12], [-1, 0, 1], [0, 1, 2])  # the head's chain 10 -> 11 -> 12
+    a, b = graft_all([base, base], [[11, 12, 13], [7]])
+    # row 0's 3-token branch agrees with the chain for 2 tokens and adds one node; row 1's adds one: width 4, not 6
+    assert a.tokens.tolist() == [10, 11, 12, 13] and a.parents.tolist() == [-1, 0, 1, 2]
+    assert b.tokens.tolist() == [10, 11, 12, 7] and b.parents.tolist() == [-1, 0, 1, 0]
+    assert a.depth.tolist() == [0, 1, 2, 3] and b.depth.tolist() == [0, 1, 2, 1]
+    c, d = graft_all([base, base], [[11], []])  # a branch the head drafted already adds nothing
+    assert c.tokens.tolist() == d.tokens.tolist() == [10, 11, 12]
+    e, f = graft_all([base, base], [[5, 6], []])  # the other row pads with parentless nodes
+    assert e.parents.tolist() == [-1, 0, 1, 0, 3] and f.parents.tolist() == [-1, 0, 1, -1, -1]
 
 
 def test_graft_refuses_what_does_not_fit_and_sampled_chains():

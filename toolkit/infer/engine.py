@@ -18,7 +18,7 @@ import torch
 from toolkit.infer.draft_sampling import gumbel_inputs
 from toolkit.infer.drafts import Eagle3Head
 from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memory
-from toolkit.infer.lookup import LookupConfig, graft, propose
+from toolkit.infer.lookup import LookupConfig, graft_all, propose
 from toolkit.infer.model import Transformer
 from toolkit.infer.phase_clock import PhaseClock
 from toolkit.infer.sampling import SamplingParams, target_probs
@@ -215,9 +215,8 @@ class Engine:
         own = len(trees[0].tokens)  # nodes the head drafted; a lookup branch's new nodes come after them
         if self.lookup is not None and speculate:
             chains = [propose(s.prompt + s.result.tokens, self.lookup) for s in seqs]
-            if any(chains):  # else the round verifies the head's tree alone; rows pad to the longest branch
-                width = own + max(map(len, chains))  # (a CPU verify costs more per node than a GPU's)
-                trees = [graft(t, c, width) for t, c in zip(trees, chains)]
+            if any(chains):  # else the round verifies the head's tree alone; rows pad to the largest merge
+                trees = graft_all(trees, chains)
         t2 = self.clock.mark()
         paths, emitted, aux = self._verify(trees, seqs, grafted=len(trees[0].tokens) > own)
         t3 = self.clock.mark()

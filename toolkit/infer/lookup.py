@@ -70,11 +70,19 @@ def propose(context: list[int], cfg: LookupConfig) -> list[int]:
     return []
 
 
-def graft(tree: Tree, chain: list[int], width: int) -> Tree:
+def graft_all(trees: list[Tree], chains: list[list[int]]) -> list[Tree]:
+    """Each sequence's tree with its branch grafted on, all padded to the largest merged tree: the part of a
+    branch that agrees with the head's own drafts adds no node, and a CPU verify step pays per node."""
+    merged = [graft(t, c) for t, c in zip(trees, chains)]
+    width = max(len(m.tokens) for m in merged)
+    return [graft(m, [], width) for m in merged]
+
+
+def graft(tree: Tree, chain: list[int], width: int | None = None) -> Tree:
     """The tree with `chain` (tokens proposed after the root) merged in as a branch from the root, sharing
-    the nodes it agrees with, then padded to `width` nodes. New nodes follow the tree's own (node i's parent
-    stays < i); padding nodes have no parent (-1) and so sit on no path: verification never reaches them
-    and no real node attends to them."""
+    the nodes it agrees with, then padded to `width` nodes (None: no padding). New nodes follow the tree's
+    own (node i's parent stays < i); padding nodes have no parent (-1) and so sit on no path: verification
+    never reaches them and no real node attends to them."""
     if tree.draft_logp is not None:
         raise ValueError("a sampled chain's draft law does not cover a lookup branch: lookup needs top-1 drafts")
     tokens, parents, depth = tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist()
@@ -89,6 +97,7 @@ def graft(tree: Tree, chain: list[int], width: int) -> Tree:
             depth.append(depth[node] + 1)
             child[(node, tok)] = nxt
         node = nxt
+    width = len(tokens) if width is None else width
     if len(tokens) > width:
         raise ValueError(f"tree of {len(tree.tokens)} nodes + a {len(chain)}-token branch does not fit {width}")
     pad = width - len(tokens)
