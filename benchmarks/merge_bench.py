@@ -113,6 +113,10 @@ def merge(reports: list[dict], where: list[str]) -> dict:
                                  "bench); rerun that shard with the current one")
         out["sweep"] = [{**dict(zip(("num_steps", "topk", "num_draft_tokens", "sample_draft"), t)),
                          **merge_run([r["sweep"][i] for r in reports], where)} for i, t in enumerate(trees[0])]
+        for i, entry in enumerate(out["sweep"]):  # true only if every shard's tree gave the main run's text
+            if any("greedy_identical_to_speculative" in r["sweep"][i] for r in reports):
+                entry["greedy_identical_to_speculative"] = all(
+                    r["sweep"][i].get("greedy_identical_to_speculative") is True for r in reports)
     return out
 
 

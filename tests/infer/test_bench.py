@@ -63,6 +63,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     sweep = r["sweep"][0]  # a whole summary with counts, so that shards merge (benchmarks/merge_bench.py)
     assert (sweep["num_steps"], sweep["topk"], sweep["num_draft_tokens"]) == (2, 1, 3)
     assert sweep["sample_draft"] is True and r["sample_draft"] is False  # --sample-draft: chains only
+    assert sweep["greedy_identical_to_speculative"] is True  # at T=0 every tree of the sweep gives the same text
     assert sweep["tokens"] == s["tokens"] and sweep["tau"] == pytest.approx(
         (sweep["tokens"] - s["requests"]) / sweep["verify_steps"])  # greedy: same tokens; the first is prefill's
     assert r["greedy_identical_to_prompt_lookup"] is True and r["prompt_lookup"]["tau"] >= 1.0

@@ -244,9 +244,11 @@ def main(args: argparse.Namespace) -> int:
     if args.sweep:
         report["sweep"] = []
         for cfg in parse_sweep(args.sweep):
-            res, _, w = run_engine(make(head, cfg), tok, prompts, params, args.seed)
+            res, answers, w = run_engine(make(head, cfg), tok, prompts, params, args.seed)
             s = summarize(res, w, depth(cfg))
             report["sweep"].append({**vars(cfg), "sample_draft": sampled(head, cfg), **s})
+            if params.greedy:  # every tree must give the main run's text (which the baseline checks)
+                report["sweep"][-1]["greedy_identical_to_speculative"] = answers == spec_answers
         best = max(report["sweep"], key=lambda r: r["tokens_per_second"])
         print(f"best of sweep: num_steps {best['num_steps']} topk {best['topk']} num_draft_tokens "
               f"{best['num_draft_tokens']}: tau {best['tau']:.2f}, {best['tokens_per_second']:.1f} tok/s")
