@@ -68,6 +68,12 @@ def merge_run(parts: list[dict], where: list[str]) -> dict:
     return out
 
 
+def all_true(parts: list[dict], key: str, into: dict) -> None:
+    """A greedy-identity check joined over shards: true only if every shard's is (left out if none has it)."""
+    if any(key in p for p in parts):
+        into[key] = all(p.get(key) is True for p in parts)
+
+
 def merge(reports: list[dict], where: list[str]) -> dict:
     first = reports[0]
     for key in SAME:
@@ -100,8 +106,7 @@ def merge(reports: list[dict], where: list[str]) -> dict:
             out["prompt_lookup"]["speedup_vs_hf"] = (out["prompt_lookup"]["tokens_per_second"]
                                                      / out["hf_generate"]["tokens_per_second"])
     for key in ("greedy_identical_to_baseline", "greedy_identical_to_hf", "greedy_identical_to_prompt_lookup"):
-        if any(key in r for r in reports):
-            out[key] = all(r.get(key) is True for r in reports)
+        all_true(reports, key, out)
     if any("sweep" in r for r in reports):
         trees = [[(s["num_steps"], s["topk"], s["num_draft_tokens"], s.get("sample_draft", False))
                   for s in r.get("sweep", [])] for r in reports]
@@ -113,10 +118,8 @@ def merge(reports: list[dict], where: list[str]) -> dict:
                                  "bench); rerun that shard with the current one")
         out["sweep"] = [{**dict(zip(("num_steps", "topk", "num_draft_tokens", "sample_draft"), t)),
                          **merge_run([r["sweep"][i] for r in reports], where)} for i, t in enumerate(trees[0])]
-        for i, entry in enumerate(out["sweep"]):  # true only if every shard's tree gave the main run's text
-            if any("greedy_identical_to_speculative" in r["sweep"][i] for r in reports):
-                entry["greedy_identical_to_speculative"] = all(
-                    r["sweep"][i].get("greedy_identical_to_speculative") is True for r in reports)
+        for i, entry in enumerate(out["sweep"]):  # each tree's text against the main run's, in every shard
+            all_true([r["sweep"][i] for r in reports], "greedy_identical_to_speculative", entry)
     return out
 
 

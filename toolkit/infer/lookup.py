@@ -73,9 +73,9 @@ def propose(context: list[int], cfg: LookupConfig) -> list[int]:
 def graft_all(trees: list[Tree], chains: list[list[int]]) -> list[Tree]:
     """Each sequence's tree with its branch grafted on, all padded to the largest merged tree: the part of a
     branch that agrees with the head's own drafts adds no node, and a CPU verify step pays per node."""
-    merged = [graft(t, c) for t, c in zip(trees, chains)]
-    width = max(len(m.tokens) for m in merged)
-    return [graft(m, [], width) for m in merged]
+    merged = [_merge(t, c) for t, c in zip(trees, chains)]
+    width = max(len(m[0]) for m in merged)
+    return [_padded(m, width, t.tokens.device) for m, t in zip(merged, trees)]
 
 
 def graft(tree: Tree, chain: list[int], width: int | None = None) -> Tree:
@@ -83,6 +83,14 @@ def graft(tree: Tree, chain: list[int], width: int | None = None) -> Tree:
     the nodes it agrees with, then padded to `width` nodes (None: no padding). New nodes follow the tree's
     own (node i's parent stays < i); padding nodes have no parent (-1) and so sit on no path: verification
     never reaches them and no real node attends to them."""
+    merged = _merge(tree, chain)
+    if width is not None and len(merged[0]) > width:
+        raise ValueError(f"tree of {len(tree.tokens)} nodes + a {len(chain)}-token branch does not fit {width}")
+    return _padded(merged, len(merged[0]) if width is None else width, tree.tokens.device)
+
+
+def _merge(tree: Tree, chain: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """graft's trie merge, unpadded: the merged tree's tokens, parents and depths as lists."""
     if tree.draft_logp is not None:
         raise ValueError("a sampled chain's draft law does not cover a lookup branch: lookup needs top-1 drafts")
     tokens, parents, depth = tree.tokens.tolist(), tree.parents.tolist(), tree.depth.tolist()
@@ -97,10 +105,11 @@ def graft(tree: Tree, chain: list[int], width: int | None = None) -> Tree:
             depth.append(depth[node] + 1)
             child[(node, tok)] = nxt
         node = nxt
-    width = len(tokens) if width is None else width
-    if len(tokens) > width:
-        raise ValueError(f"tree of {len(tree.tokens)} nodes + a {len(chain)}-token branch does not fit {width}")
+    return tokens, parents, depth
+
+
+def _padded(merged: tuple[list[int], list[int], list[int]], width: int, dev) -> Tree:
+    tokens, parents, depth = merged
     pad = width - len(tokens)
-    dev = tree.tokens.device
     return Tree(torch.tensor(tokens + [0] * pad, device=dev), torch.tensor(parents + [-1] * pad, device=dev),
                 torch.tensor(depth + [0] * pad, device=dev))
