@@ -76,6 +76,32 @@ def test_compiled_tree_step_equals_eager_forward(qwen3):
     assert (got_aux[0] - want_aux[0]).abs().max() <= 1e-4
 
 
+def test_short_and_long_verify_steps_take_their_own_graphs_and_equal_eager(qwen3):
+    """Chains of 3 then 9 tokens after a 12-token prefix: up to FEW tokens one compiled function, past it the
+    other (each autotuned at its own first shape); both give the eager forward's logits."""
+    from toolkit.infer.compiled_decode import FEW
+
+    ids = torch.randint(0, TINY["vocab_size"], (1, 24), generator=torch.Generator().manual_seed(6))
+    eager_cache, compiled_cache = KVCache(qwen3.config, 1, 64), KVCache(qwen3.config, 1, 64)
+    step = CompiledDecode(qwen3, compiled_cache)
+    calls = {"few": 0, "many": 0}
+    for name in calls:
+        inner = getattr(step, name)
+        setattr(step, name, lambda *a, _f=inner, _n=name: calls.__setitem__(_n, calls[_n] + 1) or _f(*a))
+    start = 12
+    with torch.no_grad():
+        for cache in (eager_cache, compiled_cache):
+            qwen3(ids[:, :start], cache=cache)
+        for n in (3, 9):
+            positions = torch.arange(start, start + n)[None]
+            mask = torch.arange(start + n)[None, None, :] <= positions[:, :, None]      # causal [1, n, S]
+            want, _ = qwen3(ids[:, start:start + n], positions, cache=eager_cache, slots=positions, mask=mask)
+            got, _ = step(ids[:, start:start + n], positions, positions, mask)
+            assert (got - want).abs().max() <= 1e-4, n
+            start += n
+    assert 3 <= FEW < 9 and calls == {"few": 1, "many": 1}
+
+
 @pytest.mark.parametrize("tree", [TreeConfig(4, 1, 5), TreeConfig(3, 3, 8)], ids=["chain", "tree"])
 def test_engine_compiled_speculation_greedy_equals_plain(qwen3, tree):
     prompt, params = [3, 17, 5, 9], SamplingParams(max_new_tokens=20)

@@ -9,8 +9,9 @@ on a GPU (graphs.py); this is the CPU's counterpart for one running sequence (th
 tokens) once per process; inductor caches its code on disk, so later processes start faster.
 
 The step is the target's forward (model.py) for B = 1 with the token count and the attended slot count
-symbolic (one graph for every position and a few for token counts). Each layer's key/value cache is passed
-in as its own tensor: a write into one big cache tensor would be copied whole by the compiled graph.
+symbolic: one graph serves every position, and two serve the token counts (up to FEW, and past it). Each
+layer's key/value cache is passed in as its own tensor: a write into one big cache tensor would be copied
+whole by the compiled graph.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ import torch.nn.functional as F
 
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.model import Transformer, attention_masks, rope_cos_sin, rotate
+
+
+FEW = 4  # the most tokens the small-step graph takes; longer steps go to the other (see CompiledDecode)
 
 
 def cpp_compiler() -> str | None:
@@ -79,7 +83,15 @@ class CompiledDecode:
         self.values = [cache.v[i, :1] for i in range(c.num_layers)]
         aux = tuple(aux_layers)
 
-        def step(tokens, positions, slots, kv_len, bias, keys, values):  # target, aux: constants of the graph
+        # Two compiled functions (two code objects, so two dynamo caches): one for 1..FEW tokens (plain decoding,
+        # short chains), one for longer verify steps. Inductor autotunes its C++ GEMMs once, at the shape of
+        # the first call, and keeps them for every later size of the symbolic token count; GEMMs picked at 2-4
+        # rows cost twice as much from 5 rows on (SmolLM2, 1 thread: 8 tokens 47 ms against 30, 16 tokens 66
+        # against 42; RESULTS.md), while GEMMs picked at 6-32 rows cost 10-15% more at 2-4 rows.
+        def few(tokens, positions, slots, kv_len, bias, keys, values):  # target, aux: constants of the graph
+            return decode_step(target, tokens, positions, slots, kv_len, bias, keys, values, aux)
+
+        def many(tokens, positions, slots, kv_len, bias, keys, values):
             return decode_step(target, tokens, positions, slots, kv_len, bias, keys, values, aux)
 
         # dynamic: the slot and token counts stay symbolic. max-autotune times inductor's own C++ GEMM kernels
@@ -88,7 +100,7 @@ class CompiledDecode:
         # step takes 100 ms instead of 185 ms eager (RESULTS.md), and the 1-token step 43 instead of 66 ms.
         self.options = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "freezing": True,
                         "autotune_num_choices_displayed": 0} if autotune else {}
-        self.step = torch.compile(step, dynamic=True)
+        self.few, self.many = torch.compile(few, dynamic=True), torch.compile(many, dynamic=True)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor | None):
         """tokens/positions/slots [1, T] on the host; mask bool [1, T, S] over the first S slots, or None for
@@ -97,5 +109,6 @@ class CompiledDecode:
 
         bias = None if mask is None else attention_masks(mask, self.keys[0].dtype)[0]
         kv_len = int(slots[0, -1]) + 1 if mask is None else mask.shape[-1]
+        step = self.few if tokens.shape[1] <= FEW else self.many
         with config.patch(self.options):  # inductor reads them when a call compiles (torch.compile's
-            return self.step(tokens, positions, slots[0], kv_len, bias, self.keys, self.values)  # options= did not)
+            return step(tokens, positions, slots[0], kv_len, bias, self.keys, self.values)  # options= did not)
