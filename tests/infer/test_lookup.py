@@ -1,6 +1,8 @@
 """Prompt lookup proposals and their graft onto a draft tree (toolkit/infer/lookup.py)."""
 import pytest
 import torch
+from conftest import ROOT
+from test_model import tiny_hf
 
 from toolkit.infer.lookup import LookupConfig, graft, graft_all, propose
 from toolkit.infer.tree import Tree, ancestor_masks
@@ -79,3 +81,36 @@ def test_graft_refuses_what_does_not_fit_and_sampled_chains():
     sampled = Tree(base.tokens, base.parents, base.depth, draft_logp=torch.zeros(1, 4))
     with pytest.raises(ValueError, match="draft law"):
         graft(sampled, [7], 4)
+
+
+def test_lookup_policy_replay_takes_the_engines_rounds(tmp_path):
+    """benchmarks/lookup_policy.py replays chain + lookup rounds offline: for a fixed branch length its round
+    count equals the engine's verify steps on the same prompts (a tiny target that loops, a random head)."""
+    import importlib.util
+
+    from toolkit.infer.drafts import random_head
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import load_target
+    from toolkit.infer.lookup import LookupConfig
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.tree import TreeConfig
+
+    spec = importlib.util.spec_from_file_location("lookup_policy", ROOT / "benchmarks/lookup_policy.py")
+    policy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(policy)
+    tiny_hf("llama", tmp_path)
+    target = load_target(tmp_path)
+    head = random_head(target.config, seed=3)
+    prompts = [[5, 9, 14, 5, 9, 2, 7], [1, 2, 3, 4, 1, 2, 3], [40, 41, 42]]
+    rows = []
+    for n in (2, 6):
+        engine = Engine(target, head, TreeConfig(3, 1, 4), max_len=128, lookup=LookupConfig(n))
+        results = [engine.generate(p, SamplingParams(max_new_tokens=40)) for p in prompts]
+        rows = [{"prompt": p, "answer": r.tokens} for p, r in zip(prompts, results)]
+        every = [policy.head_chains(head, target, r["prompt"] + r["answer"], 3).tolist() for r in rows]
+        got = policy.simulate(rows, every, [policy.Fixed(n), policy.Fixed(0)], lambda nodes: float(nodes))
+        assert got[f"fixed {n}"][0] == sum(r.verify_steps for r in results)
+        assert sum(r.from_lookup for r in results) > 0  # the branch carried some of it
+    alone = [Engine(target, head, TreeConfig(3, 1, 4), max_len=128).generate(p, SamplingParams(max_new_tokens=40))
+             for p in prompts]
+    assert got["fixed 0"][0] == sum(r.verify_steps for r in alone)  # no branch: the head's chain alone
