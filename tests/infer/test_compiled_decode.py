@@ -118,3 +118,20 @@ def test_no_cpp_compiler_is_a_clear_error(qwen3, monkeypatch):
     monkeypatch.setattr(cd.shutil, "which", lambda name: None)
     with pytest.raises(ValueError, match="needs a C\\+\\+ compiler"):
         Engine(qwen3, max_len=64, compile=True)
+
+
+def test_warm_up_compiles_every_step_a_chain_with_a_lookup_branch_takes(qwen3):
+    """After Engine.warm_up no round compiles anything (a compile inside a timed run or a served request costs
+    minutes on a real model), and the greedy tokens still equal plain decoding's."""
+    from toolkit.infer.lookup import LookupConfig
+
+    prompt, params = [3, 17, 5, 9, 3, 17, 5, 9], SamplingParams(max_new_tokens=30)
+    plain = Engine(qwen3, max_len=64).generate(prompt, params).tokens
+    engine = Engine(qwen3, random_head(qwen3.config, seed=0), TreeConfig(3, 1, 4), max_len=64, compile=True,
+                    lookup=LookupConfig(6))
+    engine.warm_up()
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    res = engine.generate(prompt, params)
+    assert res.tokens == plain
+    assert res.from_lookup > 0  # rounds with branch nodes past the head's 4: the many-token graph ran
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before

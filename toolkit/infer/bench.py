@@ -135,6 +135,7 @@ def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]
     """Our engine on every prompt (after a short warm-up); returns results, answers per prompt, wall seconds."""
     from toolkit.infer.sampling import SamplingParams, seeded_generator
 
+    engine.warm_up()  # --compile: every step shape compiled here, not inside the timed run
     engine.generate(warm_up_ids(tok, prompts), SamplingParams(max_new_tokens=4))
     results, start = [], time.perf_counter()
     g = seeded_generator(engine.device, seed)  # on the target's device: CUDA sampling refuses a CPU generator

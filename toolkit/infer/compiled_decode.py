@@ -112,3 +112,20 @@ class CompiledDecode:
         step = self.few if tokens.shape[1] <= FEW else self.many
         with config.patch(self.options):  # inductor reads them when a call compiles (torch.compile's
             return step(tokens, positions, slots[0], kv_len, bias, self.keys, self.values)  # options= did not)
+
+    @torch.no_grad()
+    def warm_up(self, widths: list[int]) -> None:
+        """Run one step of each width in `widths` (token counts) on dummy tokens, so that each graph those
+        steps take is compiled now (a graph's first call compiles it, a minute or two on SmolLM2) and its
+        GEMMs are picked at that width. Writes go to the cache's last slots: call it with no sequence in
+        the cache."""
+        cap, dev = self.keys[0].shape[2], self.keys[0].device
+        for n in sorted(set(widths)):
+            start = cap - n - 1  # kv_len = cap - 1: no slot count the graphs could specialize on
+            if start < 1:
+                raise ValueError(f"a {n}-token step does not fit a {cap}-slot cache")
+            # fresh tensors, as the engine passes: dynamo guards on views (their base) and on aliasing
+            slots = torch.arange(start, start + n, device=dev).reshape(1, n).clone()
+            mask = None if n == 1 else torch.arange(start + n, device=dev)[None, None, :] <= slots[:, :, None]
+            self(torch.zeros_like(slots), slots.clone(), slots, mask)
+

@@ -130,6 +130,20 @@ class Engine:
             self.draft_loop = GraphedDraftLoop(self.head, self.target.embed_tokens, self.draft_cache, t, sizes, capture,
                                                sample=self.sample_draft)
 
+    def warm_up(self) -> None:
+        """Compile (compile=True) every step shape this engine's rounds take, so that no compile lands inside a
+        timed run or a served request: plain decoding, a short chain, and the widest round (the head's tree plus
+        a full lookup branch). A no-op otherwise; needs an idle engine."""
+        if self.compiled is None:
+            return
+        if self.running:
+            raise RuntimeError("warm_up needs an idle engine; it is serving other sequences")
+        from toolkit.infer.compiled_decode import FEW
+
+        widest = (self.tree.num_draft_tokens if self.head is not None else 1) + (
+            self.lookup.num_tokens if self.lookup is not None else 0)
+        self.compiled.warm_up([1, min(widest, FEW), widest])
+
     def _draft(self, emb, hidden, positions, slots, mask):
         """The head over the draft cache's rows 0..B-1, replayed from a graph when one holds the shape."""
         out = None if self.draft_graphs is None else self.draft_graphs(

@@ -119,6 +119,7 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
                     cuda_graphs=False if args.eager else None, compile=args.compile,
                     sample_draft=args.sample_draft and head is not None, lookup=branch)
+    engine.warm_up()  # --compile: compile every step shape now, not in the first requests
     recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1)  # the most tokens one verify step emits
