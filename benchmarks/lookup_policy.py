@@ -56,8 +56,7 @@ def head_chains(head, target, ids: list[int], steps: int) -> torch.Tensor:
     x = torch.tensor([ids])
     _, aux = target(x, aux_layers=head.aux_layers)
     step_logits, _ = unroll(head, target.embed_tokens, torch.cat(aux, -1), x, steps)
-    draft_ids = torch.arange(len(head.d2t)) + head.d2t
-    return torch.stack([draft_ids[s[0].argmax(-1)] for s in step_logits], 1)
+    return torch.stack([head.to_target(s[0].argmax(-1)) for s in step_logits], 1)
 
 
 def run(chains: list[list[int]], truth: list[int], lookups: list[list[int]], policy, cost) -> tuple[int, float]:

@@ -144,4 +144,3 @@ def test_merge_refuses_shards_that_do_not_belong_together(tmp_path, change, mess
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/merge_bench.py"), *map(str, files), "--out",
                            str(tmp_path / "m.json")], capture_output=True, text=True)
     assert done.returncode != 0 and message in done.stderr and not (tmp_path / "m.json").exists()
-

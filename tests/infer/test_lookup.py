@@ -102,7 +102,6 @@ def test_lookup_policy_replay_takes_the_engines_rounds(tmp_path):
     target = load_target(tmp_path)
     head = random_head(target.config, seed=3)
     prompts = [[5, 9, 14, 5, 9, 2, 7], [1, 2, 3, 4, 1, 2, 3], [40, 41, 42]]
-    rows = []
     for n in (2, 6):
         engine = Engine(target, head, TreeConfig(3, 1, 4), max_len=128, lookup=LookupConfig(n))
         results = [engine.generate(p, SamplingParams(max_new_tokens=40)) for p in prompts]

@@ -128,4 +128,3 @@ class CompiledDecode:
             slots = torch.arange(start, start + n, device=dev).reshape(1, n).clone()
             mask = None if n == 1 else torch.arange(start + n, device=dev)[None, None, :] <= slots[:, :, None]
             self(torch.zeros_like(slots), slots.clone(), slots, mask)
-

@@ -119,9 +119,7 @@ class Engine:
         from toolkit.infer.graphs import GraphedDraftLoop, batch_buckets, graph_draft, graph_target
 
         sizes, t = batch_buckets(self.max_batch), self.tree
-        counts = {1, t.num_draft_tokens}
-        if self.lookup is not None:  # a round with a lookup branch verifies its nodes too
-            counts.add((t.num_draft_tokens if self.head is not None else 1) + self.lookup.num_tokens)
+        counts = {1, t.num_draft_tokens, self._widest_round()}  # a lookup branch's nodes are verified too
         self.target_graphs = graph_target(self.target, self.cache, self.aux_layers, sizes, sorted(counts), capture)
         if self.head is not None:
             width = len(self.aux_layers) * self.target.config.hidden_size
@@ -140,9 +138,13 @@ class Engine:
             raise RuntimeError("warm_up needs an idle engine; it is serving other sequences")
         from toolkit.infer.compiled_decode import FEW
 
-        widest = (self.tree.num_draft_tokens if self.head is not None else 1) + (
-            self.lookup.num_tokens if self.lookup is not None else 0)
+        widest = self._widest_round()
         self.compiled.warm_up([1, min(widest, FEW), widest])
+
+    def _widest_round(self) -> int:
+        """The most nodes one verify step holds: the head's tree (or the root alone) plus a full lookup branch."""
+        return (self.tree.num_draft_tokens if self.head is not None else 1) + (
+            self.lookup.num_tokens if self.lookup is not None else 0)
 
     def _draft(self, emb, hidden, positions, slots, mask):
         """The head over the draft cache's rows 0..B-1, replayed from a graph when one holds the shape."""
