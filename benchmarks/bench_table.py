@@ -12,13 +12,19 @@ from pathlib import Path
 
 def rows(report: dict, label: str) -> list[dict]:
     t, s = report["tree"], report["speculative"]
-    tree = f"{t['num_steps']} steps, topk {t['topk']}, {t['num_draft_tokens']} tokens"
+    main_lookup = (report.get("lookup") or {}).get("num_tokens", 0)
+
+    def name(tree: dict, lookup: int) -> str:
+        return (f"{tree['num_steps']} steps, topk {tree['topk']}, {tree['num_draft_tokens']} tokens"
+                + (f" + lookup {lookup}" if lookup else ""))
+
+    tree = name(t, main_lookup)
     out = [{"label": label, "head": report.get("head", "?"), "vocab": report.get("draft_vocab_size"), "tree": tree,
             "tau": s["tau"], "tok_s": s["tokens_per_second"], "accept": s["accept_rate_by_position"],
             "baseline": (report.get("baseline") or {}).get("tokens_per_second"),
             }]
     for sw in report.get("sweep", []):
-        out.append({**out[0], "tree": f"{sw['num_steps']} steps, topk {sw['topk']}, {sw['num_draft_tokens']} tokens",
+        out.append({**out[0], "tree": name(sw, sw.get("lookup", main_lookup)),
                     "tau": sw["tau"], "tok_s": sw["tokens_per_second"], "accept": None})
     return out
 

@@ -25,7 +25,7 @@ import torch
 def generate_rows(args, loaded) -> list[dict]:
     """Greedy answers turn by turn (the engine with the head's chain + lookup: the same text as plain decoding,
     faster), cached in --answers as {"prompt": ids, "answer": ids} per turn."""
-    from toolkit.infer.bench import answer_turns, read_prompts
+    from toolkit.infer.prompts import answer_turns, read_prompts
     from toolkit.infer.engine import Engine
     from toolkit.infer.lookup import LookupConfig
     from toolkit.infer.sampling import SamplingParams

@@ -108,7 +108,9 @@ def merge(reports: list[dict], where: list[str]) -> dict:
     for key in ("greedy_identical_to_baseline", "greedy_identical_to_hf", "greedy_identical_to_prompt_lookup"):
         all_true(reports, key, out)
     if any("sweep" in r for r in reports):
-        trees = [[(s["num_steps"], s["topk"], s["num_draft_tokens"], s.get("sample_draft", False))
+        # an entry's lookup length; older reports ran every entry with the main run's --lookup
+        trees = [[(s["num_steps"], s["topk"], s["num_draft_tokens"], s.get("sample_draft", False),
+                   s.get("lookup", (r.get("lookup") or {}).get("num_tokens", 0)))
                   for s in r.get("sweep", [])] for r in reports]
         if any(t != trees[0] for t in trees):
             raise ValueError(f"--sweep differs between shards: {trees}")
@@ -116,7 +118,7 @@ def merge(reports: list[dict], where: list[str]) -> dict:
             if any("verify_steps" not in s for s in r["sweep"]):
                 raise ValueError(f"{w}: sweep entries carry no verify_steps / tokens (written by an older toolkit "
                                  "bench); rerun that shard with the current one")
-        out["sweep"] = [{**dict(zip(("num_steps", "topk", "num_draft_tokens", "sample_draft"), t)),
+        out["sweep"] = [{**dict(zip(("num_steps", "topk", "num_draft_tokens", "sample_draft", "lookup"), t)),
                          **merge_run([r["sweep"][i] for r in reports], where)} for i, t in enumerate(trees[0])]
         for i, entry in enumerate(out["sweep"]):  # each tree's text against the main run's, in every shard
             all_true([r["sweep"][i] for r in reports], "greedy_identical_to_speculative", entry)
@@ -139,7 +141,7 @@ def main() -> None:
             print(f"{run}: tau {merged[run]['tau']:.3f}, {merged[run]['tokens_per_second']:.1f} tok/s over "
                   f"{merged[run]['tokens']} tokens")
     for s in merged.get("sweep", []):
-        print(f"tree {s['num_steps']},{s['topk']},{s['num_draft_tokens']}: tau {s['tau']:.3f}, "
+        print(f"tree {s['num_steps']},{s['topk']},{s['num_draft_tokens']} lookup {s['lookup']}: tau {s['tau']:.3f}, "
               f"{s['tokens_per_second']:.1f} tok/s")
     print(f"wrote {args.out} and {args.out.with_suffix('.png')} ({merged['prompts']} prompts, "
           f"{len(args.files)} shards)")

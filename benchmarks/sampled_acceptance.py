@@ -22,7 +22,7 @@ import torch
 
 
 def main() -> None:
-    from toolkit.infer.bench import answer_turns, parse_shard, read_prompts
+    from toolkit.infer.prompts import answer_turns, parse_shard, read_prompts
     from toolkit.infer.engine import Engine
     from toolkit.infer.loading import load
     from toolkit.infer.sampling import SamplingParams, seeded_generator, target_probs

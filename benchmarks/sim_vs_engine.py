@@ -18,7 +18,7 @@ import torch
 
 
 def main() -> None:
-    from toolkit.infer.bench import answer_turns, read_prompts
+    from toolkit.infer.prompts import answer_turns, read_prompts
     from toolkit.infer.loading import load
     from toolkit.infer.engine import Engine
     from toolkit.infer.sampling import SamplingParams

@@ -30,14 +30,17 @@ def test_bench_table_lists_runs_and_sweeps_with_ratios(tmp_path):
 
     (tmp_path / "ref.json").write_text(json.dumps(report(1.5)))
     (tmp_path / "mtp.json").write_text(json.dumps(report(2.25, [{"num_steps": 1, "topk": 1, "num_draft_tokens": 2,
-                                                                 "tau": 1.5, "tokens_per_second": 15.0}])))
+                                                                 "tau": 1.5, "tokens_per_second": 15.0},
+                                                                {"num_steps": 1, "topk": 1, "num_draft_tokens": 2,
+                                                                 "lookup": 10, "tau": 3.0, "tokens_per_second": 30.0}])))
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_table.py"), str(tmp_path / "mtp.json"),
                            "--reference", str(tmp_path / "ref.json")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert len(lines) == 4
+    assert len(lines) == 5
     assert "| mtp | MTPHead | 49152 | 3 steps, topk 1, 4 tokens | 2.25 | 20.0 | 2.00x | 0.50, 0.25 | 1.50 |" == lines[2]
     assert "1 steps, topk 1, 2 tokens | 1.50 | 15.0 | 1.50x |  | 1.00 |" in lines[3]
+    assert "1 steps, topk 1, 2 tokens + lookup 10 | 3.00 | 30.0 | 3.00x |  | 2.00 |" in lines[4]
 
 
 def fake_results(n: int, seed: int) -> list:
@@ -131,7 +134,9 @@ def test_merged_shards_equal_one_run_over_every_prompt(tmp_path):
     (lambda r: r["sweep"][0].pop("verify_steps"), "older toolkit bench"),
     (lambda r: r.pop("baseline"), "same flags"),
     (lambda r: r.update(sample_draft=True), "sample_draft"),  # the other shard predates the field: top-1 drafts
-], ids=["tree", "duplicate-shard", "legacy-category", "legacy-sweep", "missing-run", "sample-draft"])
+    # an entry's own lookup branch; the other shard's entry predates the field: the run's --lookup, here none
+    (lambda r: r["sweep"][0].update(lookup=5), "--sweep differs"),
+], ids=["tree", "duplicate-shard", "legacy-category", "legacy-sweep", "missing-run", "sample-draft", "sweep-lookup"])
 def test_merge_refuses_shards_that_do_not_belong_together(tmp_path, change, message):
     spec = fake_results(6, seed=2)
     files = []

@@ -81,7 +81,9 @@ def test_bench_grafts_a_prompt_lookup_branch_and_keeps_greedy_exact(draft_dir, s
         "Name the planets of the solar system, one per line.", "Repeat your previous answer word for word."]}))
     bench = [sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(folder), "--prompts", str(prompts),
              "--max-new-tokens", "24", "--num-steps", "3", "--topk", "1", "--threads", "1"]
-    done = subprocess.run(bench + ["--lookup", "5", "--baseline", "--out", str(out)], capture_output=True, text=True)
+    # the sweep: the head alone (lookup 0), and a tree with a branch of its own length
+    done = subprocess.run(bench + ["--lookup", "5", "--baseline", "--sweep", "3,1,4,0;2,2,5,7", "--out", str(out)],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["lookup"] == {"num_tokens": 5, "max_ngram": 3, "min_ngram": 1}
@@ -89,8 +91,32 @@ def test_bench_grafts_a_prompt_lookup_branch_and_keeps_greedy_exact(draft_dir, s
     s = r["speculative"]
     assert 0 < s["accepted_from_lookup"] <= s["tokens"] - s["requests"] - s["verify_steps"]
     assert len(s["accept_rate_by_position"]) == 5 and "lookup branch:" in done.stdout  # the branch is deeper
+    alone, tree = r["sweep"]
+    assert alone["lookup"] == 0 and alone["accepted_from_lookup"] == 0 and len(alone["accept_rate_by_position"]) == 3
+    assert alone["tau"] < s["tau"]  # the copying turn is what the branch predicts and the random head does not
+    assert tree["lookup"] == 7 and tree["accepted_from_lookup"] > 0 and len(tree["accept_rate_by_position"]) == 7
+    assert alone["greedy_identical_to_speculative"] is True and tree["greedy_identical_to_speculative"] is True
+    assert " lookup " in next(line for line in done.stdout.splitlines() if line.startswith("best of sweep"))
     refused = subprocess.run(bench + ["--lookup", "5", "--sample-draft"], capture_output=True, text=True)
     assert refused.returncode == 2 and "do not mix" in refused.stderr
+    refused = subprocess.run(bench + ["--sample-draft", "--sweep", "2,1,3,4"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "do not mix" in refused.stderr and "2,1,3,4" in refused.stderr
+
+
+def test_sweep_entries_take_their_own_lookup_length_or_the_runs():
+    from toolkit.infer.bench import parse_sweep
+    from toolkit.infer.lookup import LookupConfig
+    from toolkit.infer.tree import TreeConfig
+
+    run = LookupConfig(10)
+    got = parse_sweep("3,1,4; 6,10,60,0;5,1,6,4", run, max_ngram=2)
+    assert [tree for tree, _ in got] == [TreeConfig(3, 1, 4), TreeConfig(6, 10, 60), TreeConfig(5, 1, 6)]
+    assert [own for _, own in got] == [run, None, LookupConfig(4, 2)]
+    assert parse_sweep("3,1,4", None) == [(TreeConfig(3, 1, 4), None)]
+    for bad, says in (("3,1", "not num_steps,topk"), ("3,1,4,5,6", "not num_steps,topk"), ("a,1,4", "not num_steps"),
+                      ("3,1,4,-1", "lookup length must be >= 0")):
+        with pytest.raises(ValueError, match=says):
+            parse_sweep(bad)
 
 
 def test_bench_refuses_a_target_the_draft_was_not_trained_for(draft_dir, tmp_path, shared):
@@ -128,7 +154,7 @@ def test_prompt_lookup_tau_counts_target_forwards(smollm2_dir, smollm2_tokenizer
 
 def test_turn_two_sees_the_models_own_turn_one_answer(smollm2_tokenizer):
     """MT-bench's second turn is asked after the model's own first answer, inside the chat template."""
-    from toolkit.infer.bench import answer_turns
+    from toolkit.infer.prompts import answer_turns
 
     tok, seen = smollm2_tokenizer, []
     replies = iter(["Paris is the capital.", "It has about two million people."])
@@ -147,7 +173,7 @@ def test_turn_two_sees_the_models_own_turn_one_answer(smollm2_tokenizer):
 
 
 def test_shards_take_every_nth_prompt_and_bad_shards_are_refused(shared, tmp_path):
-    from toolkit.infer.bench import parse_shard, read_prompts
+    from toolkit.infer.prompts import parse_shard, read_prompts
 
     path = str(shared / "data/eval/mt_bench.jsonl")
     every = read_prompts(path, None)

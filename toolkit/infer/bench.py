@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from toolkit.atomic import atomic_path, write_text
-from toolkit.data.schemas import ReadStats, raw_records, to_samples
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import lookup
+from toolkit.infer.prompts import answer_turns, parse_shard, read_prompts, warm_up_ids
 from toolkit.infer.tree import TreeConfig
 
 
@@ -47,7 +47,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare-pld", type=int, default=0, metavar="N",
                    help="also run transformers prompt-lookup decoding with N lookup tokens (the peer that needs no "
                         "training)")
-    p.add_argument("--sweep", default=None, metavar="S,K,N;S,K,N", help="grid of num_steps,topk,num_draft_tokens")
+    p.add_argument("--sweep", default=None, metavar="S,K,N;S,K,N,L",
+                   help="more runs over the same prompts: num_steps,topk,num_draft_tokens entries separated by ';'; "
+                        "a fourth number is that entry's lookup branch length (0 = none; default: --lookup)")
     lookup.add_args(p, "; the baseline stays plain decoding")
     p.add_argument("--sample-draft", action="store_true", help="T > 0, chains (topk 1): draw the draft tokens from "
                    "the head's tempered distribution and verify with speculative sampling (min(1, p/q)) instead of "
@@ -65,70 +67,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="auto: fused Triton kernels (attention over the cache, RMSNorm + residual, RoPE + cache "
                         "write, SiLU-mul) on a CUDA Llama-family target, torch's elsewhere")
     p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
-
-
-def parse_shard(text: str | None) -> tuple[int, int]:
-    """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1), every prompt."""
-    if text is None:
-        return 0, 1
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise ValueError(f"--shard {text!r}: give I/N, e.g. 0/10 for prompts 0, 10, 20, ...") from None
-    if not 0 <= i < n:
-        raise ValueError(f"--shard {text!r}: I must be in 0..N-1 and N >= 1")
-    return i, n
-
-
-def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) -> list[dict]:
-    """[{id, category, system, turns: [user texts]}] from MT-bench `turns` records or any corpus schema; with
-    `shard` (I, N) only the records I, I+N, I+2N, ... of the file."""
-    out, stats = [], ReadStats(path)
-    for index, (where, rec) in enumerate(raw_records(Path(path), stats)):
-        if index % shard[1] != shard[0]:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("turns"), list):
-            item = {"id": rec.get("question_id", len(out)), "category": rec.get("category", "all"),
-                    "system": None, "turns": list(rec["turns"])}
-        else:
-            conv = to_samples(rec)[0]
-            if isinstance(conv, str):
-                raise ValueError(f"{where}: plain text is not a prompt; give chat records")
-            system = next((m["content"] for m in conv if m["role"] == "system"), None)
-            item = {"id": len(out), "category": rec.get("category", "all") if isinstance(rec, dict) else "all",
-                    "system": system, "turns": [m["content"] for m in conv if m["role"] == "user"]}
-        out.append(item)
-        if limit is not None and len(out) >= limit:
-            break
-    if not out:
-        raise ValueError(f"--prompts {path}: no prompts read" + (f" in shard {shard[0]}/{shard[1]}"
-                                                                 if shard[1] > 1 else ""))
-    return out
-
-
-def answer_turns(tok, prompts, generate) -> list[list[str]]:
-    """Answer every prompt turn by turn (turn 2 sees the model's own turn-1 answer); `generate(prompt ids,
-    prompt) -> generated ids` is the engine under test, and its prompt carries `turn` (1, 2, ...)."""
-    answers = []
-    for p in prompts:
-        messages = [{"role": "system", "content": p["system"]}] if p["system"] else []
-        texts = []
-        for number, turn in enumerate(p["turns"], 1):
-            messages.append({"role": "user", "content": turn})
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            out = generate(tok(text, add_special_tokens=False).input_ids, {**p, "turn": number})
-            texts.append(tok.decode(out, skip_special_tokens=True))
-            messages.append({"role": "assistant", "content": texts[-1]})
-        answers.append(texts)
-    return answers
-
-
-def warm_up_ids(tok, prompts) -> list[int]:
-    """The first turn of the first prompt, tokenized with the chat template: each engine generates a few
-    tokens from it before it is timed, so first-call initialisation is not counted against one of them."""
-    text = tok.apply_chat_template([{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False,
-                                   add_generation_prompt=True)
-    return tok(text, add_special_tokens=False).input_ids
 
 
 def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]], float]:
@@ -166,12 +104,25 @@ def write_png(path: Path, summary: dict) -> None:
         fig.savefig(tmp, format="png", dpi=100)
 
 
-def parse_sweep(text: str) -> list[TreeConfig]:
-    try:
-        return [TreeConfig(*(int(x) for x in item.split(","))) for item in text.split(";") if item.strip()]
-    except TypeError:
-        raise ValueError(f"--sweep {text!r}: give num_steps,topk,num_draft_tokens triples separated by ';'") \
-            from None
+def parse_sweep(text: str, branch: lookup.LookupConfig | None = None,
+                max_ngram: int = 3) -> list[tuple[TreeConfig, lookup.LookupConfig | None]]:
+    """'S,K,N;S,K,N,L' -> [(tree, lookup branch or None)]: an entry's fourth number is its lookup branch's
+    length (0 = none); an entry of three takes the run's --lookup (`branch`)."""
+    entries = []
+    for item in (x for x in text.split(";") if x.strip()):
+        try:
+            numbers = [int(x) for x in item.split(",")]
+        except ValueError:
+            numbers = []
+        if len(numbers) not in (3, 4):
+            raise ValueError(f"--sweep {text!r}: entry {item.strip()!r} is not num_steps,topk,num_draft_tokens "
+                             "[,lookup]; separate entries with ';'")
+        if len(numbers) == 4 and numbers[3] < 0:
+            raise ValueError(f"--sweep entry {item.strip()!r}: the lookup length must be >= 0 (0 = no branch)")
+        own = branch if len(numbers) == 3 else (
+            lookup.LookupConfig(numbers[3], max_ngram) if numbers[3] else None)
+        entries.append((TreeConfig(*numbers[:3]), own))
+    return entries
 
 
 def main(args: argparse.Namespace) -> int:
@@ -188,18 +139,24 @@ def main(args: argparse.Namespace) -> int:
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     branch = lookup.from_args(args)
+    sweep = parse_sweep(args.sweep, branch, args.lookup_max_ngram) if args.sweep else []
+    for cfg, own in sweep:
+        if own is not None and args.sample_draft and cfg.topk == 1:
+            raise ValueError(f"--sweep entry {cfg.num_steps},1,{cfg.num_draft_tokens},{own.num_tokens}: "
+                             "--sample-draft and a lookup branch do not mix on a chain; give it lookup 0 or drop "
+                             "--sample-draft")
     loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels)
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
     prompts = read_prompts(args.prompts, args.limit, parse_shard(args.shard))
     max_len = min(args.max_len, target.config.max_position_embeddings)
 
-    def make(draft, cfg):  # CUDA graphs on a GPU unless --eager
+    def make(draft, cfg, own=branch):  # CUDA graphs on a GPU unless --eager
         return Engine(target, draft, cfg, max_len, cuda_graphs=False if args.eager else None,
-                      compile=args.compile, sample_draft=sampled(draft, cfg), lookup=branch if draft else None)
+                      compile=args.compile, sample_draft=sampled(draft, cfg), lookup=own if draft else None)
 
-    def depth(cfg) -> int:  # the deepest path a round can accept: the head's tree or the lookup branch
-        return max(cfg.num_steps, branch.num_tokens if branch is not None else 0)
+    def depth(cfg, own=branch) -> int:  # the deepest path a round can accept: the head's tree or the branch
+        return max(cfg.num_steps, own.num_tokens if own is not None else 0)
 
     def sampled(draft, cfg) -> bool:  # --sample-draft applies to chains
         return args.sample_draft and draft is not None and cfg.topk == 1
@@ -242,17 +199,18 @@ def main(args: argparse.Namespace) -> int:
                                                         / report["hf_generate"]["tokens_per_second"])
         if params.greedy:
             report["greedy_identical_to_prompt_lookup"] = pld_answers == spec_answers
-    if args.sweep:
+    if sweep:
         report["sweep"] = []
-        for cfg in parse_sweep(args.sweep):
-            res, answers, w = run_engine(make(head, cfg), tok, prompts, params, args.seed)
-            s = summarize(res, w, depth(cfg))
-            report["sweep"].append({**vars(cfg), "sample_draft": sampled(head, cfg), **s})
+        for cfg, own in sweep:
+            res, answers, w = run_engine(make(head, cfg, own), tok, prompts, params, args.seed)
+            s = summarize(res, w, depth(cfg, own))
+            report["sweep"].append({**vars(cfg), "sample_draft": sampled(head, cfg),
+                                    "lookup": own.num_tokens if own is not None else 0, **s})
             if params.greedy:  # every tree must give the main run's text (which the baseline checks)
                 report["sweep"][-1]["greedy_identical_to_speculative"] = answers == spec_answers
         best = max(report["sweep"], key=lambda r: r["tokens_per_second"])
         print(f"best of sweep: num_steps {best['num_steps']} topk {best['topk']} num_draft_tokens "
-              f"{best['num_draft_tokens']}: tau {best['tau']:.2f}, {best['tokens_per_second']:.1f} tok/s")
+              f"{best['num_draft_tokens']} lookup {best['lookup']}: tau {best['tau']:.2f}, {best['tokens_per_second']:.1f} tok/s")
     out = Path(args.out)
     write_text(out, json.dumps(report, indent=2) + "\n")
     write_png(out.with_suffix(".png"), report["speculative"])

@@ -9,14 +9,14 @@ import time
 
 import torch
 
+from toolkit.infer.prompts import answer_turns, warm_up_ids
+
 
 def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32,
            prompt_lookup: int = 0) -> tuple[list[list[str]], dict]:
     """Answer every prompt turn by turn; returns the answers and {tokens, wall_seconds, tokens_per_second,
     verify_steps, tau, per_turn: {turn: {tau, verify_steps, tokens}}} (+ prompt_lookup_num_tokens)."""
     from transformers import AutoModelForCausalLM
-
-    from toolkit.infer.bench import answer_turns
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     forwards = [0]
@@ -39,8 +39,6 @@ def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32
         steps = sum(r[2] for r in rows)
         return {"tau": (sum(r[1] - 1 for r in rows) / steps) if steps else 1.0, "verify_steps": steps,
                 "tokens": sum(r[1] for r in rows)}
-
-    from toolkit.infer.bench import warm_up_ids
 
     model.generate(torch.tensor([warm_up_ids(tok, prompts)], device=device), max_new_tokens=4,
                    pad_token_id=tok.eos_token_id, **kw)  # lazy initialisation stays out of the timing

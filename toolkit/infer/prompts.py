@@ -1,0 +1,72 @@
+"""Benchmark prompts: MT-bench `turns` records or any corpus schema, split into shards, answered turn by turn
+with the chat template (turn 2 sees the model's own turn-1 answer). Shared by `toolkit bench`, transformers'
+reference runs and the benchmark scripts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from toolkit.data.schemas import ReadStats, raw_records, to_samples
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1), every prompt."""
+    if text is None:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard {text!r}: give I/N, e.g. 0/10 for prompts 0, 10, 20, ...") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard {text!r}: I must be in 0..N-1 and N >= 1")
+    return i, n
+
+
+def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) -> list[dict]:
+    """[{id, category, system, turns: [user texts]}] from MT-bench `turns` records or any corpus schema; with
+    `shard` (I, N) only the records I, I+N, I+2N, ... of the file."""
+    out, stats = [], ReadStats(path)
+    for index, (where, rec) in enumerate(raw_records(Path(path), stats)):
+        if index % shard[1] != shard[0]:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("turns"), list):
+            item = {"id": rec.get("question_id", len(out)), "category": rec.get("category", "all"),
+                    "system": None, "turns": list(rec["turns"])}
+        else:
+            conv = to_samples(rec)[0]
+            if isinstance(conv, str):
+                raise ValueError(f"{where}: plain text is not a prompt; give chat records")
+            system = next((m["content"] for m in conv if m["role"] == "system"), None)
+            item = {"id": len(out), "category": rec.get("category", "all") if isinstance(rec, dict) else "all",
+                    "system": system, "turns": [m["content"] for m in conv if m["role"] == "user"]}
+        out.append(item)
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise ValueError(f"--prompts {path}: no prompts read" + (f" in shard {shard[0]}/{shard[1]}"
+                                                                 if shard[1] > 1 else ""))
+    return out
+
+
+def answer_turns(tok, prompts, generate) -> list[list[str]]:
+    """Answer every prompt turn by turn (turn 2 sees the model's own turn-1 answer); `generate(prompt ids,
+    prompt) -> generated ids` is the engine under test, and its prompt carries `turn` (1, 2, ...)."""
+    answers = []
+    for p in prompts:
+        messages = [{"role": "system", "content": p["system"]}] if p["system"] else []
+        texts = []
+        for number, turn in enumerate(p["turns"], 1):
+            messages.append({"role": "user", "content": turn})
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            out = generate(tok(text, add_special_tokens=False).input_ids, {**p, "turn": number})
+            texts.append(tok.decode(out, skip_special_tokens=True))
+            messages.append({"role": "assistant", "content": texts[-1]})
+        answers.append(texts)
+    return answers
+
+
+def warm_up_ids(tok, prompts) -> list[int]:
+    """The first turn of the first prompt, tokenized with the chat template: each engine generates a few
+    tokens from it before it is timed, so first-call initialisation is not counted against one of them."""
+    text = tok.apply_chat_template([{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False,
+                                   add_generation_prompt=True)
+    return tok(text, add_special_tokens=False).input_ids
