@@ -14,7 +14,7 @@ from toolkit.quickstart import REFERENCE_GFLOPS, Plan, add_args, measure_gflops,
 
 def test_plan_shrinks_on_a_slower_machine_and_ignores_cpu_speed_on_a_gpu():
     ref, slow = Plan.for_budget(20, gpu=False, speed=1.0), Plan.for_budget(20, gpu=False, speed=0.25)
-    assert (ref.prompts, ref.eval_prompts) == (210, 7)  # the sizes RESULTS.md's 16-minute run used
+    assert (ref.prompts, ref.eval_prompts) == (210, 5)  # RESULTS.md's 20-minute runs (7 before the lookup run)
     assert slow.prompts == 52 and slow.eval_prompts == 2 and slow.train_seconds == ref.train_seconds
     assert slow.train_steps(170.0) * 4 == pytest.approx(ref.train_steps(170.0), abs=4)
     assert Plan.for_budget(3, gpu=False, speed=0.01).prompts == 16  # floors keep every stage meaningful
@@ -89,10 +89,13 @@ def test_quickstart_runs_the_whole_pipeline_and_resumes(tmp_path, smollm2_dir):
     bench = json.loads((out / "bench.json").read_text())
     assert bench["speculative"]["tau"] > 1.0
     assert bench["greedy_identical_to_baseline"] is True
+    grafted = bench["sweep"][0]  # the head again with a prompt-lookup branch: same text, more tokens per forward
+    assert (grafted["num_steps"], grafted["lookup"], grafted["greedy_identical_to_speculative"]) == (3, 10, True)
     ev = [json.loads(line) for line in (out / "train/metrics.jsonl").read_text().splitlines() if "eval_engine" in line][-1]
     assert ev["eval_replay_differing_rows"] == 0 and ev["eval_replayed_tau"] == ev["eval_engine_tau"] > 1.0
     report = (out / "report.md").read_text()
     assert f"{bench['speculative']['tau']:.2f}" in report and "![training curves](training.png)" in report
+    assert f"tau is **{grafted['tau']:.2f}**" in report and "prompt-lookup branch: tau" in done.stdout
     assert "mixed_precision=no" in done.stdout and "optimizer steps\nat batch 4 in fp32" in report
     assert f"toolkit serve --draft {out / 'draft'}" in done.stdout
 

@@ -16,9 +16,13 @@ def plot_speedup(bench: dict, out: Path) -> Path:
     names = ["transformers generate", "engine, no draft", "engine + EAGLE-3"]
     speeds = [bench["hf_generate"]["tokens_per_second"], bench["baseline"]["tokens_per_second"],
               bench["speculative"]["tokens_per_second"]]
-    fig = Figure(figsize=(6.5, 3.2))
+    grafted = lookup_run(bench)
+    if grafted is not None:
+        names.append(f"engine + EAGLE-3\n+ lookup (tau {grafted['tau']:.2f})")
+        speeds.append(grafted["tokens_per_second"])
+    fig = Figure(figsize=(6.5, 3.2 + 0.5 * (grafted is not None)))
     ax = fig.subplots()
-    bars = ax.barh(names, speeds, color=["#999999", "#6699cc", "#cc6633"])
+    bars = ax.barh(names, speeds, color=["#999999", "#6699cc", "#cc6633", "#cc9933"][:len(names)])
     for bar, s in zip(bars, speeds):
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {s:.1f} ({s / speeds[0]:.2f}x)",
                 va="center", fontsize=8)
@@ -28,6 +32,11 @@ def plot_speedup(bench: dict, out: Path) -> Path:
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
     return out
+
+
+def lookup_run(bench: dict) -> dict | None:
+    """The bench's sweep run with a prompt-lookup branch, if it had one."""
+    return next((sw for sw in bench.get("sweep", []) if sw.get("lookup")), None)
 
 
 def write_report(out: Path, state: dict, steps: int) -> Path:
@@ -50,6 +59,18 @@ def write_report(out: Path, state: dict, steps: int) -> Path:
             for name, v in state["stages"].items()}
     stages = "\n".join(f"| {name} | {t} |" for name, t in took.items())
     rates = ", ".join(f"{r:.2f}" for r in s["accept_rate_by_position"])
+    hf = bench["hf_generate"]["tokens_per_second"]
+    g = lookup_run(bench)
+    grafted_row = "" if g is None else (
+        f"| ... + a prompt-lookup branch (chain of {g['num_steps']}, `--lookup {g['lookup']}`) | "
+        f"{g['tokens_per_second']:.1f} | {g['tokens_per_second'] / hf:.2f}x |\n")
+    grafted_text = "" if g is None else f"""
+With a prompt-lookup branch grafted onto the head's drafts (`toolkit bench/serve --num-steps {g['num_steps']} --topk 1
+--num-draft-tokens {g['num_draft_tokens']} --lookup {g['lookup']}`: what followed the text's last 1-3 tokens where they
+occurred before, verified in the same forward) tau is **{g['tau']:.2f}**; the branch alone proposed
+{g['accepted_from_lookup']} of the accepted draft tokens. Greedy text identical to the head's run:
+{g.get('greedy_identical_to_speculative')}.
+"""
     text = f"""# toolkit quickstart report
 
 Target: the embedded SmolLM2-135M-Instruct on {state['device']}; budget {state['minutes']:g} minutes, sizes
@@ -91,10 +112,11 @@ pass: {evals[-1].get('eval_replayed_tau', float('nan')):.2f})""" if evals else "
 | transformers `generate` | {bench['hf_generate']['tokens_per_second']:.1f} | 1.00x |
 | our engine, no draft | {b['tokens_per_second']:.1f} | {b['tokens_per_second'] / bench['hf_generate']['tokens_per_second']:.2f}x |
 | our engine + the EAGLE-3 head | {s['tokens_per_second']:.1f} | {bench['speedup_vs_hf']:.2f}x |
-
+{grafted_row}
 tau (tokens per target forward, bonus included) **{s['tau']:.2f}** over {s['verify_steps']} verify steps on
 {bench['prompts']} prompts; acceptance by draft position: {rates}. Greedy text identical to plain decoding:
 {bench.get('greedy_identical_to_baseline')}; to transformers: {bench.get('greedy_identical_to_hf')}.
+{grafted_text}
 
 ![acceptance](bench.png)
 ![speed-up](speedup.png)
@@ -103,6 +125,7 @@ tau (tokens per target forward, bonus included) **{s['tau']:.2f}** over {s['veri
 
 ```bash
 toolkit serve --draft {out / 'draft'}
+toolkit serve --draft {out / 'draft'} --num-steps 3 --topk 1 --num-draft-tokens 4 --lookup 10
 toolkit bench --draft {out / 'draft'} --prompts your_prompts.jsonl --baseline --compare-hf
 ```
 """
