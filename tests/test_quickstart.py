@@ -14,7 +14,7 @@ from toolkit.quickstart import REFERENCE_GFLOPS, Plan, add_args, measure_gflops,
 
 def test_plan_shrinks_on_a_slower_machine_and_ignores_cpu_speed_on_a_gpu():
     ref, slow = Plan.for_budget(20, gpu=False, speed=1.0), Plan.for_budget(20, gpu=False, speed=0.25)
-    assert (ref.prompts, ref.eval_prompts) == (210, 5)  # RESULTS.md's 20-minute runs (7 before the lookup run)
+    assert (ref.prompts, ref.eval_prompts) == (210, 4)  # RESULTS.md's 20-minute runs (7 before the lookup run)
     assert slow.prompts == 52 and slow.eval_prompts == 2 and slow.train_seconds == ref.train_seconds
     assert slow.train_steps(170.0) * 4 == pytest.approx(ref.train_steps(170.0), abs=4)
     assert Plan.for_budget(3, gpu=False, speed=0.01).prompts == 16  # floors keep every stage meaningful
@@ -41,6 +41,22 @@ def test_measure_gflops_is_positive_and_restores_the_thread_count():
     before = torch.get_num_threads()
     assert measure_gflops(threads=1, reps=2) > 0.5 and measure_gflops(threads=1, reps=2, dtype="bfloat16") > 0.1
     assert torch.get_num_threads() == before
+
+
+def test_measure_gflops_stops_on_its_clock(monkeypatch):
+    """A CPU that emulates bf16 runs this GEMM at ~1 GFLOP/s: the measurement stops after `seconds`, not after
+    its 50 products (80 s of the quickstart's 20 minutes on such a box)."""
+    import toolkit.quickstart as qs
+
+    calls = []
+
+    def slow_clock():  # every product seems to take 0.4 s
+        calls.append(None)
+        return 0.2 * len(calls)
+
+    monkeypatch.setattr(qs.time, "perf_counter", slow_clock)
+    assert measure_gflops(threads=1, dtype="float32", seconds=1.0) > 0
+    assert len(calls) <= 2 * 5  # two clock reads per product: at most ~5 products of the 50
 
 
 def test_bf16_is_taken_only_where_its_gemm_is_clearly_faster_and_plans_more_steps(monkeypatch):
