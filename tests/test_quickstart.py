@@ -16,6 +16,8 @@ def test_plan_shrinks_on_a_slower_machine_and_ignores_cpu_speed_on_a_gpu():
     ref, slow = Plan.for_budget(20, gpu=False, speed=1.0), Plan.for_budget(20, gpu=False, speed=0.25)
     assert (ref.prompts, ref.eval_prompts) == (210, 4)  # RESULTS.md's 20-minute runs (7 before the lookup run)
     assert slow.prompts == 52 and slow.eval_prompts == 2 and slow.train_seconds == ref.train_seconds
+    # a faster GEMM answers and trains more, but the one-thread bench does not decode faster: same prompts
+    assert Plan.for_budget(20, gpu=False, speed=1.4).eval_prompts == ref.eval_prompts
     assert slow.train_steps(170.0) * 4 == pytest.approx(ref.train_steps(170.0), abs=4)
     assert Plan.for_budget(3, gpu=False, speed=0.01).prompts == 16  # floors keep every stage meaningful
     assert Plan.for_budget(20, gpu=True, speed=0.25) == Plan.for_budget(20, gpu=True, speed=3.0)
