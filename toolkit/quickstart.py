@@ -114,9 +114,10 @@ class Plan:
         # prompt (its four runs: the head, plain decoding, transformers, the head + lookup; the first three took
         # ~25 s on the reference box; on a 2-core AVX2 box rated 1.32-1.40x by its GEMM the four took 37-41 s,
         # 2026-11-25: the bench decodes one sequence on one thread, whose speed a faster GEMM does not raise, so
-        # the bench shrinks on a slower box but does not grow on a faster one). On a GPU the bench is not 25x faster: transformers' generate (one of its three runs) is bound by
-        # ~15-20 ms of launches a token there, so a prompt of 256 tokens costs ~12 s (on an H100 a 5-minute plan
-        # of 45 eval prompts spent over 5 minutes in the bench alone, 2026-11-24)
+        # the bench shrinks on a slower box but does not grow on a faster one). On a GPU the bench is not 25x
+        # faster: transformers' generate (one of its four runs) is bound by ~15-20 ms of launches a token there,
+        # so a prompt of 256 tokens costs ~12 s (on an H100 a 5-minute plan of 45 eval prompts spent over 5
+        # minutes in the bench alone, 2026-11-24)
         prompts = int(min(2000, max(16, 0.35 * seconds * 0.5 * speed)))
         eval_prompts = int(min(80, max(2, 0.15 * seconds / (12.0 if gpu else 40 / min(speed, 1.0)))))
         return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2, round(speed, 3), precision)

@@ -109,8 +109,8 @@ pass: {evals[-1].get('eval_replayed_tau', float('nan')):.2f})""" if evals else "
 
 | | tokens/s | speed-up |
 |---|---|---|
-| transformers `generate` | {bench['hf_generate']['tokens_per_second']:.1f} | 1.00x |
-| our engine, no draft | {b['tokens_per_second']:.1f} | {b['tokens_per_second'] / bench['hf_generate']['tokens_per_second']:.2f}x |
+| transformers `generate` | {hf:.1f} | 1.00x |
+| our engine, no draft | {b['tokens_per_second']:.1f} | {b['tokens_per_second'] / hf:.2f}x |
 | our engine + the EAGLE-3 head | {s['tokens_per_second']:.1f} | {bench['speedup_vs_hf']:.2f}x |
 {grafted_row}
 tau (tokens per target forward, bonus included) **{s['tau']:.2f}** over {s['verify_steps']} verify steps on

@@ -210,7 +210,8 @@ def main(args: argparse.Namespace) -> int:
                 report["sweep"][-1]["greedy_identical_to_speculative"] = answers == spec_answers
         best = max(report["sweep"], key=lambda r: r["tokens_per_second"])
         print(f"best of sweep: num_steps {best['num_steps']} topk {best['topk']} num_draft_tokens "
-              f"{best['num_draft_tokens']} lookup {best['lookup']}: tau {best['tau']:.2f}, {best['tokens_per_second']:.1f} tok/s")
+              f"{best['num_draft_tokens']} lookup {best['lookup']}: tau {best['tau']:.2f}, "
+              f"{best['tokens_per_second']:.1f} tok/s")
     out = Path(args.out)
     write_text(out, json.dumps(report, indent=2) + "\n")
     write_png(out.with_suffix(".png"), report["speculative"])
