@@ -1,6 +1,7 @@
 """The tensor-only EAGLE-2 tree growth (toolkit/infer/tree.py, no host sync, so CUDA graphs can hold the whole
 draft loop) builds exactly the trees of the plain host-side reference (tree_reference.py), for chains and
-trees, batches of different prefixes and full-width masks; and batched ancestor masks are right."""
+trees, batches of different prefixes and full-width masks; chains take a lean path (grow_chain) that equals the
+general one; and batched ancestor masks are right."""
 import copy
 
 import pytest
@@ -9,7 +10,7 @@ from tree_reference import reference_draft_trees
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.drafts import random_head
-from toolkit.infer.tree import TreeConfig, ancestor_masks, draft_trees, grow
+from toolkit.infer.tree import TreeConfig, ancestor_masks, draft_trees, grow, grow_chain, grow_tree
 
 TARGET = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=8,
                      num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
@@ -94,3 +95,34 @@ def test_a_sampled_chain_draws_each_token_from_the_tempered_draft():
     with pytest.raises(ValueError, match="chains only"):
         grow(head, embed, None, torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
              torch.zeros(1, TARGET.hidden_size), logp[None], TreeConfig(2, 2, 3), gumbel=noise[:1], inv_temp=None)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_the_lean_chain_equals_the_general_growth(sampled):
+    """grow sends topk 1 to grow_chain: the same tokens, parents, depths, log-probs and draft KV as grow_tree,
+    for a batch of different prefixes over full-width (graph) masks."""
+    head = random_head(TARGET, seed=5)
+    with torch.no_grad():
+        head.lm_head.weight.normal_(0.0, 1.0)
+    embed = torch.nn.Embedding(TARGET.vocab_size, TARGET.hidden_size)
+    cfg, B, g = TreeConfig(6, 1, 7), 3, torch.Generator().manual_seed(2)
+    prefix, roots = torch.tensor([7, 12, 3]), torch.tensor([5, 9, 200])
+    root_out = torch.randn(B, TARGET.hidden_size, generator=g)
+    root_logp = torch.randn(B, TARGET.vocab_size, generator=g).mul(3).log_softmax(-1)
+    extra = {}
+    if sampled:
+        extra = {"gumbel": -torch.log(-torch.log(torch.rand(B, cfg.num_steps, TARGET.vocab_size, generator=g))),
+                 "inv_temp": torch.tensor([1.0, 2.0, 0.5])}
+    caches = [head.new_cache(64, batch=B) for _ in range(2)]
+    outs = []
+    for grower, cache in zip((grow_chain, grow_tree), caches):
+        def forward(emb, hidden, positions, slots, mask, cache=cache):
+            return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=64)
+
+        with torch.no_grad():
+            outs.append(grower(head, embed, forward, prefix, roots, root_out, root_logp, cfg, 64, **extra))
+    assert len(outs[0]) == len(outs[1]) == (4 if sampled else 3)
+    for a, b in zip(*outs):
+        assert a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=1e-6)
+    assert outs[0][1].tolist() == [list(range(-1, 6))] * B and outs[0][0][:, 0].tolist() == roots.tolist()
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)

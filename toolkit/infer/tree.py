@@ -84,21 +84,56 @@ def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: 
     A sampled chain (topk 1): with gumbel [B, num_steps, N] and inv_temp [B], step i draws its token from
     softmax(logp * inv_temp) (Gumbel-max: argmax of logp * inv_temp + gumbel; a row of zero noise takes the
     top-1 as before), and the draft's log-probs of each step [B, num_steps, N] come back as a fourth output."""
-    B, k, dev = len(prefix), cfg.topk, root_logp.device
-    E = (cfg.num_steps - 1) * k
+    k, E = cfg.topk, (cfg.num_steps - 1) * cfg.topk
     W = mask_len if mask_len is not None else int(prefix.max()) + E  # the host sync graphs avoid
     if gumbel is not None and k != 1:
         raise ValueError(f"drafts are sampled in chains only (topk 1), got topk {k}")
+    grower = grow_chain if k == 1 else grow_tree
+    return grower(head, embed, forward, prefix, roots, root_out, root_logp, cfg, W, gumbel, inv_temp)
 
+
+def chooser(k: int, gumbel: torch.Tensor | None, inv_temp: torch.Tensor | None):
+    """choose(logp [B, *, N], step) -> (log-probs, draft ids) [B, *, k] of each node's children: the top-k, or
+    in a sampled chain one Gumbel-max draw from softmax(logp * inv_temp)."""
     def choose(logp: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k children of each node: the top-k, or in a sampled chain one draw (logp [B, *, N])."""
         if gumbel is None:
             return logp.topk(k)
-        scale = inv_temp.view(B, *[1] * (logp.dim() - 1))
-        noise = gumbel[:, step].view(B, *[1] * (logp.dim() - 2), -1)
+        scale = inv_temp.view(len(logp), *[1] * (logp.dim() - 1))
+        noise = gumbel[:, step].view(len(logp), *[1] * (logp.dim() - 2), -1)
         ids = (logp.float() * scale + noise).argmax(-1, keepdim=True)
         return logp.gather(-1, ids), ids
 
+    return choose
+
+
+def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: TreeConfig, W: int, gumbel=None,
+               inv_temp=None) -> tuple[torch.Tensor, ...]:
+    """grow for topk 1: the tree is the chain itself (cumulative log-probs fall with depth, so the rerank keeps
+    every node in order), and step s's node sits at depth s in slot = position = prefix + s - 1, seeing the
+    slots up to its own. So a step is the head's forward, the choice and the embedding: no frontier, ancestor
+    or rerank bookkeeping (~25 small kernels a step in grow_tree, each a launch gap in a CUDA graph)."""
+    B, n, dev = len(prefix), cfg.num_steps + 1, root_logp.device
+    slots = prefix[:, None] + torch.arange(cfg.num_steps - 1, device=dev)          # [B, steps - 1]
+    masks = torch.arange(W, device=dev) <= slots[:, :, None]                       # [B, steps - 1, W]
+    choose = chooser(1, gumbel, inv_temp)
+    chain_logp, (_, ids) = [root_logp], choose(root_logp, 0)                       # [B, 1]
+    tok, hid = [roots[:, None], head.to_target(ids)], root_out[:, None]
+    for step in range(1, cfg.num_steps):
+        s = slice(step - 1, step)
+        logp, hid = forward(embed(tok[-1]), hid, slots[:, s], slots[:, s], masks[:, s])  # [B, 1, N], [B, 1, H]
+        chain_logp.append(logp[:, 0])
+        tok.append(head.to_target(choose(logp, step)[1][:, 0]))
+    depth = torch.arange(n, device=dev).repeat(B, 1)                                 # [B, n], own memory
+    out = (torch.cat(tok, 1), depth - 1, depth)
+    return (*out, torch.stack([x.float() for x in chain_logp], 1)) if gumbel is not None else out
+
+
+def grow_tree(head, embed, forward, prefix, roots, root_out, root_logp, cfg: TreeConfig, W: int, gumbel=None,
+              inv_temp=None) -> tuple[torch.Tensor, ...]:
+    """grow for any topk (grow_chain is the same for topk 1, in fewer kernels)."""
+    B, k, dev = len(prefix), cfg.topk, root_logp.device
+    E = (cfg.num_steps - 1) * k
+    choose = chooser(k, gumbel, inv_temp)
     chain_logp = [root_logp]
     lp, ids = choose(root_logp, 0)                                                   # step 0: the root's children
     tok, score = [roots[:, None], head.to_target(ids)], [torch.zeros_like(lp[:, :1]), lp]
