@@ -35,6 +35,12 @@ class DraftHead(nn.Module):
         """-> (residual [B, T, H], input of the first layer's attention [B, T, *])."""
         raise NotImplementedError
 
+    def fuse_rows(self, emb: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """fuse for row_step: (residual, the first q/k/v GEMV's input as kernels/gemv.gemv keywords), so that a
+        head may fold its input rule into that GEMV's prologue (EAGLE-3's two norms)."""
+        h, x = self.fuse(emb, hidden)
+        return h, {"x": x}
+
     def finish(self, h: torch.Tensor) -> torch.Tensor:
         """The output hidden state after the last layer (fed to the next step and read out); MTP norms it."""
         return h
@@ -74,11 +80,12 @@ class DraftHead(nn.Module):
                                 self.kernels)
         bias = attention_masks(mask, emb.dtype, self.kernels)
         first, *rest = self.layers()
-        h, x = self.fuse(emb, hidden)
-        if row_step_ok(first.self_attn, first.mlp, x, cache, slots):  # <= 16 rows on Triton: norms etc. in the GEMVs
-            h = row_step(first.self_attn, first.mlp, first.post_attention_layernorm, x, h, None, cos, sin, bias,
+        if row_step_ok(first.self_attn, first.mlp, emb, cache, slots):  # <= 16 rows on Triton: norms etc. in GEMVs
+            h, qkv_in = self.fuse_rows(emb, hidden)
+            h = row_step(first.self_attn, first.mlp, first.post_attention_layernorm, qkv_in, h, cos, sin, bias,
                          cache, 0, slots, kv_len)
         else:
+            h, x = self.fuse(emb, hidden)
             a = first.self_attn(x, cos, sin, bias, cache, 0, slots, kv_len)
             h, x = first.post_attention_layernorm(a, residual=h)  # h + a, and its norm
             h = h + first.mlp(x)

@@ -64,6 +64,16 @@ class Eagle3Head(DraftHead):
             return hidden, x
         return hidden, torch.cat([n1(emb), n2(hidden)], -1)
 
+    def fuse_rows(self, emb, hidden):
+        """The two norms and their concatenation become the q/k/v GEMV's prologue (gemv "norm2")."""
+        if hidden.shape[-1] != self.config.hidden_size:
+            hidden = self.fc(hidden)
+        n1, n2 = self.midlayer.input_layernorm, self.midlayer.hidden_norm
+        if n1.eps != n2.eps:  # one eps in the kernel; heads differ from the norm
+            return super().fuse_rows(emb, hidden)
+        return hidden, {"x": emb, "prologue": "norm2", "norm_w": n1.weight, "eps": n1.eps, "x2": hidden,
+                        "norm_w2": n2.weight}
+
     def readout(self, h):
         if few_rows(h, self.kernels):  # the norm folded into the GEMV
             from toolkit.infer.kernels.gemv import gemv

@@ -195,7 +195,9 @@ class Block(nn.Module):
 
     def forward(self, h, cos, sin, mask, cache, layer, slots, kv_len):
         if row_step_ok(self.self_attn, self.mlp, h, cache, slots):
-            return row_step(self.self_attn, self.mlp, self.post_attention_layernorm, h, h, self.input_layernorm,
+            norm = self.input_layernorm
+            return row_step(self.self_attn, self.mlp, self.post_attention_layernorm,
+                            {"x": h, "prologue": "norm", "norm_w": norm.weight, "eps": norm.eps}, h,
                             cos, sin, mask, cache, layer, slots, kv_len)
         a = self.self_attn(self.input_layernorm(h), cos, sin, mask, cache, layer, slots, kv_len)
         h, x = self.post_attention_layernorm(a, residual=h)  # h + a, and its norm (one kernel with Triton)

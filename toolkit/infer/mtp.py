@@ -59,6 +59,18 @@ class MTPHead(DraftHead):
         x = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(hidden.to(emb.dtype))], -1))   # [B, T, H]
         return x, self.block.input_layernorm(x)
 
+    def fuse_rows(self, emb, hidden):
+        """On row_step's path: eh_proj as a GEMV whose prologue is both norms (gemv "norm2"), the block's input
+        norm folded into the q/k/v GEMV: one kernel where fuse runs five."""
+        from toolkit.infer.kernels.gemv import gemv
+
+        if self.enorm.eps != self.hnorm.eps:
+            return super().fuse_rows(emb, hidden)
+        x = gemv(emb, self.eh_proj.weight, "norm2", self.enorm.weight, self.enorm.eps, x2=hidden.to(emb.dtype),
+                 norm_w2=self.hnorm.weight)                                               # [B, T, H]
+        n = self.block.input_layernorm
+        return x, {"x": x, "prologue": "norm", "norm_w": n.weight, "eps": n.eps}
+
     def finish(self, h):
         return self.shared_head.norm(h)
 

@@ -33,17 +33,15 @@ def row_step_ok(attn: nn.Module, mlp: nn.Module, x: torch.Tensor, cache: KVCache
         and hasattr(attn, "fused_rope_ok") and attn.fused_rope_ok(cache, slots)
 
 
-def row_step(attn: "Attention", mlp: "MLP", post_norm: RMSNorm, x, h, pre_norm: RMSNorm | None, cos, sin, mask,
-             cache: KVCache, layer: int, slots, kv_len: int) -> torch.Tensor:
+def row_step(attn: "Attention", mlp: "MLP", post_norm: RMSNorm, qkv_in: dict, h, cos, sin, mask, cache: KVCache,
+             layer: int, slots, kv_len: int) -> torch.Tensor:
     """A decoder layer for a few rows as 6 kernels (kernels/gemv.py folds the norms, SiLU-mul and residual adds
-    into the GEMVs): x [B, T, *] the attention's input (normed by pre_norm first when given), h [B, T, H] the
-    residual. Returns the layer's output h [B, T, H]: Block.forward's numbers up to the summation order."""
+    into the GEMVs): qkv_in the q/k/v GEMV's input as gemv keywords (x [B, T, *], and its prologue: the layer's
+    input norm, or EAGLE-3's two norms of emb and hidden), h [B, T, H] the residual. Returns the layer's output
+    h [B, T, H]: Block.forward's numbers up to the summation order."""
     from toolkit.infer.kernels.gemv import gemv
 
-    if pre_norm is None:
-        qkv = gemv(x, attn.qkv, bias=attn.qkv_b)                                   # [1, 1, (Hq + 2 Hkv) D]
-    else:
-        qkv = gemv(x, attn.qkv, "norm", pre_norm.weight, pre_norm.eps, attn.qkv_b)
+    qkv = gemv(w=attn.qkv, bias=attn.qkv_b, **qkv_in)                            # [1, 1, (Hq + 2 Hkv) D]
     a = attn.attend_qkv(qkv, cos, sin, mask, cache, layer, slots, kv_len)          # [1, 1, Hq D]
     h = gemv(a, attn.o_proj.weight, bias=attn.o_proj.bias, residual=h)             # h + o_proj(a)
     gate_up = gemv(h, mlp.gate_up, "norm", post_norm.weight, post_norm.eps)        # [1, 1, 2I]

@@ -43,6 +43,28 @@ def test_gemv_equals_the_torch_path(dtype, prologue, n, k, extras, rows, config)
     assert err <= TOL[dtype], err
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k1, k2", [(64, 64), (70, 130)])
+@pytest.mark.parametrize("rows, config", [(1, ("ew", 8, 64, 4, 1)), (1, None), (5, ("dot", 32, 32, 4, 2)),
+                                          (3, ("torch", 0, 0, 0, 0))], ids=["ew", "ew-rule", "dot5", "torch3"])
+def test_the_two_norm_prologue_equals_the_torch_path(dtype, k1, k2, rows, config):
+    """"norm2" (EAGLE-3's midlayer input: cat[norm1(emb), norm2(hidden)] from two tensors) against the torch path,
+    halves that do and do not end on a block, with bias and residual."""
+    x, x2 = rand(1, rows, k1, dtype=dtype, seed=1) * 3, rand(1, rows, k2, dtype=dtype, seed=6)
+    w = rand(40, k1 + k2, dtype=dtype, seed=2) / (k1 + k2) ** 0.5
+    nw, nw2 = rand(k1, dtype=dtype, seed=3), rand(k2, dtype=dtype, seed=7)
+    bias, residual = rand(40, dtype=dtype, seed=4), rand(1, rows, 40, dtype=dtype, seed=5)
+    y = gemv(x, w, "norm2", nw, 1e-5, bias, residual, config=config, x2=x2, norm_w2=nw2)
+    want = reference_gemv(x, w, "norm2", nw, 1e-5, bias, residual, x2=x2, norm_w2=nw2)
+    assert y.shape == want.shape and y.dtype == dtype
+    err = (y.float() - want.float()).norm() / want.float().norm()
+    assert err <= TOL[dtype], err
+    with pytest.raises(ValueError, match="norm2 prologue needs x2"):
+        gemv(x, w, "norm2", nw, 1e-5, x2=x2[..., 1:], norm_w2=nw2)
+    with pytest.raises(ValueError, match="norm_w2 of shape"):
+        gemv(x, w, "norm2", nw, 1e-5, x2=x2, norm_w2=nw2[1:])
+
+
 def test_either_weight_layout_and_the_default_config():
     x, w = rand(1, 300, seed=1), rand(50, 300, seed=2)
     want = reference_gemv(x, w)
@@ -102,16 +124,19 @@ def test_batch_one_decode_steps_run_the_gemv_layer_and_equal_the_torch_path(tmp_
         assert (want - got).abs().max() <= 1e-4
 
 
-def test_a_draft_step_of_one_row_equals_the_torch_path():
-    """An EAGLE-3 head's one-token step (fused first layer through row_step, the readout's norm in the GEMV) gives
-    the plain head's log-probs, output hidden state and draft cache, at step 0 (fc over aux features) and after."""
+def test_a_draft_step_of_one_row_equals_the_torch_path(monkeypatch):
+    """An EAGLE-3 head's one-token step (fused first layer through row_step, its two input norms in the q/k/v
+    GEMV's prologue, the readout's norm in the GEMV) gives the plain head's log-probs, output hidden state and
+    draft cache, at step 0 (fc over aux features) and after, and so does a 3-token (tree) step on the rows path."""
+    import toolkit.infer.kernels.gemv as gemv_module
     from toolkit.infer.config import ModelConfig
     from toolkit.infer.drafts import random_head
     from toolkit.infer.prepare import fuse_projections
 
     c = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=6,
                     num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=256)
-    outs = []
+    outs, prologues, real = [], [], gemv_module.gemv
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **k: prologues.append(k.get("prologue")) or real(*a, **k))
     for kernels in ("torch", "triton"):
         head = random_head(c, seed=3, num_layers=2).to(device)
         fuse_projections(head)
@@ -119,12 +144,57 @@ def test_a_draft_step_of_one_row_equals_the_torch_path():
         g = torch.Generator().manual_seed(4)
         cache = head.new_cache(16, device=device)
         got = []
+        prologues.clear()
         with torch.no_grad():
             h = torch.randn(1, 1, 3 * 64, generator=g).to(device)
             for t in range(3):
                 logp, h = head(torch.randn(1, 1, 64, generator=g).to(device), h, torch.tensor([[t]], device=device),
                                cache)
                 got += [logp, h]
+            logp, h = head(torch.randn(1, 3, 64, generator=g).to(device), h.expand(1, 3, 64),
+                           torch.tensor([[3, 4, 4]], device=device), cache, slots=torch.tensor([[3, 4, 5]], device=device),
+                           mask=torch.tensor([[[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 1]]],
+                                             dtype=torch.bool, device=device))
+            got += [logp, h]
         outs.append((*got, cache.k.clone(), cache.v.clone()))
+        if kernels == "triton":  # every step's q/k/v GEMV took both norms
+            assert prologues.count("norm2") == 4, prologues
+    for want, got in zip(*outs):
+        assert (want - got).abs().max() <= 1e-4
+
+
+def test_an_mtp_step_equals_the_torch_path(monkeypatch):
+    """An MTP head (Llama-kind block) on row_step's path, eh_proj as a "norm2" GEMV and the block's input norm in
+    the q/k/v GEMV, gives the torch path's log-probs, output hidden states and draft cache over three steps."""
+    from toolkit.infer.config import ModelConfig
+    from toolkit.infer.mtp import MTPHead
+    from toolkit.infer.prepare import fuse_projections
+
+    c = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=4,
+                    num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=256)
+    import toolkit.infer.kernels.gemv as gemv_module
+
+    outs, prologues, real = [], [], gemv_module.gemv
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **k: prologues.append(a[2:3] or k.get("prologue"))
+                        or real(*a, **k))
+    for kernels in ("torch", "triton"):
+        torch.manual_seed(3)
+        head = MTPHead(c, torch.randn(300, 64) * 0.1)
+        with torch.no_grad():
+            for norm in (head.enorm, head.hnorm, head.block.input_layernorm):
+                norm.weight.uniform_(0.5, 1.5)
+        head = head.to(device)
+        fuse_projections(head)
+        head.set_kernels(kernels)
+        g = torch.Generator().manual_seed(4)
+        cache, got = head.new_cache(16, device=device), []
+        with torch.no_grad():
+            h = torch.randn(1, 1, 64, generator=g).to(device) * 4
+            for t in range(3):
+                logp, h = head(torch.randn(1, 1, 64, generator=g).to(device), h, torch.tensor([[t]], device=device),
+                               cache)
+                got += [logp, h]
+        outs.append((*got, cache.k.clone(), cache.v.clone()))
+    assert prologues.count(("norm2",)) == 3 and prologues.count("norm") >= 3, prologues  # eh_proj, q/k/v
     for want, got in zip(*outs):
         assert (want - got).abs().max() <= 1e-4

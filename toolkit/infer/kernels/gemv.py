@@ -4,6 +4,8 @@ reference: one row as a GEMV with the layer's small steps folded in (_gemv_kerne
 
     y = epilogue(W @ prologue(x))        x one row [K] (or [2K] for silu), W [N, K] (any strides), y [N]
 prologue:  none | "norm": RMSNorm(x) * norm_w, rounded as model.RMSNorm rounds it
+                | "norm2": cat[RMSNorm(x) * norm_w, RMSNorm(x2) * norm_w2], x [K1] and x2 [K - K1] two tensors,
+                  each normed on its own (EAGLE-3's midlayer input: its two norms and the concatenation folded in)
                 | "silu": silu(x[:K]) * x[K:], x being the fused gate/up GEMM's output (MLP's SiLU-mul)
 epilogue:  + bias (fp32, before rounding), then + residual (after rounding, as torch's add rounds it)
 
@@ -26,13 +28,16 @@ import torch
 import triton
 import triton.language as tl
 
-PROLOGUES = (None, "norm", "silu")
+PROLOGUES = (None, "norm", "silu", "norm2")
 
 
-def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=None, residual=None):
+def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=None, residual=None, x2=None,
+                   norm_w2=None):
     """The model's torch path for the same thing: rms_norm / silu_mul, F.linear, + residual."""
     from toolkit.infer.kernels.layer_ops import reference_rms_norm, reference_silu_mul
 
+    if prologue == "norm2":
+        x = torch.cat([reference_rms_norm(x, norm_w, eps), reference_rms_norm(x2, norm_w2, eps)], -1)
     if prologue == "norm":
         x = reference_rms_norm(x, norm_w, eps)
     elif prologue == "silu":
@@ -42,7 +47,7 @@ def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=Non
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk, x2_ptr, nw2_ptr, K1,
                  PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -56,10 +61,34 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
             xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < K, other=0.0).to(tl.float32)
             ss += xk * xk
         inv = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+    inv1 = 1.0
+    inv2 = 1.0
+    if PROLOGUE == 3:  # two statistics: x's K1 values and x2's K - K1
+        ss1 = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K1, BLOCK_K):
+            xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < K1, other=0.0).to(tl.float32)
+            ss1 += xk * xk
+        ss2 = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K - K1, BLOCK_K):
+            xk = tl.load(x2_ptr + k0 + cols, mask=(k0 + cols) < K - K1, other=0.0).to(tl.float32)
+            ss2 += xk * xk
+        inv1 = 1.0 / tl.sqrt(tl.sum(ss1, 0) / K1 + eps)
+        inv2 = 1.0 / tl.sqrt(tl.sum(ss2, 0) / (K - K1) + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + cols
-        if EVEN_K:
+        if PROLOGUE == 3:  # column k of the concatenation: x[k] or x2[k - K1], normed by its half's statistic
+            first = k < K1
+            second = (k >= K1) & (k < K)
+            k2 = tl.where(second, k - K1, 0)
+            xk = tl.where(first, tl.load(x_ptr + k, mask=first, other=0.0).to(tl.float32),
+                          tl.load(x2_ptr + k2, mask=second, other=0.0).to(tl.float32))
+            nw = tl.where(first, tl.load(nw_ptr + k, mask=first, other=0.0).to(tl.float32),
+                          tl.load(nw2_ptr + k2, mask=second, other=0.0).to(tl.float32))
+            xk = (nw * (xk * tl.where(first, inv1, inv2)).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K)[None, :],
+                        other=0.0)
+        elif EVEN_K:
             xk = tl.load(x_ptr + k).to(tl.float32)
             w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None], other=0.0)
         else:
@@ -143,12 +172,22 @@ def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = Non
 
 def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: torch.Tensor | None = None,
          eps: float = 1e-6, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-         config: tuple | None = None) -> torch.Tensor:
-    """x [..., K] holding 1..MAX_ROWS rows ([..., 2K] for silu), w [N, K] -> y [..., N]; residual [..., N]."""
+         config: tuple | None = None, x2: torch.Tensor | None = None,
+         norm_w2: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] holding 1..MAX_ROWS rows ([..., 2K] for silu; [..., K1] beside x2 [..., K - K1] for norm2),
+    w [N, K] -> y [..., N]; residual [..., N]."""
     if prologue not in PROLOGUES:
         raise ValueError(f"prologue {prologue!r}; accepted: {PROLOGUES}")
     N, K = w.shape
-    width = 2 * K if prologue == "silu" else K
+    K1 = K
+    if prologue == "norm2":
+        if x2 is None or x2.shape[:-1] != x.shape[:-1] or x.shape[-1] + x2.shape[-1] != K:
+            raise ValueError(f"a norm2 prologue needs x2 with x's rows and {K} - x's width values; got x "
+                             f"{tuple(x.shape)}, x2 {None if x2 is None else tuple(x2.shape)}")
+        K1 = x.shape[-1]
+        if norm_w is None or norm_w2 is None or norm_w.shape != (K1,) or norm_w2.shape != (K - K1,):
+            raise ValueError(f"a norm2 prologue needs norm_w of shape ({K1},) and norm_w2 of shape ({K - K1},)")
+    width = 2 * K if prologue == "silu" else K1
     rows = x.numel() // max(width, 1)
     if x.shape[-1] != width or not 1 <= rows <= MAX_ROWS:
         raise ValueError(f"gemv takes 1..{MAX_ROWS} rows of {width} values; got x of shape {tuple(x.shape)}")
@@ -158,6 +197,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     x = x.reshape(rows, width)
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if prologue == "norm2":
+        x2 = x2.reshape(rows, K - K1)
+        x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     y = torch.empty(rows, N, dtype=x.dtype, device=x.device)
     r = y
     if residual is not None:
@@ -170,12 +212,18 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     if kind == "ew" and rows == 1:
         _gemv_kernel[(triton.cdiv(N, block_n),)](
             x, w, y, norm_w if norm_w is not None else x, bias if bias is not None else x, r, N, K, eps,
-            w.stride(0), w.stride(1), PROLOGUE=PROLOGUES.index(prologue), HAS_BIAS=bias is not None,
+            w.stride(0), w.stride(1), x2 if x2 is not None else x, norm_w2 if norm_w2 is not None else x, K1,
+            PROLOGUE=PROLOGUES.index(prologue), HAS_BIAS=bias is not None,
             HAS_RESIDUAL=residual is not None, EVEN_K=K % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
             num_warps=warps, num_stages=stages)
         return y.view(*lead, N)
     from toolkit.infer.kernels.layer_ops import rms_norm, silu_mul
 
+    if prologue == "norm2":  # each norm writes its half of the concatenation
+        both = torch.empty(rows, K, dtype=x.dtype, device=x.device)
+        rms_norm(x, norm_w, eps, out=both[:, :K1])
+        rms_norm(x2, norm_w2, eps, out=both[:, K1:])
+        x = both
     x = rms_norm(x, norm_w, eps) if prologue == "norm" else silu_mul(x) if prologue == "silu" else x
     if kind == "torch":  # the separate kernels (cuBLAS), where the sweep found them faster for this shape
         y = torch.nn.functional.linear(x, w, bias)
