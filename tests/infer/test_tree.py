@@ -48,8 +48,8 @@ def test_tensor_growth_equals_the_host_reference(cfg):
     assert torch.allclose(other.k, cache.k, atol=1e-5)  # the same draft KV in the same slots (masks differ in width)
 
     # masks as wide as the cache (what CUDA graphs replay) grow the same trees
-    def forward(emb, hidden, positions, slots, mask):
-        return head(emb, hidden, positions, other, slots=slots, mask=mask, kv_len=64)
+    def forward(emb, hidden, positions, slots, mask, log_probs=True):
+        return head(emb, hidden, positions, other, slots=slots, mask=mask, kv_len=64, log_probs=log_probs)
 
     tokens, parents, _ = grow(head, embed, forward, torch.tensor(prefixes), torch.tensor(roots), root_out, root_logp,
                               cfg, mask_len=64)
@@ -116,8 +116,8 @@ def test_the_lean_chain_equals_the_general_growth(sampled):
     caches = [head.new_cache(64, batch=B) for _ in range(2)]
     outs = []
     for grower, cache in zip((grow_chain, grow_tree), caches):
-        def forward(emb, hidden, positions, slots, mask, cache=cache):
-            return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=64)
+        def forward(emb, hidden, positions, slots, mask, log_probs=True, cache=cache):
+            return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=64, log_probs=log_probs)
 
         with torch.no_grad():
             outs.append(grower(head, embed, forward, prefix, roots, root_out, root_logp, cfg, 64, **extra))

@@ -65,10 +65,13 @@ class DraftHead(nn.Module):
     def new_cache(self, max_len: int, dtype=torch.float32, device="cpu", batch: int = 1) -> KVCache:
         return KVCache(replace(self.config, num_layers=len(self.layers())), batch, max_len, dtype, device)
 
-    def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None, kv_len: int | None = None):
+    def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None, kv_len: int | None = None,
+                log_probs: bool = True):
         """emb [B, T, H]; hidden [B, T, *]; positions/slots [B, T]; mask bool [B, T, S] (default causal).
         Returns (log-probs over the draft vocab [B, T, N], output hidden [B, T, H]). kv_len (= S, with a
-        mask): the cache slots attended, given by CUDA-graph callers (no host sync on the slots)."""
+        mask): the cache slots attended, given by CUDA-graph callers (no host sync on the slots).
+        log_probs False: the logits instead (same order per row: enough for a greedy chain's argmax, and one
+        kernel less, the log-softmax over N)."""
         slots = positions if slots is None else slots
         if kv_len is None:  # a mask says how many slots it covers; else the slots written reach
             kv_len = mask.shape[-1] if mask is not None else int(slots.max()) + 1
@@ -92,7 +95,8 @@ class DraftHead(nn.Module):
         for k, layer in enumerate(rest):
             h = layer(h, cos, sin, bias, cache, k + 1, slots, kv_len)
         h = self.finish(h)
-        return torch.log_softmax(self.readout(h), -1, dtype=torch.float32), h  # upcast inside: one kernel
+        logits = self.readout(h)
+        return (torch.log_softmax(logits, -1, dtype=torch.float32) if log_probs else logits), h  # upcast inside
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

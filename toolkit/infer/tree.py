@@ -78,8 +78,8 @@ def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: 
          root_logp: torch.Tensor, cfg: TreeConfig, mask_len: int | None = None, gumbel: torch.Tensor | None = None,
          inv_temp: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """The trees after each root, as tensors: (tokens, parents, depth), each [B, num_draft_tokens].
-    prefix/roots [B]; root_out [B, H]; root_logp [B, N]. forward(emb, hidden, positions, slots, mask) runs
-    the head over the draft cache, where sequence b holds positions 0..prefix[b]-1. mask_len: the width of
+    prefix/roots [B]; root_out [B, H]; root_logp [B, N]. forward(emb, hidden, positions, slots, mask,
+    log_probs=True) runs the head over the draft cache (log_probs False: logits, for a greedy chain), where sequence b holds positions 0..prefix[b]-1. mask_len: the width of
     the masks given to forward (CUDA graphs attend over the whole cache); default: what the slots reach.
     A sampled chain (topk 1): with gumbel [B, num_steps, N] and inv_temp [B], step i draws its token from
     softmax(logp * inv_temp) (Gumbel-max: argmax of logp * inv_temp + gumbel; a row of zero noise takes the
@@ -111,7 +111,8 @@ def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tr
     """grow for topk 1: the tree is the chain itself (cumulative log-probs fall with depth, so the rerank keeps
     every node in order), and step s's node sits at depth s in slot = position = prefix + s - 1, seeing the
     slots up to its own. So a step is the head's forward, the choice and the embedding: no frontier, ancestor
-    or rerank bookkeeping (~25 small kernels a step in grow_tree, each a launch gap in a CUDA graph)."""
+    or rerank bookkeeping (~25 small kernels a step in grow_tree, each a launch gap in a CUDA graph), and a
+    greedy chain takes the argmax of the logits (no log-softmax over the draft vocabulary)."""
     B, n, dev = len(prefix), cfg.num_steps + 1, root_logp.device
     slots = prefix[:, None] + torch.arange(cfg.num_steps - 1, device=dev)          # [B, steps - 1]
     masks = torch.arange(W, device=dev) <= slots[:, :, None]                       # [B, steps - 1, W]
@@ -120,7 +121,8 @@ def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tr
     tok, hid = [roots[:, None], head.to_target(ids)], root_out[:, None]
     for step in range(1, cfg.num_steps):
         s = slice(step - 1, step)
-        logp, hid = forward(embed(tok[-1]), hid, slots[:, s], slots[:, s], masks[:, s])  # [B, 1, N], [B, 1, H]
+        logp, hid = forward(embed(tok[-1]), hid, slots[:, s], slots[:, s], masks[:, s],  # [B, 1, N], [B, 1, H]
+                            log_probs=gumbel is not None)  # greedy: the logits' argmax, no log-softmax kernel
         chain_logp.append(logp[:, 0])
         tok.append(head.to_target(choose(logp, step)[1][:, 0]))
     depth = torch.arange(n, device=dev).repeat(B, 1)                                 # [B, n], own memory
@@ -182,11 +184,11 @@ def draft_trees(head, embed: torch.nn.Embedding, cache: KVCache, prefixes: list[
     """Grow one tree per sequence after its root (the last emitted token), all sequences in lockstep.
     root_out [B, H], root_logp [B, N]. Sequence b's draft cache holds positions 0..prefixes[b]-1 (the
     root's own pair is the last); its expanded nodes go to slots prefixes[b], prefixes[b] + 1, ...
-    forward(emb, hidden, positions, slots, mask): the head over `cache` (default: the head itself).
+    forward(emb, hidden, positions, slots, mask, log_probs=True): the head over `cache` (default: the head).
     gumbel/inv_temp: a sampled chain (grow); each Tree then carries its draft_logp."""
     if forward is None:
-        def forward(emb, hidden, positions, slots, mask):
-            return head(emb, hidden, positions, cache, slots=slots, mask=mask)
+        def forward(emb, hidden, positions, slots, mask, log_probs=True):
+            return head(emb, hidden, positions, cache, slots=slots, mask=mask, log_probs=log_probs)
 
     dev = root_logp.device
     grown = grow(head, embed, forward, torch.tensor(prefixes, device=dev), torch.tensor(roots, device=dev),
