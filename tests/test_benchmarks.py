@@ -18,6 +18,7 @@ def test_bench_gpu_runs_on_cpu_with_a_tiny_config(graphs):
     assert r["decode_ms"] > 0 and 0 < r["decode_vs_roofline"]
     assert set(r["verify_ms"]) == {"2", "4", "8", "16", "32", "64"}
     assert r["draft_step_ms"] > 0 and len(r["predicted_bs1_speedup"]) == 6
+    assert r["draft_step_in_chain_ms"] > 0 and r["draft_in_chain_vs_decode"] > 0  # 6 head forwards: above noise
     assert r["draft_loop_tree60_ms"] > r["draft_step_ms"]
 
 
