@@ -38,7 +38,7 @@ class OracleHead(nn.Module):
     def to_target(self, ids):
         return ids
 
-    def forward(self, emb, hidden, positions, cache, slots=None, mask=None):
+    def forward(self, emb, hidden, positions, cache, slots=None, mask=None, log_probs=True):
         B, T = positions.shape
         scores = torch.zeros(B, T, self.vocab)
         for b in range(B):
