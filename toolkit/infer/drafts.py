@@ -69,7 +69,7 @@ class Eagle3Head(DraftHead):
         if hidden.shape[-1] != self.config.hidden_size:
             hidden = self.fc(hidden)
         n1, n2 = self.midlayer.input_layernorm, self.midlayer.hidden_norm
-        if n1.eps != n2.eps:  # one eps in the kernel; heads differ from the norm
+        if n1.eps != n2.eps:  # the kernel takes one eps: norms that differ run as their own kernels
             return super().fuse_rows(emb, hidden)
         return hidden, {"x": emb, "prologue": "norm2", "norm_w": n1.weight, "eps": n1.eps, "x2": hidden,
                         "norm_w2": n2.weight}

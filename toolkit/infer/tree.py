@@ -79,8 +79,9 @@ def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: 
          inv_temp: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """The trees after each root, as tensors: (tokens, parents, depth), each [B, num_draft_tokens].
     prefix/roots [B]; root_out [B, H]; root_logp [B, N]. forward(emb, hidden, positions, slots, mask,
-    log_probs=True) runs the head over the draft cache (log_probs False: logits, for a greedy chain), where sequence b holds positions 0..prefix[b]-1. mask_len: the width of
-    the masks given to forward (CUDA graphs attend over the whole cache); default: what the slots reach.
+    log_probs=True) runs the head over the draft cache (log_probs False: logits, for a greedy chain), where
+    sequence b holds positions 0..prefix[b]-1. mask_len: the width of the masks given to forward (CUDA graphs
+    attend over the whole cache); default: what the slots reach.
     A sampled chain (topk 1): with gumbel [B, num_steps, N] and inv_temp [B], step i draws its token from
     softmax(logp * inv_temp) (Gumbel-max: argmax of logp * inv_temp + gumbel; a row of zero noise takes the
     top-1 as before), and the draft's log-probs of each step [B, num_steps, N] come back as a fourth output."""
@@ -123,7 +124,8 @@ def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tr
         s = slice(step - 1, step)
         logp, hid = forward(embed(tok[-1]), hid, slots[:, s], slots[:, s], masks[:, s],  # [B, 1, N], [B, 1, H]
                             log_probs=gumbel is not None)  # greedy: the logits' argmax, no log-softmax kernel
-        chain_logp.append(logp[:, 0])
+        if gumbel is not None:  # a sampled chain hands its laws to verification
+            chain_logp.append(logp[:, 0])
         tok.append(head.to_target(choose(logp, step)[1][:, 0]))
     depth = torch.arange(n, device=dev).repeat(B, 1)                                 # [B, n], own memory
     out = (torch.cat(tok, 1), depth - 1, depth)
