@@ -5,8 +5,8 @@ import functools
 
 import pytest
 import torch
-from torch import nn
 
+from toolkit.infer.draft_head import DraftHead
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
@@ -21,7 +21,7 @@ REPEAT = ("<|im_start|>user\nRepeat this sentence three times: the cat sat on th
           "<|im_start|>assistant\n")  # SmolLM2 copies it, then loops: the lookup branch gets accepted
 
 
-class OracleHead(nn.Module):
+class OracleHead(DraftHead):
     """A stand-in draft that knows the plain greedy continuation `seq`: the pair at position p proposes
     seq[p + 2] first, except at every 4th position, where it proposes a wrong token first and the right one
     second. So chains accept runs and get rejected; trees must pick non-first children."""
@@ -34,9 +34,6 @@ class OracleHead(nn.Module):
 
     def new_cache(self, max_len, dtype=torch.float32, device="cpu", batch=1):
         return None
-
-    def to_target(self, ids):
-        return ids
 
     def forward(self, emb, hidden, positions, cache, slots=None, mask=None, log_probs=True):
         B, T = positions.shape

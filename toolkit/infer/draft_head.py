@@ -101,6 +101,18 @@ class DraftHead(nn.Module):
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
+    def greedy_next(self, logits: torch.Tensor, embed: nn.Embedding | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A greedy chain's next token: logits (or log-probs) [B, N] -> (target ids [B], their embeddings [B, H],
+        the next step's input; None without `embed`). On Triton one kernel (kernels/greedy_pick.py) instead of
+        argmax, d2t lookup, add and embedding."""
+        if self.kernels == "triton" and (embed is None or embed.weight.stride(-1) == 1):
+            from toolkit.infer.kernels import greedy_pick as kernel
+
+            return kernel.greedy_pick(logits, self.d2t, None if embed is None else embed.weight)
+        tok = self.to_target(logits.argmax(-1))
+        return tok, None if embed is None else embed(tok)
+
 
 def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
     """EAGLE heads are plain Llama layers of the target's sizes whatever the target's family."""

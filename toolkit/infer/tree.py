@@ -113,20 +113,33 @@ def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tr
     every node in order), and step s's node sits at depth s in slot = position = prefix + s - 1, seeing the
     slots up to its own. So a step is the head's forward, the choice and the embedding: no frontier, ancestor
     or rerank bookkeeping (~25 small kernels a step in grow_tree, each a launch gap in a CUDA graph), and a
-    greedy chain takes the argmax of the logits (no log-softmax over the draft vocabulary)."""
+    greedy chain takes the argmax of the logits (no log-softmax over the draft vocabulary), which with the d2t
+    map and the embedding is one kernel on Triton (DraftHead.greedy_next)."""
     B, n, dev = len(prefix), cfg.num_steps + 1, root_logp.device
     slots = prefix[:, None] + torch.arange(cfg.num_steps - 1, device=dev)          # [B, steps - 1]
     masks = torch.arange(W, device=dev) <= slots[:, :, None]                       # [B, steps - 1, W]
     choose = chooser(1, gumbel, inv_temp)
-    chain_logp, (_, ids) = [root_logp], choose(root_logp, 0)                       # [B, 1]
-    tok, hid = [roots[:, None], head.to_target(ids)], root_out[:, None]
+
+    def pick(logp: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logp [B, N] -> (target ids [B, 1], their embeddings [B, 1, H]; None after the last step)."""
+        embed_next = embed if step < cfg.num_steps - 1 else None  # the last token feeds no step
+        if gumbel is None:  # greedy: argmax, d2t and embedding (one kernel on Triton)
+            ids, emb = head.greedy_next(logp, embed_next)
+        else:
+            ids = head.to_target(choose(logp, step)[1][:, 0])
+            emb = None if embed_next is None else embed(ids)
+        return ids[:, None], None if emb is None else emb[:, None]
+
+    chain_logp, (ids, emb) = [root_logp], pick(root_logp, 0)
+    tok, hid = [roots[:, None], ids], root_out[:, None]
     for step in range(1, cfg.num_steps):
         s = slice(step - 1, step)
-        logp, hid = forward(embed(tok[-1]), hid, slots[:, s], slots[:, s], masks[:, s],  # [B, 1, N], [B, 1, H]
+        logp, hid = forward(emb, hid, slots[:, s], slots[:, s], masks[:, s],       # [B, 1, N], [B, 1, H]
                             log_probs=gumbel is not None)  # greedy: the logits' argmax, no log-softmax kernel
         if gumbel is not None:  # a sampled chain hands its laws to verification
             chain_logp.append(logp[:, 0])
-        tok.append(head.to_target(choose(logp, step)[1][:, 0]))
+        ids, emb = pick(logp[:, 0], step)
+        tok.append(ids)
     depth = torch.arange(n, device=dev).repeat(B, 1)                                 # [B, n], own memory
     out = (torch.cat(tok, 1), depth - 1, depth)
     return (*out, torch.stack([x.float() for x in chain_logp], 1)) if gumbel is not None else out

@@ -1,0 +1,68 @@
+"""A greedy draft chain's work between two head forwards as one Triton kernel, beside its torch reference:
+the argmax over the draft vocabulary, the draft id mapped to its target id (d2t), and that token's embedding
+row, the next step's input. torch runs it as 4 kernels (argmax, index, add, embedding); inside the draft
+loop's CUDA graph each is a launch gap, paid at every step of every round.
+On CPU the kernel runs under TRITON_INTERPRET=1 (tests/infer/kernels/test_greedy_pick.py).
+Shapes: R rows (one per sequence), N draft vocabulary, V target vocabulary, H hidden.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def reference_greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, N], d2t [N] (draft id i -> target id i + d2t[i]), embed_w [V, H] -> (target ids [R] int64,
+    their embedding rows [R, H]). The argmax is the first of equal maxima, as torch.argmax's."""
+    ids = logits.argmax(-1)
+    tok = ids + d2t[ids]
+    return tok, embed_w[tok]
+
+
+@triton.jit
+def _greedy_pick_kernel(logit_ptr, d2t_ptr, emb_ptr, tok_ptr, out_ptr, N, H, s_logit, s_emb, s_out,
+                        BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.full([], 0, tl.int64)
+    for start in range(0, N, BLOCK_N):                         # the row in blocks: a running (max, first index)
+        ok = start + cols < N
+        x = tl.load(logit_ptr + row * s_logit + start + cols, mask=ok, other=float("-inf")).to(tl.float32)
+        m = tl.max(x, 0)
+        i = tl.argmax(x, 0, tie_break_left=True).to(tl.int64) + start
+        better = m > best                                      # strictly: an equal later block keeps the first
+        best_i = tl.where(better, i, best_i)
+        best = tl.where(better, m, best)
+    tok = best_i + tl.load(d2t_ptr + best_i)
+    tl.store(tok_ptr + row, tok)
+    hs = tl.arange(0, BLOCK_H)
+    for start in range(0, H, BLOCK_H):                         # the token's embedding row, the next input
+        ok = start + hs < H
+        e = tl.load(emb_ptr + tok * s_emb + start + hs, mask=ok, other=0.0)
+        tl.store(out_ptr + row * s_out + start + hs, e.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor | None, block_n: int = 4096,
+                block_h: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """reference_greedy_pick as one kernel, one program per row. logits [R, N] (last dimension contiguous),
+    d2t [N] int64, embed_w [V, H] (rows contiguous), or None for the ids alone (a chain's last step)."""
+    R, N = logits.shape
+    if d2t.shape != (N,):
+        raise ValueError(f"greedy_pick: d2t {tuple(d2t.shape)} does not cover the {N} draft ids of the logits")
+    if logits.stride(-1) != 1 or (embed_w is not None and embed_w.stride(-1) != 1):
+        raise ValueError("greedy_pick needs contiguous logits rows and embedding rows")
+    d2t = d2t.long().contiguous()  # no-ops for a head's d2t buffer
+    tok = torch.empty(R, dtype=torch.long, device=logits.device)
+    if embed_w is None:  # H = 0: the embedding loop runs no iterations; d2t stands in for the unused pointers
+        H, emb, out = 0, d2t, None
+    else:
+        H, emb = embed_w.shape[1], embed_w
+        out = torch.empty(R, H, dtype=embed_w.dtype, device=logits.device)
+    _greedy_pick_kernel[(R,)](logits, d2t, emb, tok, d2t if out is None else out, N, H, logits.stride(0),
+                              emb.stride(0), 0 if out is None else out.stride(0),
+                              BLOCK_N=min(block_n, triton.next_power_of_2(N)),
+                              BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))))
+    return tok, out
