@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from toolkit.atomic import write_text
+from toolkit.cpu_speed import BF16_MIN_GAIN, measure_gflops
 from toolkit.embedded import DEFAULT_MODEL, MARKER, model_dir
 
 
@@ -53,36 +54,11 @@ def _speed_arg(text: str) -> str | float:
 # so the training stage is also bounded by the clock (max_minutes).
 REFERENCE_GFLOPS = 128.0
 # Training under bf16 autocast on a CPU with native bf16 (AVX512-BF16) ran 1.52-1.54x the tokens/s of fp32 at
-# the same losses, where the bf16 GEMM below ran 2.2x fp32 (RESULTS.md, 2026-11-25). A CPU without native bf16
-# emulates it, slower than fp32: bf16 is taken only where its GEMM is clearly faster.
-BF16_MIN_GAIN = 1.5
+# the same losses, where the bf16 GEMM ran 2.2x fp32 (RESULTS.md, 2026-11-25); bf16 is taken only where its
+# GEMM is clearly faster (cpu_speed.BF16_MIN_GAIN).
 BF16_TRAIN_GAIN = 1.5
 # The bench's fourth run: a 3-step chain with a 10-token prompt-lookup branch (toolkit/infer/lookup.py)
 LOOKUP_SWEEP = "3,1,4,10"
-
-
-def measure_gflops(threads: int, reps: int = 5, dtype: str = "float32", seconds: float = 1.0) -> float:
-    """GEMM rate of this CPU on `threads` threads: [1024, 576] x [576, 1536], the target's MLP shape at a
-    training micro-batch, in fp32 (or bf16). The best product of up to `reps` x 10 (~0.2 s on the reference box),
-    stopping after `seconds`: a CPU without native bf16 emulates it at ~1 GFLOP/s (an AVX2 EPYC, 2026-11-25),
-    where the 50 products took 80 s of the quickstart's budget."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a, b = torch.randn(1024, 576, dtype=getattr(torch, dtype)), torch.randn(576, 1536, dtype=getattr(torch, dtype))
-        a @ b  # warm-up: thread pool, pages
-        best, start = float("inf"), time.perf_counter()
-        for _ in range(reps * 10):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
-            if t0 - start > seconds:
-                break
-    finally:
-        torch.set_num_threads(before)
-    return 2 * 1024 * 576 * 1536 / best / 1e9
 
 
 @dataclass(frozen=True)

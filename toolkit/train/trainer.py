@@ -50,8 +50,17 @@ def make_accelerator(cfg):
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not torch.cuda.is_available() else []
     log_with = ["wandb"] if cfg.wandb_project else None
-    # mixed_precision "auto" leaves accelerate's own choice (launch flag, env, config file; default no)
-    precision = {} if cfg.mixed_precision == "auto" else {"mixed_precision": cfg.mixed_precision}
+    # mixed_precision "auto" leaves accelerate's own choice (launch flag, env, config file; default no). On a
+    # CPU the choice follows this CPU's GEMM rates: emulated bf16 (no AVX512-BF16 / AMX) trains ~40x slower
+    requested = cfg.mixed_precision
+    if not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
+        from toolkit.cpu_speed import cpu_training_precision
+
+        requested, note = cpu_training_precision(requested, os.environ.get("ACCELERATE_MIXED_PRECISION"),
+                                                 cfg.threads or torch.get_num_threads())
+        if note and os.environ.get("RANK", "0") == "0":
+            print(note, file=sys.stderr if note.startswith("WARNING") else sys.stdout, flush=True)
+    precision = {} if requested == "auto" else {"mixed_precision": requested}
     acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers,
                       **precision)
     if acc.state.deepspeed_plugin is not None:  # fill the DeepSpeed config's "auto" values from the recipe
