@@ -14,8 +14,8 @@ batch-1 speedup they predict for a chain at tau = 2, 3, 4: tau * t_decode / (t_v
 
 The draft step is timed two ways. draft_step_ms: one head forward replayed alone, its graph's input copies and
 output clones included (~8 small kernels around a ~14-kernel step). draft_step_in_chain_ms: what one more
-step costs inside the engine's own greedy chain loop (GraphedDraftLoop: head forward, argmax, embedding; no
-copies between steps), as (t(chain of 8) - t(chain of 2)) / 6 so that the loop's fixed costs cancel. The
+step costs inside the engine's own greedy chain loop (GraphedDraftLoop: head forward, then argmax, d2t map
+and embedding, one kernel under --kernels triton; no copies between steps), as (t(chain of 8) - t(chain of 2)) / 6 so that the loop's fixed costs cancel. The
 second is the t_draft of the prediction and the figure the 5% goal is judged on.
 """
 from __future__ import annotations
