@@ -27,7 +27,7 @@ def test_sim_vs_engine_reports_both_taus(tiny_target, prepared, tmp_path, shared
     run = tmp_path / "run"
     assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(run),
                  "max_steps=2", "batch_size=2", "max_len=96", "eval_samples=1", "eval_max_new_tokens=2",
-                 "threads=1"]) == 0
+                 "threads=1", "mixed_precision=no"]) == 0
     out = tmp_path / "s.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/sim_vs_engine.py"), "--draft", str(run / "draft"),
                            "--prompts", str(shared / "data/eval/mt_bench.jsonl"), "--limit", "1", "--steps", "3",

@@ -36,7 +36,7 @@ def runs(tiny_target, prepared, tmp_path_factory):
         cmd = ["accelerate", "launch", *flags, "--main_process_port", str(free_port()), "toolkit/train/eagle3.py",
                "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(folder / "run"),
                "max_steps=4", "batch_size=2", "max_len=96", "log_every=1", "save_every=2", "eval_samples=2",
-               "eval_max_new_tokens=4", "threads=1", "lr=3e-3"]
+               "eval_max_new_tokens=4", "threads=1", "lr=3e-3", "mixed_precision=no"]
         proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "2 process(es)" in proc.stdout, proc.stdout
@@ -73,7 +73,7 @@ def test_mtp_trains_under_zero3_with_its_frozen_lm_head_and_exports(tiny_target,
     cmd = ["accelerate", "launch", *flags, "--main_process_port", str(free_port()), "toolkit/train/mtp.py",
            "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(tmp_path / "run"),
            "max_steps=2", "batch_size=2", "max_len=96", "log_every=1", "save_every=2", "eval_samples=2",
-           "eval_max_new_tokens=4", "threads=1", "lr=3e-3", "ttt_steps=2"]
+           "eval_max_new_tokens=4", "threads=1", "lr=3e-3", "ttt_steps=2", "mixed_precision=no"]
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 process(es)" in proc.stdout

@@ -17,7 +17,7 @@ from toolkit.train.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["batch_size=2", "max_len=96", "log_every=1", "eval_samples=2", "eval_max_new_tokens=6", "threads=1",
-          "lr=3e-3", "warmup_ratio=0"]
+          "lr=3e-3", "warmup_ratio=0", "mixed_precision=no"]  # fp32 on any CPU: auto would time bf16 first
 
 
 def train(tiny_target, prepared, out, *extra, flags=()):
