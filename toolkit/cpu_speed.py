@@ -2,8 +2,8 @@
 
 `toolkit quickstart` sizes its plan by the fp32 rate; training takes bf16 autocast on a CPU only where it pays.
 A CPU with native bf16 (AVX512-BF16, AMX) ran the GEMM below 2.2x faster in bf16 and trained 1.5x the tokens/s
-(RESULTS.md, 2026-11-25); one without (an AVX2-only EPYC) emulates bf16 at ~1 GFLOP/s, 20-30x slower than its
-fp32, and a training step there took ~40x as long (RESULTS.md, 2026-11-26).
+(RESULTS.md, 2026-11-25); one without (an AVX2-only EPYC) emulates bf16 at ~1 GFLOP/s, 1/74-1/113 of its fp32
+rate, and a training step there took ~60x as long (RESULTS.md, 2026-11-26).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def measure_gflops(threads: int, reps: int = 5, dtype: str = "float32", seconds:
 @functools.lru_cache
 def quick_gflops(threads: int, dtype: str = "float32") -> float:
     """A quarter-size measure_gflops (0.45 GFLOP a product, <= ~1.5 s even for emulated bf16), once per process:
-    enough to tell native from emulated half precision, which differ 20-60x."""
+    enough to tell native half precision (~2x fp32) from emulated (~1/100 of fp32)."""
     return measure_gflops(threads, reps=2, dtype=dtype, seconds=0.25, rows=256)
 
 

@@ -51,7 +51,7 @@ def make_accelerator(cfg):
     handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not torch.cuda.is_available() else []
     log_with = ["wandb"] if cfg.wandb_project else None
     # mixed_precision "auto" leaves accelerate's own choice (launch flag, env, config file; default no). On a
-    # CPU the choice follows this CPU's GEMM rates: emulated bf16 (no AVX512-BF16 / AMX) trains ~40x slower
+    # CPU the choice follows this CPU's GEMM rates: emulated bf16 (no AVX512-BF16 / AMX) trained ~60x slower
     requested = cfg.mixed_precision
     if not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         from toolkit.cpu_speed import cpu_training_precision
