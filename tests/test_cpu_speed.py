@@ -52,6 +52,23 @@ def test_the_trainer_takes_fp32_on_a_cpu_that_emulates_bf16(monkeypatch, capsys)
     assert "bf16 GEMM 0.8 GFLOP/s = 0.03x fp32 (24.0), so the head trains in fp32" in capsys.readouterr().out
 
 
+def test_serving_in_an_emulated_half_precision_on_a_cpu_is_warned_about(monkeypatch, capsys):
+    """`toolkit bench / serve --dtype bfloat16 --device cpu`: kept, with both rates on stderr where emulated."""
+    from toolkit.infer.loading import pick_device
+
+    calls = []
+    monkeypatch.setattr("toolkit.cpu_speed.quick_gflops", rates(EMULATED, calls))
+    assert pick_device("cpu", "bfloat16") == ("cpu", torch.bfloat16)
+    err = capsys.readouterr().err
+    assert err.startswith("WARNING --dtype bfloat16 on this CPU: its bf16 GEMM runs 0.8 GFLOP/s against 24.0")
+    assert "--dtype auto serves in fp32 on a CPU" in err
+    calls.clear()
+    assert pick_device("cpu", "auto") == ("cpu", torch.float32) and pick_device("cpu", "float32")[1] == torch.float32
+    assert calls == []  # fp32 measures nothing
+    monkeypatch.setattr("toolkit.cpu_speed.quick_gflops", rates(NATIVE))
+    assert pick_device("cpu", "float16") == ("cpu", torch.float16) and capsys.readouterr().err == ""
+
+
 def test_the_quick_measure_is_real_and_made_once():
     quick_gflops.cache_clear()
     first = quick_gflops(1)

@@ -60,16 +60,22 @@ def cpu_training_precision(requested: str, launched: str | None, threads: int, m
         requested = launched
     if requested == "no":
         return "no", None
-    fp32 = measure(threads, dtype="float32")
     if requested == "auto":
-        bf16 = measure(threads, dtype="bfloat16")
+        fp32, bf16 = measure(threads, dtype="float32"), measure(threads, dtype="bfloat16")
         chosen = "bf16" if bf16 >= BF16_MIN_GAIN * fp32 else "no"
         return chosen, (f"[train] mixed_precision auto on this CPU: bf16 GEMM {bf16:.1f} GFLOP/s = {bf16 / fp32:.2f}x "
                         f"fp32 ({fp32:.1f}), so the head trains in {'bf16 (target too)' if chosen == 'bf16' else 'fp32'}")
-    half = measure(threads, dtype=HALF[requested])
+    return requested, emulated_warning(f"[train] mixed_precision {requested}", HALF[requested], threads,
+                                       "training will crawl. mixed_precision=no or auto trains in fp32 here", measure)
+
+
+def emulated_warning(setting: str, dtype: str, threads: int, advice: str, measure=None) -> str | None:
+    """A WARNING line naming `setting` and `advice` when this CPU runs `dtype` ("bfloat16" | "float16") GEMMs
+    slower than fp32 (emulated); None where it does not. measure as in cpu_training_precision."""
+    measure = measure or quick_gflops
+    fp32, half = measure(threads, dtype="float32"), measure(threads, dtype=dtype)
     if half >= fp32:
-        return requested, None
-    return requested, (f"WARNING [train] mixed_precision {requested} on this CPU: its {requested} GEMM runs "
-                       f"{half:.1f} GFLOP/s against {fp32:.1f} in fp32 ({fp32 / half:.0f}x slower; no native "
-                       f"{requested}, e.g. no AVX512-BF16 / AMX): training will crawl. mixed_precision=no or auto "
-                       "trains in fp32 here")
+        return None
+    short = {name: short for short, name in HALF.items()}[dtype]
+    return (f"WARNING {setting} on this CPU: its {short} GEMM runs {half:.1f} GFLOP/s against {fp32:.1f} in fp32 "
+            f"({fp32 / half:.0f}x slower; no native {short}, e.g. no AVX512-BF16 / AMX): {advice}")

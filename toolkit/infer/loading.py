@@ -30,6 +30,13 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.d
         return device, torch.bfloat16 if device == "cuda" else torch.float32
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype {dtype}: give auto, float32, bfloat16 or float16")
+    if device == "cpu" and dtype != "float32":  # kept, but a CPU that emulates it decodes ~100x slower
+        from toolkit.cpu_speed import emulated_warning
+
+        note = emulated_warning(f"--dtype {dtype}", dtype, torch.get_num_threads(),
+                                "decoding will crawl; --dtype auto serves in fp32 on a CPU")
+        if note:
+            print(note, file=sys.stderr, flush=True)
     return device, getattr(torch, dtype)
 
 

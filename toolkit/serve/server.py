@@ -45,7 +45,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=50, help="log running tau and tok/s every N steps (0 = off)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: bfloat16 on cuda, float32 on cpu")
+                   help="auto: bfloat16 on cuda, float32 on cpu (a CPU that emulates bf16 / fp16 gets a warning)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
                    "torch.compile'd (fuses the small ops between GEMMs; a minute or two to compile at start)")
