@@ -13,6 +13,11 @@ import time
 BF16_MIN_GAIN = 1.5  # half precision is chosen where its GEMM runs at least this many times the fp32 one
 
 
+def bf16_pays(fp32: float, bf16: float) -> bool:
+    """The rule training and quickstart share: bf16 where its GEMM rate is >= BF16_MIN_GAIN x fp32's."""
+    return bf16 >= BF16_MIN_GAIN * fp32
+
+
 def measure_gflops(threads: int, reps: int = 5, dtype: str = "float32", seconds: float = 1.0,
                    rows: int = 1024) -> float:
     """GEMM rate of this CPU on `threads` threads: [rows, 576] x [576, 1536], the target's MLP shape at a
@@ -62,7 +67,7 @@ def cpu_training_precision(requested: str, launched: str | None, threads: int, m
         return "no", None
     if requested == "auto":
         fp32, bf16 = measure(threads, dtype="float32"), measure(threads, dtype="bfloat16")
-        chosen = "bf16" if bf16 >= BF16_MIN_GAIN * fp32 else "no"
+        chosen = "bf16" if bf16_pays(fp32, bf16) else "no"
         return chosen, (f"[train] mixed_precision auto on this CPU: bf16 GEMM {bf16:.1f} GFLOP/s = {bf16 / fp32:.2f}x "
                         f"fp32 ({fp32:.1f}), so the head trains in {'bf16 (target too)' if chosen == 'bf16' else 'fp32'}")
     return requested, emulated_warning(f"[train] mixed_precision {requested}", HALF[requested], threads,

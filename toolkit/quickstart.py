@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from toolkit.atomic import write_text
-from toolkit.cpu_speed import BF16_MIN_GAIN, measure_gflops
+from toolkit.cpu_speed import BF16_MIN_GAIN, bf16_pays, measure_gflops
 from toolkit.embedded import DEFAULT_MODEL, MARKER, model_dir
 
 
@@ -134,7 +134,7 @@ def pick_precision(precision: str, minutes: float, state: dict, gpu: bool) -> st
     fp32 = state.get("gflops") or measure_gflops(threads=2)
     bf16 = measure_gflops(threads=2, dtype="bfloat16")
     state["bf16_gflops"] = round(bf16, 1)
-    chosen = "bf16" if bf16 >= BF16_MIN_GAIN * fp32 else "no"
+    chosen = "bf16" if bf16_pays(fp32, bf16) else "no"
     print(f"[quickstart] bf16 GEMM {bf16:.0f} GFLOP/s = {bf16 / fp32:.2f}x fp32: the head trains in "
           f"{'bf16 (target too)' if chosen == 'bf16' else 'fp32'}", flush=True)
     return chosen
