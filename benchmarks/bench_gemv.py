@@ -25,7 +25,7 @@ from toolkit.infer.kernels.layer_ops import rms_norm, silu_mul
 # (name, N, K, prologue, residual): Llama-3.1-8B's layer and readout, the EAGLE-3 head's first layer and readout
 SHAPES = [("qkv", 6144, 4096, "norm", False), ("o_proj", 4096, 4096, None, True),
           ("gate_up", 28672, 4096, "norm", False), ("down", 4096, 14336, "silu", True),
-          ("lm_head", 128256, 4096, None, False), ("draft_qkv", 6144, 8192, None, False),
+          ("lm_head", 128256, 4096, None, False), ("draft_qkv", 6144, 8192, "norm2", False),
           ("draft_lm_head", 32000, 4096, "norm", False)]
 
 
@@ -69,25 +69,30 @@ def main() -> None:
     for name, N, K, prologue, has_res in SHAPES:
         copies = max(1, -(-256 * 2 ** 20 // (N * K * 2)))
         ws = [torch.randn(N, K, device=dev, dtype=dt) / K ** 0.5 for _ in range(copies)]
-        nw = torch.randn(K, device=dev, dtype=dt) if prologue == "norm" else None
+        k1 = K // 2 if prologue == "norm2" else K  # norm2: EAGLE-3's [embedding, hidden] halves, each normed
+        nw = torch.randn(k1, device=dev, dtype=dt) if prologue in ("norm", "norm2") else None
+        nw2 = torch.randn(K - k1, device=dev, dtype=dt) if prologue == "norm2" else None
         for M in map(int, args.rows.split(",")):
-            x = torch.randn(1, M, 2 * K if prologue == "silu" else K, device=dev, dtype=dt)
+            x = torch.randn(1, M, 2 * K if prologue == "silu" else k1, device=dev, dtype=dt)
+            x2 = torch.randn(1, M, K - k1, device=dev, dtype=dt) if prologue == "norm2" else None
             res = torch.randn(1, M, N, device=dev, dtype=dt) if has_res else None
-            want = reference_gemv(x.float(), ws[0].float(), prologue, None if nw is None else nw.float(), 1e-5, None,
-                                  None if res is None else res.float())
-            got = gemv(x, ws[0], prologue, nw, 1e-5, None, res)
+            f32 = (lambda t: None if t is None else t.float())
+            want = reference_gemv(x.float(), ws[0].float(), prologue, f32(nw), 1e-5, None, f32(res), f32(x2), f32(nw2))
+            got = gemv(x, ws[0], prologue, nw, 1e-5, None, res, x2=x2, norm_w2=nw2)
             err = float((got.float() - want).norm() / want.norm())
 
             def old():  # the engine's kernels before the fused GEMV
                 for w in ws:
-                    a = rms_norm(x, nw, 1e-5) if prologue == "norm" else silu_mul(x) if prologue == "silu" else x
+                    a = (rms_norm(x, nw, 1e-5) if prologue == "norm" else silu_mul(x) if prologue == "silu" else
+                         torch.cat([rms_norm(x, nw, 1e-5), rms_norm(x2, nw2, 1e-5)], -1) if prologue == "norm2" else x)
                     y = F.linear(a, w)
                     if res is not None:
                         y = res + y
-            xin = x[..., :K].contiguous()
+            xin = torch.cat([x, x2], -1) if prologue == "norm2" else x[..., :K].contiguous()
             cublas = graph_time(lambda: [F.linear(xin, w) for w in ws], copies)
             before = graph_time(old, copies)
-            fused = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res) for w in ws], copies)
+            fused = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, x2=x2, norm_w2=nw2) for w in ws],
+                               copies)
             row = {"name": name, "N": N, "K": K, "rows": M, "prologue": prologue, "residual": has_res,
                    "rel_err": round(err, 5), "config": gemv_config(N, K, M, x.device),
                    "cublas_us": round(cublas * 1e6, 2), "before_us": round(before * 1e6, 2),
@@ -98,7 +103,8 @@ def main() -> None:
                 for cfg in (EW if M == 1 else DOT) + TORCH:
                     if cfg[2] > max(256, K) or (cfg[0] == "dot" and N // cfg[1] < 64):
                         continue
-                    t = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, config=cfg) for w in ws], copies)
+                    t = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, config=cfg, x2=x2, norm_w2=nw2)
+                                            for w in ws], copies)
                     row.setdefault("sweep", {})[str(cfg)] = round(t * 1e6, 2)
                     if best is None or t < best[1]:
                         best = (cfg, t)

@@ -75,33 +75,40 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
         inv1 = 1.0 / tl.sqrt(tl.sum(ss1, 0) / K1 + eps)
         inv2 = 1.0 / tl.sqrt(tl.sum(ss2, 0) / (K - K1) + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + cols
-        if PROLOGUE == 3:  # column k of the concatenation: x[k] or x2[k - K1], normed by its half's statistic
-            first = k < K1
-            second = (k >= K1) & (k < K)
-            k2 = tl.where(second, k - K1, 0)
-            xk = tl.where(first, tl.load(x_ptr + k, mask=first, other=0.0).to(tl.float32),
-                          tl.load(x2_ptr + k2, mask=second, other=0.0).to(tl.float32))
-            nw = tl.where(first, tl.load(nw_ptr + k, mask=first, other=0.0).to(tl.float32),
-                          tl.load(nw2_ptr + k2, mask=second, other=0.0).to(tl.float32))
-            xk = (nw * (xk * tl.where(first, inv1, inv2)).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K)[None, :],
+    if PROLOGUE == 3:  # the concatenation's two halves in two loops: x's K1 columns, then x2's K - K1
+        for k0 in range(0, K1, BLOCK_K):
+            k = k0 + cols
+            xk = tl.load(x_ptr + k, mask=k < K1, other=0.0).to(tl.float32)
+            nw = tl.load(nw_ptr + k, mask=k < K1, other=0.0).to(tl.float32)
+            xk = (nw * (xk * inv1).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K1)[None, :],
                         other=0.0)
-        elif EVEN_K:
-            xk = tl.load(x_ptr + k).to(tl.float32)
-            w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None], other=0.0)
-        else:
-            xk = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K)[None, :],
-                        other=0.0)
-        if PROLOGUE == 1:  # normalised in fp32, rounded, then scaled and rounded (model.RMSNorm)
-            nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-            xk = (nw * (xk * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        if PROLOGUE == 2:  # silu(gate) rounded like torch's silu, times up, rounded
-            up = tl.load(x_ptr + K + k, mask=k < K, other=0.0).to(tl.float32)
-            xk = ((xk / (1.0 + tl.exp(-xk))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
-        acc += w.to(tl.float32) * xk[None, :]
+            acc += w.to(tl.float32) * xk[None, :]
+        for k0 in range(0, K - K1, BLOCK_K):
+            k = k0 + cols
+            xk = tl.load(x2_ptr + k, mask=k < K - K1, other=0.0).to(tl.float32)
+            nw = tl.load(nw2_ptr + k, mask=k < K - K1, other=0.0).to(tl.float32)
+            xk = (nw * (xk * inv2).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            w = tl.load(w_ptr + n[:, None] * swn + (K1 + k)[None, :] * swk,
+                        mask=n_ok[:, None] & (k < K - K1)[None, :], other=0.0)
+            acc += w.to(tl.float32) * xk[None, :]
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + cols
+            if EVEN_K:
+                xk = tl.load(x_ptr + k).to(tl.float32)
+                w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None], other=0.0)
+            else:
+                xk = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K)[None, :],
+                            other=0.0)
+            if PROLOGUE == 1:  # normalised in fp32, rounded, then scaled and rounded (model.RMSNorm)
+                nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+                xk = (nw * (xk * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            if PROLOGUE == 2:  # silu(gate) rounded like torch's silu, times up, rounded
+                up = tl.load(x_ptr + K + k, mask=k < K, other=0.0).to(tl.float32)
+                xk = ((xk / (1.0 + tl.exp(-xk))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+            acc += w.to(tl.float32) * xk[None, :]
     y = tl.sum(acc, 1)                                          # [BLOCK_N]
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
