@@ -35,7 +35,10 @@ class OracleHead(DraftHead):
     def new_cache(self, max_len, dtype=torch.float32, device="cpu", batch=1):
         return None
 
-    def forward(self, emb, hidden, positions, cache, slots=None, mask=None, log_probs=True):
+    def step_inputs(self, positions, mask, dtype):
+        return None  # no RoPE, no attention
+
+    def forward(self, emb, hidden, positions, cache, slots=None, mask=None, log_probs=True, pre=None):
         B, T = positions.shape
         scores = torch.zeros(B, T, self.vocab)
         for b in range(B):

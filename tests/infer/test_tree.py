@@ -48,8 +48,8 @@ def test_tensor_growth_equals_the_host_reference(cfg):
     assert torch.allclose(other.k, cache.k, atol=1e-5)  # the same draft KV in the same slots (masks differ in width)
 
     # masks as wide as the cache (what CUDA graphs replay) grow the same trees
-    def forward(emb, hidden, positions, slots, mask, log_probs=True):
-        return head(emb, hidden, positions, other, slots=slots, mask=mask, kv_len=64, log_probs=log_probs)
+    def forward(emb, hidden, positions, slots, mask, **kw):
+        return head(emb, hidden, positions, other, slots=slots, mask=mask, kv_len=64, **kw)
 
     tokens, parents, _ = grow(head, embed, forward, torch.tensor(prefixes), torch.tensor(roots), root_out, root_logp,
                               cfg, mask_len=64)
@@ -97,6 +97,34 @@ def test_a_sampled_chain_draws_each_token_from_the_tempered_draft():
              torch.zeros(1, TARGET.hidden_size), logp[None], TreeConfig(2, 2, 3), gumbel=noise[:1], inv_temp=None)
 
 
+def test_a_chain_makes_every_steps_rope_and_mask_once_a_round():
+    """grow_chain asks the head for its steps' RoPE tables and attention bias once (step-major rows), and each
+    step's forward gets its own rows: the same log-probs as a forward that makes them itself."""
+    head = random_head(TARGET, seed=4)
+    embed = torch.nn.Embedding(TARGET.vocab_size, TARGET.hidden_size)
+    cfg, g = TreeConfig(5, 1, 6), torch.Generator().manual_seed(3)
+    prefix, roots = torch.tensor([4, 9]), torch.tensor([1, 2])
+    root_out = torch.randn(2, TARGET.hidden_size, generator=g)
+    root_logp = torch.randn(2, TARGET.vocab_size, generator=g).log_softmax(-1)
+    made, steps = [], []
+    step_inputs = head.step_inputs
+    head.step_inputs = lambda *a: made.append(a[0].clone()) or step_inputs(*a)
+    cache, check = head.new_cache(64, batch=2), head.new_cache(64, batch=2)
+
+    def forward(emb, hidden, positions, slots, mask, pre=None, **kw):
+        steps.append(pre)
+        own = head(emb, hidden, positions, check, slots=slots, mask=mask, kv_len=64,  # its own step inputs
+                   pre=step_inputs(positions, mask, emb.dtype), **kw)
+        got = head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=64, pre=pre, **kw)
+        assert torch.equal(own[0], got[0]) and torch.equal(own[1], got[1])
+        return got
+
+    with torch.no_grad():
+        grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg, 64)
+    assert len(made) == 1 and made[0][:, 0].tolist() == [4, 9, 5, 10, 6, 11, 7, 12]  # one call, step-major
+    assert len(steps) == 4 and all(p is not None and p[0].shape[0] == 2 for p in steps)
+
+
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 def test_the_lean_chain_equals_the_general_growth(sampled):
     """grow sends topk 1 to grow_chain: the same tokens, parents, depths, log-probs and draft KV as grow_tree,
@@ -116,8 +144,8 @@ def test_the_lean_chain_equals_the_general_growth(sampled):
     caches = [head.new_cache(64, batch=B) for _ in range(2)]
     outs = []
     for grower, cache in zip((grow_chain, grow_tree), caches):
-        def forward(emb, hidden, positions, slots, mask, log_probs=True, cache=cache):
-            return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=64, log_probs=log_probs)
+        def forward(emb, hidden, positions, slots, mask, cache=cache, **kw):
+            return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=64, **kw)
 
         with torch.no_grad():
             outs.append(grower(head, embed, forward, prefix, roots, root_out, root_logp, cfg, 64, **extra))

@@ -65,13 +65,19 @@ class DraftHead(nn.Module):
     def new_cache(self, max_len: int, dtype=torch.float32, device="cpu", batch: int = 1) -> KVCache:
         return KVCache(replace(self.config, num_layers=len(self.layers())), batch, max_len, dtype, device)
 
+    def step_inputs(self, positions: torch.Tensor, mask: torch.Tensor, dtype) -> tuple:
+        """What a step derives from its positions [B, T] and mask [B, T, S] alone: (cos, sin, attention bias),
+        each with B leading rows. A chain makes every step's at once (tree.grow_chain), not one set per step."""
+        cos, sin = rope_cos_sin(positions, self.inv_freq, dtype, self.config.rope_attention_factor(), self.kernels)
+        return cos, sin, attention_masks(mask, dtype, self.kernels)
+
     def forward(self, emb, hidden, positions, cache: KVCache, slots=None, mask=None, kv_len: int | None = None,
-                log_probs: bool = True):
+                log_probs: bool = True, pre: tuple | None = None):
         """emb [B, T, H]; hidden [B, T, *]; positions/slots [B, T]; mask bool [B, T, S] (default causal).
         Returns (log-probs over the draft vocab [B, T, N], output hidden [B, T, H]). kv_len (= S, with a
         mask): the cache slots attended, given by CUDA-graph callers (no host sync on the slots).
         log_probs False: the logits instead (same order per row: enough for a greedy chain's argmax, and one
-        kernel less, the log-softmax over N)."""
+        kernel less, the log-softmax over N). pre: step_inputs(positions, mask) made by the caller."""
         slots = positions if slots is None else slots
         if kv_len is None:  # a mask says how many slots it covers; else the slots written reach
             kv_len = mask.shape[-1] if mask is not None else int(slots.max()) + 1
@@ -79,9 +85,7 @@ class DraftHead(nn.Module):
             raise ValueError(f"draft needs {kv_len} cache slots but its KV cache holds {cache.max_len}")
         if mask is None:
             mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, emb.dtype, self.config.rope_attention_factor(),
-                                self.kernels)
-        bias = attention_masks(mask, emb.dtype, self.kernels)
+        cos, sin, bias = pre if pre is not None else self.step_inputs(positions, mask, emb.dtype)
         first, *rest = self.layers()
         if row_step_ok(first.self_attn, first.mlp, emb, cache, slots):  # <= 16 rows on Triton: norms etc. in GEMVs
             h, qkv_in = self.fuse_rows(emb, hidden)

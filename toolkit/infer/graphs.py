@@ -159,8 +159,8 @@ class GraphedDraftLoop:
         S, device, dtype = cache.max_len, cache.k.device, cache.k.dtype
 
         def fn(prefix, roots, root_out, root_logp, gumbel=None, inv_temp=None):
-            def forward(emb, hidden, positions, slots, mask, log_probs=True):
-                return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=S, log_probs=log_probs)
+            def forward(emb, hidden, positions, slots, mask, **kw):  # kw: log_probs, pre (DraftHead.forward)
+                return head(emb, hidden, positions, cache, slots=slots, mask=mask, kv_len=S, **kw)
 
             return grow(head, embed, forward, prefix, roots, root_out, root_logp, cfg, mask_len=S, gumbel=gumbel,
                         inv_temp=inv_temp)

@@ -79,7 +79,8 @@ def grow(head, embed: torch.nn.Embedding, forward, prefix: torch.Tensor, roots: 
          inv_temp: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """The trees after each root, as tensors: (tokens, parents, depth), each [B, num_draft_tokens].
     prefix/roots [B]; root_out [B, H]; root_logp [B, N]. forward(emb, hidden, positions, slots, mask,
-    log_probs=True) runs the head over the draft cache (log_probs False: logits, for a greedy chain), where
+    log_probs=True, pre=None) runs the head over the draft cache (log_probs False: logits, for a greedy chain;
+    pre: the step's RoPE tables and attention bias, DraftHead.step_inputs, made by a chain for all steps), where
     sequence b holds positions 0..prefix[b]-1. mask_len: the width of the masks given to forward (CUDA graphs
     attend over the whole cache); default: what the slots reach.
     A sampled chain (topk 1): with gumbel [B, num_steps, N] and inv_temp [B], step i draws its token from
@@ -107,6 +108,11 @@ def chooser(k: int, gumbel: torch.Tensor | None, inv_temp: torch.Tensor | None):
     return choose
 
 
+def rows(x, r: slice):
+    """The rows r of every tensor in a nested tuple (None stays None)."""
+    return tuple(rows(t, r) for t in x) if isinstance(x, tuple) else None if x is None else x[r]
+
+
 def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: TreeConfig, W: int, gumbel=None,
                inv_temp=None) -> tuple[torch.Tensor, ...]:
     """grow for topk 1: the tree is the chain itself (cumulative log-probs fall with depth, so the rerank keeps
@@ -116,8 +122,11 @@ def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tr
     greedy chain takes the argmax of the logits (no log-softmax over the draft vocabulary), which with the d2t
     map and the embedding is one kernel on Triton (DraftHead.greedy_next)."""
     B, n, dev = len(prefix), cfg.num_steps + 1, root_logp.device
-    slots = prefix[:, None] + torch.arange(cfg.num_steps - 1, device=dev)          # [B, steps - 1]
-    masks = torch.arange(W, device=dev) <= slots[:, :, None]                       # [B, steps - 1, W]
+    # every step's inputs at once, step-major so that step s's B rows are one contiguous slice: slots, masks,
+    # and what the head derives from them (RoPE tables, attention bias): made once a round, not once a step
+    slots = (prefix[None, :] + torch.arange(cfg.num_steps - 1, device=dev)[:, None]).reshape(-1, 1)  # [(S-1)B, 1]
+    masks = torch.arange(W, device=dev) <= slots[:, :, None]                       # [(steps - 1) B, 1, W]
+    pre = head.step_inputs(slots, masks, embed.weight.dtype)
     choose = chooser(1, gumbel, inv_temp)
 
     def pick(logp: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -133,8 +142,8 @@ def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tr
     chain_logp, (ids, emb) = [root_logp], pick(root_logp, 0)
     tok, hid = [roots[:, None], ids], root_out[:, None]
     for step in range(1, cfg.num_steps):
-        s = slice(step - 1, step)
-        logp, hid = forward(emb, hid, slots[:, s], slots[:, s], masks[:, s],       # [B, 1, N], [B, 1, H]
+        r = slice((step - 1) * B, step * B)                                          # this step's rows
+        logp, hid = forward(emb, hid, slots[r], slots[r], masks[r], pre=rows(pre, r),  # [B, 1, N], [B, 1, H]
                             log_probs=gumbel is not None)  # greedy: the logits' argmax, no log-softmax kernel
         if gumbel is not None:  # a sampled chain hands its laws to verification
             chain_logp.append(logp[:, 0])
@@ -199,11 +208,12 @@ def draft_trees(head, embed: torch.nn.Embedding, cache: KVCache, prefixes: list[
     """Grow one tree per sequence after its root (the last emitted token), all sequences in lockstep.
     root_out [B, H], root_logp [B, N]. Sequence b's draft cache holds positions 0..prefixes[b]-1 (the
     root's own pair is the last); its expanded nodes go to slots prefixes[b], prefixes[b] + 1, ...
-    forward(emb, hidden, positions, slots, mask, log_probs=True): the head over `cache` (default: the head).
+    forward(emb, hidden, positions, slots, mask, **kw): the head over `cache` (default: the head); kw are the
+    head's log_probs and pre.
     gumbel/inv_temp: a sampled chain (grow); each Tree then carries its draft_logp."""
     if forward is None:
-        def forward(emb, hidden, positions, slots, mask, log_probs=True):
-            return head(emb, hidden, positions, cache, slots=slots, mask=mask, log_probs=log_probs)
+        def forward(emb, hidden, positions, slots, mask, **kw):
+            return head(emb, hidden, positions, cache, slots=slots, mask=mask, **kw)
 
     dev = root_logp.device
     grown = grow(head, embed, forward, torch.tensor(prefixes, device=dev), torch.tensor(roots, device=dev),
