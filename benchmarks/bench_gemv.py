@@ -51,6 +51,7 @@ def graph_time(fn, calls: int) -> float:
 
 
 EW = [("ew", bn, bk, 4, 1) for bn in (1, 2, 4, 8, 16) for bk in (256, 512)]
+EW1 = [("ew1",) + cfg[1:] for cfg in EW]  # a norm's statistic from one load of the row
 DOT = [("dot", bn, bk, 4, st) for bn in (16, 32, 64) for bk in (128, 256) for st in (3, 4)]
 TORCH = [("torch", 0, 0, 0, 0)]  # the prologue's kernel, then cuBLAS (and the residual add)
 
@@ -100,7 +101,8 @@ def main() -> None:
                    "fused_gb_s": round(N * K * 2 / fused / 1e9)}
             if args.sweep:
                 best = None
-                for cfg in (EW if M == 1 else DOT) + TORCH:
+                ews = EW + EW1 if prologue in ("norm", "norm2") else EW
+                for cfg in (ews if M == 1 else DOT) + TORCH:
                     if cfg[2] > max(256, K) or (cfg[0] == "dot" and N // cfg[1] < 64):
                         continue
                     t = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, config=cfg, x2=x2, norm_w2=nw2)

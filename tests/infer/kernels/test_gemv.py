@@ -26,9 +26,10 @@ def rand(*shape, dtype=torch.float32, seed=0):
 @pytest.mark.parametrize("prologue", [None, "norm", "silu"])
 @pytest.mark.parametrize("n, k", [(70, 200), (33, 1536)])
 @pytest.mark.parametrize("extras", ["", "bias+residual"])
-@pytest.mark.parametrize("rows, config", [(1, ("ew", 8, 64, 4, 1)), (1, ("dot", 16, 64, 4, 2)),
-                                          (5, ("dot", 32, 32, 4, 2)), (16, None), (3, ("torch", 0, 0, 0, 0))],
-                         ids=["ew", "dot1", "dot5", "dot16", "torch3"])
+@pytest.mark.parametrize("rows, config", [(1, ("ew", 8, 64, 4, 1)), (1, ("ew1", 8, 64, 4, 1)),
+                                          (1, ("dot", 16, 64, 4, 2)), (5, ("dot", 32, 32, 4, 2)), (16, None),
+                                          (3, ("torch", 0, 0, 0, 0))],
+                         ids=["ew", "ew1", "dot1", "dot5", "dot16", "torch3"])
 def test_gemv_equals_the_torch_path(dtype, prologue, n, k, extras, rows, config):
     x = rand(1, rows, 2 * k if prologue == "silu" else k, dtype=dtype, seed=1)
     w = rand(n, k, dtype=dtype, seed=2) / k ** 0.5
@@ -45,8 +46,9 @@ def test_gemv_equals_the_torch_path(dtype, prologue, n, k, extras, rows, config)
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k1, k2", [(64, 64), (70, 130)])
-@pytest.mark.parametrize("rows, config", [(1, ("ew", 8, 64, 4, 1)), (1, None), (5, ("dot", 32, 32, 4, 2)),
-                                          (3, ("torch", 0, 0, 0, 0))], ids=["ew", "ew-rule", "dot5", "torch3"])
+@pytest.mark.parametrize("rows, config", [(1, ("ew", 8, 64, 4, 1)), (1, ("ew1", 8, 64, 4, 1)), (1, None),
+                                          (5, ("dot", 32, 32, 4, 2)), (3, ("torch", 0, 0, 0, 0))],
+                         ids=["ew", "ew1", "ew-rule", "dot5", "torch3"])
 def test_the_two_norm_prologue_equals_the_torch_path(dtype, k1, k2, rows, config):
     """"norm2" (EAGLE-3's midlayer input: cat[norm1(emb), norm2(hidden)] from two tensors) against the torch path,
     halves that do and do not end on a block, with bias and residual."""

@@ -49,31 +49,43 @@ def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=Non
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk, x2_ptr, nw2_ptr, K1,
                  PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAT_BLOCK: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     cols = tl.arange(0, BLOCK_K)
     dt = y_ptr.dtype.element_ty
     inv = 1.0
     if PROLOGUE == 1:  # the row's RMS statistic first: one pass over x (K values, in L2 after the first program)
-        ss = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < K, other=0.0).to(tl.float32)
-            ss += xk * xk
-        inv = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+        if STAT_BLOCK > 0:  # "ew1": the row in one load, one L2 round trip before the weights stream
+            sc = tl.arange(0, STAT_BLOCK)
+            xs = tl.load(x_ptr + sc, mask=sc < K, other=0.0).to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(xs * xs, 0) / K + eps)
+        else:  # "ew": BLOCK_K values a load
+            ss = tl.zeros([BLOCK_K], tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < K, other=0.0).to(tl.float32)
+                ss += xk * xk
+            inv = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
     inv1 = 1.0
     inv2 = 1.0
     if PROLOGUE == 3:  # two statistics: x's K1 values and x2's K - K1
-        ss1 = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K1, BLOCK_K):
-            xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < K1, other=0.0).to(tl.float32)
-            ss1 += xk * xk
-        ss2 = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K - K1, BLOCK_K):
-            xk = tl.load(x2_ptr + k0 + cols, mask=(k0 + cols) < K - K1, other=0.0).to(tl.float32)
-            ss2 += xk * xk
-        inv1 = 1.0 / tl.sqrt(tl.sum(ss1, 0) / K1 + eps)
-        inv2 = 1.0 / tl.sqrt(tl.sum(ss2, 0) / (K - K1) + eps)
+        if STAT_BLOCK > 0:
+            sc = tl.arange(0, STAT_BLOCK)
+            xs = tl.load(x_ptr + sc, mask=sc < K1, other=0.0).to(tl.float32)
+            xs2 = tl.load(x2_ptr + sc, mask=sc < K - K1, other=0.0).to(tl.float32)
+            inv1 = 1.0 / tl.sqrt(tl.sum(xs * xs, 0) / K1 + eps)
+            inv2 = 1.0 / tl.sqrt(tl.sum(xs2 * xs2, 0) / (K - K1) + eps)
+        else:
+            ss1 = tl.zeros([BLOCK_K], tl.float32)
+            for k0 in range(0, K1, BLOCK_K):
+                xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < K1, other=0.0).to(tl.float32)
+                ss1 += xk * xk
+            ss2 = tl.zeros([BLOCK_K], tl.float32)
+            for k0 in range(0, K - K1, BLOCK_K):
+                xk = tl.load(x2_ptr + k0 + cols, mask=(k0 + cols) < K - K1, other=0.0).to(tl.float32)
+                ss2 += xk * xk
+            inv1 = 1.0 / tl.sqrt(tl.sum(ss1, 0) / K1 + eps)
+            inv2 = 1.0 / tl.sqrt(tl.sum(ss2, 0) / (K - K1) + eps)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     if PROLOGUE == 3:  # the concatenation's two halves in two loops: x's K1 columns, then x2's K - K1
         for k0 in range(0, K1, BLOCK_K):
@@ -148,6 +160,7 @@ def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, s
 
 
 MAX_ROWS = 16  # more rows (a prefill) are a GEMM's job
+MAX_STAT_BLOCK = 16384  # "ew1" loads a norm's whole row at once up to this width ("ew"'s blocked loop beyond)
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,7 +177,8 @@ def _device_name(device: torch.device) -> str:
 
 
 def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = None) -> tuple:
-    """(kind, BLOCK_N, BLOCK_K, num_warps, num_stages); kind "ew" (one row, element-wise products), "dot"
+    """(kind, BLOCK_N, BLOCK_K, num_warps, num_stages); kind "ew" (one row, element-wise products; "ew1" the
+    same with a norm's statistic from one load of the row instead of BLOCK_K values a load), "dot"
     (_rows_kernel) or "torch" (cuBLAS after the prologue's kernel): the device's tuned entry for this shape if
     there is one, else a rule from an H100 sweep."""
     hit = tuned_configs(_device_name(device or torch.device("cpu"))).get(f"{n}x{k}x{1 if rows == 1 else 'many'}")
@@ -216,13 +230,16 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         if r.stride(-1) != 1:
             r = r.contiguous()
     kind, block_n, block_k, warps, stages = config or gemv_config(N, K, rows, x.device)
-    if kind == "ew" and rows == 1:
+    if kind in ("ew", "ew1") and rows == 1:
+        stat_block = triton.next_power_of_2(max(K1, K - K1)) if kind == "ew1" else 0
+        if prologue not in ("norm", "norm2") or stat_block > MAX_STAT_BLOCK:  # no statistic, or too wide a load
+            stat_block = 0
         _gemv_kernel[(triton.cdiv(N, block_n),)](
             x, w, y, norm_w if norm_w is not None else x, bias if bias is not None else x, r, N, K, eps,
             w.stride(0), w.stride(1), x2 if x2 is not None else x, norm_w2 if norm_w2 is not None else x, K1,
             PROLOGUE=PROLOGUES.index(prologue), HAS_BIAS=bias is not None,
             HAS_RESIDUAL=residual is not None, EVEN_K=K % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=warps, num_stages=stages)
+            STAT_BLOCK=stat_block, num_warps=warps, num_stages=stages)
         return y.view(*lead, N)
     from toolkit.infer.kernels.layer_ops import rms_norm, silu_mul
 
