@@ -56,6 +56,10 @@ DOT = [("dot", bn, bk, 4, st) for bn in (16, 32, 64) for bk in (128, 256) for st
 TORCH = [("torch", 0, 0, 0, 0)]  # the prologue's kernel, then cuBLAS (and the residual add)
 
 
+def f32(t):
+    return None if t is None else t.float()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1,8", help="rows per GEMV to time (1: a decode step; 8: a verify step)")
@@ -77,7 +81,6 @@ def main() -> None:
             x = torch.randn(1, M, 2 * K if prologue == "silu" else k1, device=dev, dtype=dt)
             x2 = torch.randn(1, M, K - k1, device=dev, dtype=dt) if prologue == "norm2" else None
             res = torch.randn(1, M, N, device=dev, dtype=dt) if has_res else None
-            f32 = (lambda t: None if t is None else t.float())
             want = reference_gemv(x.float(), ws[0].float(), prologue, f32(nw), 1e-5, None, f32(res), f32(x2), f32(nw2))
             got = gemv(x, ws[0], prologue, nw, 1e-5, None, res, x2=x2, norm_w2=nw2)
             err = float((got.float() - want).norm() / want.norm())

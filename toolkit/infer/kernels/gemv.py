@@ -47,6 +47,40 @@ def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=Non
 
 
 @triton.jit
+def _inv_rms(x_ptr, width, eps, BLOCK_K: tl.constexpr, STAT_BLOCK: tl.constexpr):
+    """1 / RMS of x's `width` values: in one load of STAT_BLOCK values ("ew1"), else BLOCK_K values a load."""
+    if STAT_BLOCK > 0:  # one L2 round trip before the weights stream
+        sc = tl.arange(0, STAT_BLOCK)
+        xs = tl.load(x_ptr + sc, mask=sc < width, other=0.0).to(tl.float32)
+        ss = tl.sum(xs * xs, 0)
+    else:
+        cols = tl.arange(0, BLOCK_K)
+        acc = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, width, BLOCK_K):
+            xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < width, other=0.0).to(tl.float32)
+            acc += xk * xk
+        ss = tl.sum(acc, 0)
+    return 1.0 / tl.sqrt(ss / width + eps)
+
+
+@triton.jit
+def _normed_part(acc, x_ptr, nw_ptr, w_ptr, col0, width, inv, n, n_ok, swn, swk, BLOCK_K: tl.constexpr):
+    """acc + W[n, col0:col0 + width] * (x normed by inv, times nw), rounded as model.RMSNorm rounds it (in x's
+    dtype, which is y's)."""
+    dt = x_ptr.dtype.element_ty
+    cols = tl.arange(0, BLOCK_K)
+    for k0 in range(0, width, BLOCK_K):
+        k = k0 + cols
+        xk = tl.load(x_ptr + k, mask=k < width, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + k, mask=k < width, other=0.0).to(tl.float32)
+        xk = (nw * (xk * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        w = tl.load(w_ptr + n[:, None] * swn + (col0 + k)[None, :] * swk, mask=n_ok[:, None] & (k < width)[None, :],
+                    other=0.0)
+        acc += w.to(tl.float32) * xk[None, :]
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk, x2_ptr, nw2_ptr, K1,
                  PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAT_BLOCK: tl.constexpr):
@@ -56,54 +90,13 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
     dt = y_ptr.dtype.element_ty
     inv = 1.0
     if PROLOGUE == 1:  # the row's RMS statistic first: one pass over x (K values, in L2 after the first program)
-        if STAT_BLOCK > 0:  # "ew1": the row in one load, one L2 round trip before the weights stream
-            sc = tl.arange(0, STAT_BLOCK)
-            xs = tl.load(x_ptr + sc, mask=sc < K, other=0.0).to(tl.float32)
-            inv = 1.0 / tl.sqrt(tl.sum(xs * xs, 0) / K + eps)
-        else:  # "ew": BLOCK_K values a load
-            ss = tl.zeros([BLOCK_K], tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < K, other=0.0).to(tl.float32)
-                ss += xk * xk
-            inv = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
-    inv1 = 1.0
-    inv2 = 1.0
-    if PROLOGUE == 3:  # two statistics: x's K1 values and x2's K - K1
-        if STAT_BLOCK > 0:
-            sc = tl.arange(0, STAT_BLOCK)
-            xs = tl.load(x_ptr + sc, mask=sc < K1, other=0.0).to(tl.float32)
-            xs2 = tl.load(x2_ptr + sc, mask=sc < K - K1, other=0.0).to(tl.float32)
-            inv1 = 1.0 / tl.sqrt(tl.sum(xs * xs, 0) / K1 + eps)
-            inv2 = 1.0 / tl.sqrt(tl.sum(xs2 * xs2, 0) / (K - K1) + eps)
-        else:
-            ss1 = tl.zeros([BLOCK_K], tl.float32)
-            for k0 in range(0, K1, BLOCK_K):
-                xk = tl.load(x_ptr + k0 + cols, mask=(k0 + cols) < K1, other=0.0).to(tl.float32)
-                ss1 += xk * xk
-            ss2 = tl.zeros([BLOCK_K], tl.float32)
-            for k0 in range(0, K - K1, BLOCK_K):
-                xk = tl.load(x2_ptr + k0 + cols, mask=(k0 + cols) < K - K1, other=0.0).to(tl.float32)
-                ss2 += xk * xk
-            inv1 = 1.0 / tl.sqrt(tl.sum(ss1, 0) / K1 + eps)
-            inv2 = 1.0 / tl.sqrt(tl.sum(ss2, 0) / (K - K1) + eps)
+        inv = _inv_rms(x_ptr, K, eps, BLOCK_K, STAT_BLOCK)
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    if PROLOGUE == 3:  # the concatenation's two halves in two loops: x's K1 columns, then x2's K - K1
-        for k0 in range(0, K1, BLOCK_K):
-            k = k0 + cols
-            xk = tl.load(x_ptr + k, mask=k < K1, other=0.0).to(tl.float32)
-            nw = tl.load(nw_ptr + k, mask=k < K1, other=0.0).to(tl.float32)
-            xk = (nw * (xk * inv1).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K1)[None, :],
-                        other=0.0)
-            acc += w.to(tl.float32) * xk[None, :]
-        for k0 in range(0, K - K1, BLOCK_K):
-            k = k0 + cols
-            xk = tl.load(x2_ptr + k, mask=k < K - K1, other=0.0).to(tl.float32)
-            nw = tl.load(nw2_ptr + k, mask=k < K - K1, other=0.0).to(tl.float32)
-            xk = (nw * (xk * inv2).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            w = tl.load(w_ptr + n[:, None] * swn + (K1 + k)[None, :] * swk,
-                        mask=n_ok[:, None] & (k < K - K1)[None, :], other=0.0)
-            acc += w.to(tl.float32) * xk[None, :]
+    if PROLOGUE == 3:  # two statistics, then the concatenation's halves in two loops: x's K1 columns, x2's K - K1
+        inv1 = _inv_rms(x_ptr, K1, eps, BLOCK_K, STAT_BLOCK)
+        inv2 = _inv_rms(x2_ptr, K - K1, eps, BLOCK_K, STAT_BLOCK)
+        acc = _normed_part(acc, x_ptr, nw_ptr, w_ptr, 0, K1, inv1, n, n_ok, swn, swk, BLOCK_K)
+        acc = _normed_part(acc, x2_ptr, nw2_ptr, w_ptr, K1, K - K1, inv2, n, n_ok, swn, swk, BLOCK_K)
     else:
         for k0 in range(0, K, BLOCK_K):
             k = k0 + cols
@@ -231,9 +224,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
             r = r.contiguous()
     kind, block_n, block_k, warps, stages = config or gemv_config(N, K, rows, x.device)
     if kind in ("ew", "ew1") and rows == 1:
-        stat_block = triton.next_power_of_2(max(K1, K - K1)) if kind == "ew1" else 0
-        if prologue not in ("norm", "norm2") or stat_block > MAX_STAT_BLOCK:  # no statistic, or too wide a load
-            stat_block = 0
+        stat_block = triton.next_power_of_2(max(K1, K - K1)) if kind == "ew1" and prologue in ("norm", "norm2") else 0
+        stat_block = stat_block if stat_block <= MAX_STAT_BLOCK else 0  # too wide for one load: the blocked loop
         _gemv_kernel[(triton.cdiv(N, block_n),)](
             x, w, y, norm_w if norm_w is not None else x, bias if bias is not None else x, r, N, K, eps,
             w.stride(0), w.stride(1), x2 if x2 is not None else x, norm_w2 if norm_w2 is not None else x, K1,
