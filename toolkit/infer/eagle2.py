@@ -19,6 +19,7 @@ from torch import nn
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import DraftHead, vocab_rows, write_draft_folder
 from toolkit.infer.model import MLP, Attention, Block, RMSNorm
+from toolkit.infer.row_step import few_rows
 
 
 class Eagle2Layer(nn.Module):
@@ -52,7 +53,18 @@ class Eagle2Head(DraftHead):
         x = self.fc(torch.cat([emb, hidden.to(emb.dtype)], dim=-1))                 # [B, T, H]
         return x, x
 
+    def fuse_rows(self, emb, hidden):
+        """On row_step's path: fc as one GEMV over the two tensors (gemv "cat2": no concatenation kernel)."""
+        from toolkit.infer.kernels.gemv import gemv
+
+        x = gemv(emb, self.fc.weight, "cat2", x2=hidden.to(emb.dtype), bias=self.fc.bias)   # [B, T, H]
+        return x, {"x": x}
+
     def readout(self, h):
+        if few_rows(h, self.kernels):  # the tuned GEMV (the target's own lm_head shape) instead of cuBLAS
+            from toolkit.infer.kernels.gemv import gemv
+
+            return gemv(h, self.lm_head.weight)
         return self.lm_head(h)
 
 

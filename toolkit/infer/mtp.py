@@ -29,6 +29,7 @@ from torch import nn
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import DraftHead, vocab_rows, write_draft_folder
 from toolkit.infer.model import Block, RMSNorm
+from toolkit.infer.row_step import few_rows
 
 MIMO = {"token_layernorm": "enorm", "hidden_layernorm": "hnorm", "input_proj": "eh_proj",
         "final_layernorm": "shared_head.norm"}
@@ -75,6 +76,10 @@ class MTPHead(DraftHead):
         return self.shared_head.norm(h)
 
     def readout(self, h):
+        if few_rows(h, self.kernels):  # the tuned GEMV (the target's own lm_head shape) instead of cuBLAS
+            from toolkit.infer.kernels.gemv import gemv
+
+            return gemv(h, self.lm_head.weight)
         return self.lm_head(h)
 
     def trained_state(self) -> dict[str, torch.Tensor]:

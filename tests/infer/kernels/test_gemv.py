@@ -45,26 +45,29 @@ def test_gemv_equals_the_torch_path(dtype, prologue, n, k, extras, rows, config)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("prologue", ["norm2", "cat2"])
 @pytest.mark.parametrize("k1, k2", [(64, 64), (70, 130)])
 @pytest.mark.parametrize("rows, config", [(1, ("ew", 8, 64, 4, 1)), (1, ("ew1", 8, 64, 4, 1)), (1, None),
                                           (5, ("dot", 32, 32, 4, 2)), (3, ("torch", 0, 0, 0, 0))],
                          ids=["ew", "ew1", "ew-rule", "dot5", "torch3"])
-def test_the_two_norm_prologue_equals_the_torch_path(dtype, k1, k2, rows, config):
-    """"norm2" (EAGLE-3's midlayer input: cat[norm1(emb), norm2(hidden)] from two tensors) against the torch path,
-    halves that do and do not end on a block, with bias and residual."""
+def test_the_two_tensor_prologues_equal_the_torch_path(dtype, prologue, k1, k2, rows, config):
+    """"norm2" (EAGLE-3's midlayer input: cat[norm1(emb), norm2(hidden)] from two tensors) and "cat2" (EAGLE-1/2's
+    fc input: cat[emb, hidden] as they are) against the torch path, halves that do and do not end on a block,
+    with bias and residual."""
     x, x2 = rand(1, rows, k1, dtype=dtype, seed=1) * 3, rand(1, rows, k2, dtype=dtype, seed=6)
     w = rand(40, k1 + k2, dtype=dtype, seed=2) / (k1 + k2) ** 0.5
-    nw, nw2 = rand(k1, dtype=dtype, seed=3), rand(k2, dtype=dtype, seed=7)
+    nw, nw2 = (rand(k1, dtype=dtype, seed=3), rand(k2, dtype=dtype, seed=7)) if prologue == "norm2" else (None, None)
     bias, residual = rand(40, dtype=dtype, seed=4), rand(1, rows, 40, dtype=dtype, seed=5)
-    y = gemv(x, w, "norm2", nw, 1e-5, bias, residual, config=config, x2=x2, norm_w2=nw2)
-    want = reference_gemv(x, w, "norm2", nw, 1e-5, bias, residual, x2=x2, norm_w2=nw2)
+    y = gemv(x, w, prologue, nw, 1e-5, bias, residual, config=config, x2=x2, norm_w2=nw2)
+    want = reference_gemv(x, w, prologue, nw, 1e-5, bias, residual, x2=x2, norm_w2=nw2)
     assert y.shape == want.shape and y.dtype == dtype
     err = (y.float() - want.float()).norm() / want.float().norm()
     assert err <= TOL[dtype], err
-    with pytest.raises(ValueError, match="norm2 prologue needs x2"):
-        gemv(x, w, "norm2", nw, 1e-5, x2=x2[..., 1:], norm_w2=nw2)
-    with pytest.raises(ValueError, match="norm_w2 of shape"):
-        gemv(x, w, "norm2", nw, 1e-5, x2=x2, norm_w2=nw2[1:])
+    with pytest.raises(ValueError, match=f"{prologue} prologue needs x2"):
+        gemv(x, w, prologue, nw, 1e-5, x2=x2[..., 1:], norm_w2=nw2)
+    if prologue == "norm2":
+        with pytest.raises(ValueError, match="norm_w2 of shape"):
+            gemv(x, w, "norm2", nw, 1e-5, x2=x2, norm_w2=nw2[1:])
 
 
 def test_either_weight_layout_and_the_default_config():
@@ -178,7 +181,8 @@ def test_an_mtp_step_equals_the_torch_path(monkeypatch):
 
     outs, prologues, real = [], [], gemv_module.gemv
     monkeypatch.setattr(gemv_module, "gemv", lambda *a, **k: prologues.append(a[2:3] or k.get("prologue"))
-                        or real(*a, **k))
+                        or widths.append((a[1:2] or [k["w"]])[0].shape[0]) or real(*a, **k))
+    widths = []
     for kernels in ("torch", "triton"):
         torch.manual_seed(3)
         head = MTPHead(c, torch.randn(300, 64) * 0.1)
@@ -198,5 +202,43 @@ def test_an_mtp_step_equals_the_torch_path(monkeypatch):
                 got += [logp, h]
         outs.append((*got, cache.k.clone(), cache.v.clone()))
     assert prologues.count(("norm2",)) == 3 and prologues.count("norm") >= 3, prologues  # eh_proj, q/k/v
+    assert widths.count(300) == 3, widths  # the readout over the vocabulary: a GEMV, not cuBLAS
+    for want, got in zip(*outs):
+        assert (want - got).abs().max() <= 1e-4
+
+
+def test_an_eagle2_step_equals_the_torch_path(monkeypatch):
+    """An EAGLE-1/2 head on row_step's path, its fc over [embedding, hidden] as one "cat2" GEMV (no concatenation
+    kernel) and its readout over the target's lm_head as a GEMV, gives the torch path's log-probs, output hidden
+    states and draft cache over three steps."""
+    import toolkit.infer.kernels.gemv as gemv_module
+    from toolkit.infer.config import ModelConfig
+    from toolkit.infer.draft_head import draft_config
+    from toolkit.infer.eagle2 import Eagle2Head
+    from toolkit.infer.prepare import fuse_projections
+
+    c = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=4,
+                    num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=256)
+    outs, calls, real = [], [], gemv_module.gemv
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **k: calls.append((a[2:3] or (k.get("prologue"),),
+                                                                           (a[1:2] or [k["w"]])[0].shape[0]))
+                        or real(*a, **k))
+    for kernels in ("torch", "triton"):
+        torch.manual_seed(3)
+        head = Eagle2Head(draft_config(c), torch.randn(300, 64) * 0.1).to(device)
+        with torch.no_grad():
+            head.fc.bias.uniform_(-0.5, 0.5)
+        fuse_projections(head)
+        head.set_kernels(kernels)
+        g = torch.Generator().manual_seed(4)
+        cache, got = head.new_cache(16, device=device), []
+        with torch.no_grad():
+            h = torch.randn(1, 1, 64, generator=g).to(device) * 4
+            for t in range(3):
+                logp, h = head(torch.randn(1, 1, 64, generator=g).to(device), h, torch.tensor([[t]], device=device),
+                               cache)
+                got += [logp, h]
+        outs.append((*got, cache.k.clone(), cache.v.clone()))
+    assert calls.count((("cat2",), 64)) == 3 and calls.count(((None,), 300)) == 3, calls  # fc, readout
     for want, got in zip(*outs):
         assert (want - got).abs().max() <= 1e-4

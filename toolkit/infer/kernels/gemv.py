@@ -6,6 +6,7 @@ reference: one row as a GEMV with the layer's small steps folded in (_gemv_kerne
 prologue:  none | "norm": RMSNorm(x) * norm_w, rounded as model.RMSNorm rounds it
                 | "norm2": cat[RMSNorm(x) * norm_w, RMSNorm(x2) * norm_w2], x [K1] and x2 [K - K1] two tensors,
                   each normed on its own (EAGLE-3's midlayer input: its two norms and the concatenation folded in)
+                | "cat2": cat[x, x2], the same two tensors as they are (EAGLE-1/2's fc over [embedding, hidden])
                 | "silu": silu(x[:K]) * x[K:], x being the fused gate/up GEMM's output (MLP's SiLU-mul)
 epilogue:  + bias (fp32, before rounding), then + residual (after rounding, as torch's add rounds it)
 
@@ -28,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-PROLOGUES = (None, "norm", "silu", "norm2")
+PROLOGUES = (None, "norm", "silu", "norm2", "cat2")
 
 
 def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=None, residual=None, x2=None,
@@ -38,6 +39,8 @@ def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=Non
 
     if prologue == "norm2":
         x = torch.cat([reference_rms_norm(x, norm_w, eps), reference_rms_norm(x2, norm_w2, eps)], -1)
+    if prologue == "cat2":
+        x = torch.cat([x, x2], -1)
     if prologue == "norm":
         x = reference_rms_norm(x, norm_w, eps)
     elif prologue == "silu":
@@ -64,16 +67,17 @@ def _inv_rms(x_ptr, width, eps, BLOCK_K: tl.constexpr, STAT_BLOCK: tl.constexpr)
 
 
 @triton.jit
-def _normed_part(acc, x_ptr, nw_ptr, w_ptr, col0, width, inv, n, n_ok, swn, swk, BLOCK_K: tl.constexpr):
-    """acc + W[n, col0:col0 + width] * (x normed by inv, times nw), rounded as model.RMSNorm rounds it (in x's
-    dtype, which is y's)."""
+def _part(acc, x_ptr, nw_ptr, w_ptr, col0, width, inv, n, n_ok, swn, swk, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
+    """acc + W[n, col0:col0 + width] * x, with NORM x normed by inv and times nw, rounded as model.RMSNorm rounds
+    it (in x's dtype, which is y's)."""
     dt = x_ptr.dtype.element_ty
     cols = tl.arange(0, BLOCK_K)
     for k0 in range(0, width, BLOCK_K):
         k = k0 + cols
         xk = tl.load(x_ptr + k, mask=k < width, other=0.0).to(tl.float32)
-        nw = tl.load(nw_ptr + k, mask=k < width, other=0.0).to(tl.float32)
-        xk = (nw * (xk * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        if NORM:
+            nw = tl.load(nw_ptr + k, mask=k < width, other=0.0).to(tl.float32)
+            xk = (nw * (xk * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         w = tl.load(w_ptr + n[:, None] * swn + (col0 + k)[None, :] * swk, mask=n_ok[:, None] & (k < width)[None, :],
                     other=0.0)
         acc += w.to(tl.float32) * xk[None, :]
@@ -95,8 +99,11 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
     if PROLOGUE == 3:  # two statistics, then the concatenation's halves in two loops: x's K1 columns, x2's K - K1
         inv1 = _inv_rms(x_ptr, K1, eps, BLOCK_K, STAT_BLOCK)
         inv2 = _inv_rms(x2_ptr, K - K1, eps, BLOCK_K, STAT_BLOCK)
-        acc = _normed_part(acc, x_ptr, nw_ptr, w_ptr, 0, K1, inv1, n, n_ok, swn, swk, BLOCK_K)
-        acc = _normed_part(acc, x2_ptr, nw2_ptr, w_ptr, K1, K - K1, inv2, n, n_ok, swn, swk, BLOCK_K)
+        acc = _part(acc, x_ptr, nw_ptr, w_ptr, 0, K1, inv1, n, n_ok, swn, swk, BLOCK_K, True)
+        acc = _part(acc, x2_ptr, nw2_ptr, w_ptr, K1, K - K1, inv2, n, n_ok, swn, swk, BLOCK_K, True)
+    elif PROLOGUE == 4:  # the concatenation's halves as they are: x's K1 columns, then x2's K - K1
+        acc = _part(acc, x_ptr, nw_ptr, w_ptr, 0, K1, 1.0, n, n_ok, swn, swk, BLOCK_K, False)
+        acc = _part(acc, x2_ptr, nw2_ptr, w_ptr, K1, K - K1, 1.0, n, n_ok, swn, swk, BLOCK_K, False)
     else:
         for k0 in range(0, K, BLOCK_K):
             k = k0 + cols
@@ -188,17 +195,18 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
          eps: float = 1e-6, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
          config: tuple | None = None, x2: torch.Tensor | None = None,
          norm_w2: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] holding 1..MAX_ROWS rows ([..., 2K] for silu; [..., K1] beside x2 [..., K - K1] for norm2),
-    w [N, K] -> y [..., N]; residual [..., N]."""
+    """x [..., K] holding 1..MAX_ROWS rows ([..., 2K] for silu; [..., K1] beside x2 [..., K - K1] for norm2 and
+    cat2), w [N, K] -> y [..., N]; residual [..., N]."""
     if prologue not in PROLOGUES:
         raise ValueError(f"prologue {prologue!r}; accepted: {PROLOGUES}")
     N, K = w.shape
     K1 = K
-    if prologue == "norm2":
+    if prologue in ("norm2", "cat2"):
         if x2 is None or x2.shape[:-1] != x.shape[:-1] or x.shape[-1] + x2.shape[-1] != K:
-            raise ValueError(f"a norm2 prologue needs x2 with x's rows and {K} - x's width values; got x "
+            raise ValueError(f"a {prologue} prologue needs x2 with x's rows and {K} - x's width values; got x "
                              f"{tuple(x.shape)}, x2 {None if x2 is None else tuple(x2.shape)}")
         K1 = x.shape[-1]
+    if prologue == "norm2":
         if norm_w is None or norm_w2 is None or norm_w.shape != (K1,) or norm_w2.shape != (K - K1,):
             raise ValueError(f"a norm2 prologue needs norm_w of shape ({K1},) and norm_w2 of shape ({K - K1},)")
     width = 2 * K if prologue == "silu" else K1
@@ -211,7 +219,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     x = x.reshape(rows, width)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if prologue == "norm2":
+    if prologue in ("norm2", "cat2"):
         x2 = x2.reshape(rows, K - K1)
         x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     y = torch.empty(rows, N, dtype=x.dtype, device=x.device)
@@ -240,6 +248,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         rms_norm(x, norm_w, eps, out=both[:, :K1])
         rms_norm(x2, norm_w2, eps, out=both[:, K1:])
         x = both
+    if prologue == "cat2":
+        x = torch.cat([x, x2], -1)
     x = rms_norm(x, norm_w, eps) if prologue == "norm" else silu_mul(x) if prologue == "silu" else x
     if kind == "torch":  # the separate kernels (cuBLAS), where the sweep found them faster for this shape
         y = torch.nn.functional.linear(x, w, bias)

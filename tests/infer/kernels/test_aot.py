@@ -1,0 +1,106 @@
+"""The engine's Triton kernels compile for the GPUs it is tuned for (sm_90 with the H100's and the H200's GEMV
+configs in bf16, sm_80 in fp16) on this machine without a GPU, none spills registers, every kernel in
+toolkit/infer/kernels is among them, and a greedy chain's draft step launches only our own kernels
+(toolkit/infer/kernels/aot.py). The interpreter's tests check the numbers; these check what only a compiler can
+refuse. Each run is its own process: the compiler needs TRITON_INTERPRET unset, which the other kernel tests set.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # as the other kernel tests: this process interprets (Triton not imported here)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+spec = importlib.util.find_spec("triton")  # found, not imported: the subprocesses compile
+if spec is None:
+    pytest.skip("Triton is not installed", allow_module_level=True)
+TOOLS = Path(spec.origin).parent / "backends" / "nvidia" / "bin"
+if not ((TOOLS / "ptxas").is_file() and (TOOLS / "cuobjdump").is_file()):
+    pytest.skip("this Triton ships no CUDA toolchain (ptxas, cuobjdump)", allow_module_level=True)
+
+KERNELS_DIR = Path(__file__).parents[3] / "toolkit" / "infer" / "kernels"
+
+
+def compiler_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+def all_kernels() -> set[str]:
+    """Every launched @triton.jit kernel in toolkit/infer/kernels (the jit helpers they call are not launched)."""
+    names = set()
+    for f in KERNELS_DIR.glob("*.py"):
+        names |= set(re.findall(r"@triton\.jit\ndef (_\w+_kernel)\(", f.read_text()))
+    return names
+
+
+@pytest.mark.parametrize("arch,device,dtype", [(90, "NVIDIA H100 80GB HBM3", "bfloat16"),
+                                               (90, "NVIDIA H200", "bfloat16"),
+                                               (80, "NVIDIA A100-SXM4-80GB", "float16")])
+def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(tmp_path, arch, device, dtype):
+    out = tmp_path / "aot.json"
+    p = subprocess.run([sys.executable, "-m", "toolkit.infer.kernels.aot", "--arch", str(arch), "--device", device,
+                        "--dtype", dtype, "--json", str(out)], env=compiler_env(), capture_output=True, text=True,
+                       timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    report = json.loads(out.read_text())
+    kernels = report["kernels"]
+    assert {k["kernel"] for k in kernels} == all_kernels()
+    assert all(k["local_bytes"] == 0 and 0 < k["registers"] <= 255 for k in kernels), kernels
+    steps = report["launches_per_step"]
+    # a target decode step: 7 kernels a layer (qkv, RoPE + cache write, attention, merge, o, gate_up, down)
+    assert steps["decode (32 layers)"]["triton"] >= 7 * 32
+    assert steps["decode (32 layers)"]["torch_ops"] == {"embedding": 1}
+    for head in ("eagle3", "eagle2", "mtp"):
+        step = steps[f"{head} draft step in a greedy chain"]
+        # q/k/v's GEMV may be cuBLAS where the device's sweep found it faster (the H200's EAGLE-3 q/k/v)
+        assert set(step["torch_ops"]) <= {"mm"}, (head, step)
+        assert step["triton"] + step["torch"] <= 11, (head, step)
+
+
+BAD_KERNEL = '''
+import torch, triton, triton.language as tl
+
+@triton.jit
+def _row_sum_kernel(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+    acc = 0  # an int before the loop, a float inside it: the compiler refuses the change of type
+    for k in range(0, N, BLOCK):
+        r = k + tl.arange(0, BLOCK)
+        acc += tl.sum(tl.load(x_ptr + r, mask=r < N, other=0.0), 0)
+    tl.store(y_ptr, acc)
+
+def row_sum(x):
+    y = torch.empty(1, dtype=x.dtype, device=x.device)
+    _row_sum_kernel[(1,)](x, y, x.numel(), BLOCK=64)
+    return y
+'''
+
+
+def test_a_kernel_the_interpreter_runs_but_the_compiler_refuses_is_caught(tmp_path):
+    (tmp_path / "bad_kernel.py").write_text(BAD_KERNEL)
+    interpreted = subprocess.run(
+        [sys.executable, "-c", "import torch, bad_kernel; x = torch.randn(300); "
+         "assert torch.allclose(bad_kernel.row_sum(x), x.sum(), atol=1e-4)"],
+        cwd=tmp_path, env={**compiler_env(), "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
+    assert interpreted.returncode == 0, interpreted.stderr[-2000:]  # the interpreter's numbers are right
+    compiled = subprocess.run(
+        [sys.executable, "-c", "import torch, bad_kernel\nfrom toolkit.infer.kernels.aot import compiled_for\n"
+         "with compiled_for(90, 'NVIDIA H100 80GB HBM3'):\n    bad_kernel.row_sum(torch.empty(300, device='meta'))"],
+        cwd=tmp_path, env=compiler_env(), capture_output=True, text=True, timeout=300)
+    assert compiled.returncode != 0 and "Loop-carried variable acc" in compiled.stderr, compiled.stderr[-2000:]
+
+
+def test_compiling_is_refused_under_the_interpreter(monkeypatch):
+    from toolkit.infer.kernels.aot import compiled_for
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET unset"):
+        with compiled_for(90, "NVIDIA H100 80GB HBM3"):
+            pass

@@ -1,0 +1,303 @@
+"""The engine's Triton kernels compiled ahead of time for a GPU that is not here, and what each costs in registers.
+
+    python -m toolkit.infer.kernels.aot --arch 90 --device "NVIDIA H200"          # a table
+    python -m toolkit.infer.kernels.aot --arch 80 --dtype float16 --json out.json
+
+TRITON_INTERPRET=1 runs the kernels' Python on CPU, so it checks their numbers but not that they compile: the
+interpreter takes what the compiler refuses (a constexpr passed as a runtime value, a block below tl.dot's 16,
+a loop-carried value changing type) and knows nothing of registers. Here every Triton launch compiles instead,
+with Triton's own compiler and the ptxas it ships, for sm_<arch>, and returns without running (`compiled_for`).
+The engine's real steps run on meta tensors (no memory, no device) of a real model's shapes (`drive`): a target
+decode step for 1 and 4 sequences, verify steps of 8, 16 and 64 tokens, a prefill, and an EAGLE-3 head's first
+step and its greedy chain, sampled chain and 60-token tree, so what compiles is exactly the set of
+specializations a GPU run of that model would make (shapes, dtypes, constexprs, the device's tuned GEMV configs
+from gemv_configs.json and its SM count). `resources` reads each cubin's registers, local memory (spills) and
+static shared memory with the cuobjdump Triton ships. Meta tensors all sit at address 0, so pointer arguments
+are specialized as 16-byte aligned, as the engine's allocations are on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+SMS = {"NVIDIA H100 80GB HBM3": 132, "NVIDIA H200": 132, "NVIDIA A100-SXM4-80GB": 108}  # SMs, for the splits
+ARCH = {"NVIDIA H100 80GB HBM3": 90, "NVIDIA H200": 90, "NVIDIA A100-SXM4-80GB": 80}
+
+
+@dataclass
+class Compiled:
+    kernel: str          # the @triton.jit function's name
+    steps: list          # the engine steps that launch it
+    constexprs: dict     # its compile-time arguments (and ints Triton specialized as 1)
+    num_warps: int
+    registers: int       # per thread
+    local_bytes: int     # per thread: > 0 means registers spilled to local memory
+    shared_bytes: int    # static shared memory per program
+
+
+class _Target:
+    """A stand-in for Triton's CUDA driver: it names the target, and nothing is ever launched through it."""
+
+    def __init__(self, arch: int):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        return torch.device("meta")
+
+
+@contextlib.contextmanager
+def compiled_for(arch: int, device_name: str):
+    """Inside, Triton launches compile for sm_<arch> and return unrun (their outputs stay uninitialised); the
+    GEMV configs and attention splits are those of `device_name`. Yields the list [(kernel function, step
+    label cell, CompiledKernel)] the launches fill; set `label[0]` to name the step that runs next."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("compiled_for needs TRITON_INTERPRET unset (the interpreter compiles nothing)")
+    from triton.runtime.driver import driver
+    from triton.runtime.jit import JITFunction
+
+    from toolkit.infer.kernels import gemv, tree_attention
+
+    launches, label, run, saved = [], [None], JITFunction.run, driver._active
+    touched = set()
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        if self not in touched:  # its per-device cache may hold another target's binder
+            self.device_caches.clear()
+            touched.add(self)
+        kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
+        launches.append((self, label[0], kernel))
+        return kernel
+
+    patched = [(gemv, "_device_name", lambda device: device_name),
+               (tree_attention, "_num_sms", lambda device: SMS.get(device_name, 132))]
+    originals = [getattr(m, n) for m, n, _ in patched]
+    driver.set_active(_Target(arch))
+    JITFunction.run = compile_only
+    for m, n, f in patched:
+        setattr(m, n, f)
+    try:
+        yield launches, label
+    finally:
+        JITFunction.run = run
+        driver._active = saved
+        for (m, n, _), f in zip(patched, originals):
+            setattr(m, n, f)
+        for fn in touched:
+            fn.device_caches.clear()
+
+
+def resources(cubin: bytes) -> dict:
+    """{"registers", "local_bytes", "shared_bytes"} of the one function in a cubin (cuobjdump
+    --dump-resource-usage, the tool Triton ships beside ptxas)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    got = {k: int(v) for k, v in re.findall(r"\b(REG|LOCAL|SHARED):(\d+)", text.split("Function", 1)[1])}
+    return {"registers": got["REG"], "local_bytes": got["LOCAL"], "shared_bytes": got["SHARED"]}
+
+
+def _heads(c, model, dtype, draft_vocab: int) -> dict:
+    """The three kinds of draft head, random, for target config c: EAGLE-3 over a draft_vocab-token vocabulary,
+    EAGLE-1/2 and MTP over the target's whole lm_head."""
+    from toolkit.infer.draft_head import draft_config
+    from toolkit.infer.drafts import random_head
+    from toolkit.infer.eagle2 import Eagle2Head
+    from toolkit.infer.mtp import MTPHead
+
+    lm_head = model.lm_head.weight
+    return {"eagle3": random_head(c, list(range(min(draft_vocab, c.vocab_size)))).to(dtype),
+            "eagle2": Eagle2Head(draft_config(c), lm_head).to(dtype), "mtp": MTPHead(c, lm_head).to(dtype)}
+
+
+def drive(config, dtype, label: list, context: int = 1024, draft_vocab: int = 32000, layers: int = 2) -> None:
+    """The engine's steps for `config` (its first `layers` layers: the rest launch the same kernels) on meta
+    tensors under --kernels triton, each named in label[0] before it runs (None: the harness's own setup)."""
+    from toolkit.infer.kv_cache import KVCache
+    from toolkit.infer.model import Transformer
+    from toolkit.infer.prepare import fuse_projections
+    from toolkit.infer.tree import TreeConfig, grow
+
+    c, dev, width, H = replace(config, num_layers=layers), torch.device("meta"), context + 80, config.hidden_size
+    with torch.device("meta"):
+        model = Transformer(c).to(dtype).eval().fuse()
+        heads = _heads(c, model, dtype, draft_vocab)
+    for m in (model, *heads.values()):  # apply_kernels would refuse Triton off CUDA: nothing runs here
+        fuse_projections(m)
+        for sub in m.modules():
+            if hasattr(sub, "kernels"):
+                sub.kernels = "triton"
+    with torch.no_grad(), dev:
+        for batch, n, name in ((1, 1, "decode"), (4, 1, "decode x4"), (1, 8, "verify 8"), (1, 16, "verify 16"),
+                               (1, 64, "verify 64"), (1, 200, "prefill 200")):
+            cache = KVCache(c, batch, width + 200, dtype, dev)
+            pos = torch.arange(context, context + n)[None].expand(batch, n).contiguous()
+            mask, tokens = torch.ones(batch, n, width + 200, dtype=torch.bool), torch.zeros(batch, n, dtype=torch.long)
+            label[0] = name
+            model(tokens, pos, cache=cache, mask=mask, aux_layers=heads["eagle3"].aux_layers)
+            label[0] = None
+        for kind, head in heads.items():
+            dcache = head.new_cache(width, dtype, dev)
+            feature = torch.empty(1, 1, 3 * H if kind == "eagle3" else H, dtype=dtype)
+            args = (torch.empty(1, 1, H, dtype=dtype), feature, torch.tensor([[context]]), dcache)
+            mask = torch.ones(1, 1, width, dtype=torch.bool)
+            label[0] = f"{kind} draft step 0"
+            head(*args, mask=mask)
+            label[0] = None
+
+            def forward(emb, hidden, positions, slots, mask, head=head, dcache=dcache, **kw):
+                return head(emb, hidden, positions, dcache, slots=slots, mask=mask, kv_len=width, **kw)
+
+            root = (torch.tensor([context]), torch.tensor([1]), torch.empty(1, H, dtype=dtype),
+                    torch.empty(1, head.d2t.numel(), dtype=torch.float32))
+            grows = [("greedy chain of 2", TreeConfig(2, 1, 3), False), ("greedy chain of 8", TreeConfig(8, 1, 9), False)]
+            if kind == "eagle3":
+                grows += [("sampled chain of 6", TreeConfig(6, 1, 7), True), ("tree 6 x 10 -> 60", TreeConfig(6, 10, 60), False)]
+            for name, tree, sample in grows:
+                noise = dict(gumbel=torch.empty(1, tree.num_steps, head.d2t.numel()), inv_temp=torch.ones(1)) \
+                    if sample else {}
+                label[0] = f"{kind} {name}"
+                grow(head, model.embed_tokens, forward, *root, tree, mask_len=width, **noise)
+                label[0] = None
+
+
+class _CountTorchKernels(contextlib.AbstractContextManager):
+    """Counts, per step label, the torch ops that would each launch at least one device kernel (not views, not
+    allocations): the part of a step the Triton launches do not show."""
+
+    FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "lift_fresh",
+            "alias", "_unsafe_view", "set_", "_reshape_alias", "is_same_size", "sym_size", "sym_stride"}
+
+    def __init__(self, label: list, counts: dict):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if label[0] is not None and not func.is_view and func.overloadpacket.__name__ not in outer.FREE:
+                    step = counts.setdefault(label[0], {"triton": 0, "torch": 0, "torch_ops": {}})
+                    step["torch"] += 1
+                    name = func.overloadpacket.__name__
+                    step["torch_ops"][name] = step["torch_ops"].get(name, 0) + 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def compile_engine(config, dtype=torch.bfloat16, arch: int = 90, device_name: str = "NVIDIA H100 80GB HBM3",
+                   **drive_kw) -> tuple[list[Compiled], dict]:
+    """Every distinct kernel specialization the engine's steps launch for `config`, compiled for sm_<arch>, with
+    its resources and the steps that launch it; and per step its launches: {"triton": n, "torch": n (torch ops
+    that each launch >= 1 kernel), "torch_ops": {op: n}}."""
+    by_kernel, counts = {}, {}
+    with compiled_for(arch, device_name) as (launches, label), _CountTorchKernels(label, counts):
+        drive(config, dtype, label, **drive_kw)
+    for fn, step, kernel in launches:
+        counts.setdefault(step, {"triton": 0, "torch": 0, "torch_ops": {}})["triton"] += 1
+        if id(kernel) not in by_kernel:
+            names = fn.arg_names
+            const = {names[k[0]]: v for k, v in kernel.src.constants.items() if len(k) == 1}
+            by_kernel[id(kernel)] = Compiled(fn.__name__, [], const, kernel.metadata.num_warps,
+                                             **resources(kernel.asm["cubin"]))
+        if step not in by_kernel[id(kernel)].steps:
+            by_kernel[id(kernel)].steps.append(step)
+    return list(by_kernel.values()), counts
+
+
+def per_step(counts: dict, one_layer: dict, num_layers: int) -> dict:
+    """Launch counts per step for the whole model, from a drive with 2 target layers (`counts`) and one with 1:
+    a target step's counts are its fixed part plus num_layers x the per-layer part; plus "draft step in a greedy
+    chain" per head kind, (chain of 8 - chain of 2) / 6, the figure bench_gpu times (the loop's fixed costs
+    cancel)."""
+    out = {}
+    for step, c in counts.items():
+        if step in one_layer and not step.startswith(("eagle3", "eagle2", "mtp")):
+            o = one_layer[step]
+            ops = {k: o["torch_ops"].get(k, 0) + (num_layers - 1) * (v - o["torch_ops"].get(k, 0))
+                   for k, v in c["torch_ops"].items()}
+            c = {k: o[k] + (num_layers - 1) * (c[k] - o[k]) for k in ("triton", "torch")} | {"torch_ops": ops}
+            step = f"{step} ({num_layers} layers)"
+        out[step] = c
+    for kind in ("eagle3", "eagle2", "mtp"):
+        a, b = counts.get(f"{kind} greedy chain of 2"), counts.get(f"{kind} greedy chain of 8")
+        if not (a and b):
+            continue
+        out[f"{kind} draft step in a greedy chain"] = {
+            "triton": (b["triton"] - a["triton"]) / 6, "torch": (b["torch"] - a["torch"]) / 6,
+            "torch_ops": {k: (v - a["torch_ops"].get(k, 0)) / 6 for k, v in b["torch_ops"].items()
+                          if v != a["torch_ops"].get(k, 0)}}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from toolkit.infer.config import ModelConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10: 80 (A100), 90 (H100 / H200)")
+    ap.add_argument("--device", default="NVIDIA H100 80GB HBM3",
+                    help=f"whose tuned GEMV configs and SM count to use; known: {', '.join(SMS)}")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--json", help="also write the table here")
+    args = ap.parse_args(argv)
+    config = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                         num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                         rope_theta=500000.0, max_position_embeddings=131072)  # Llama-3.1-8B's shapes
+    dtype = getattr(torch, args.dtype)
+    rows, counts = compile_engine(config, dtype, args.arch, args.device, context=args.context)
+    one = compile_engine(config, dtype, args.arch, args.device, context=args.context, layers=1)[1]
+    print(f"{len(rows)} kernel specializations compiled for sm_{args.arch} ({args.device} configs, {args.dtype}, "
+          f"Llama-3.1-8B shapes, EAGLE-3 head with a 32k vocabulary, {args.context} context)")
+    print(f"{'kernel':<20} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7}  constexprs; steps")
+    for r in rows:
+        print(f"{r.kernel:<20} {r.num_warps:>5} {r.registers:>5} {r.local_bytes:>7} {r.shared_bytes:>7}  "
+              f"{r.constexprs}; {', '.join(r.steps)}")
+    launches = per_step(counts, one, config.num_layers)
+    print("\nlaunches per step (Triton kernels + torch ops that launch >= 1 kernel each):")
+    for step, c in launches.items():
+        ops = ", ".join(f"{k} {v}" for k, v in sorted(c["torch_ops"].items(), key=lambda kv: -kv[1]))
+        print(f"  {step:<34} {c['triton']:>5} + {c['torch']:<4} {ops}")
+    if args.json:
+        from toolkit.atomic import write_text
+
+        write_text(Path(args.json), json.dumps({"arch": args.arch, "device": args.device, "dtype": args.dtype,
+                                                "kernels": [asdict(r) for r in rows],
+                                                "launches_per_step": launches}, indent=1) + "\n")
+    return 1 if any(r.local_bytes for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
