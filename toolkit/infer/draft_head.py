@@ -118,6 +118,20 @@ class DraftHead(nn.Module):
         return tok, None if embed is None else embed(tok)
 
 
+    def sampled_next(self, logits: torch.Tensor, gumbel: torch.Tensor, inv_temp: torch.Tensor,
+                     embed: nn.Embedding | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A sampled chain's next token: logits (or log-probs) [B, N], Gumbel noise [B, N], 1 / T [B] -> (the law
+        drawn from, log-probs [B, N] float32; target ids [B] of argmax(logp / T + noise); their embeddings [B, H]
+        or None without `embed`). On Triton one kernel (kernels/sampled_pick.py)."""
+        if self.kernels == "triton" and (embed is None or embed.weight.stride(-1) == 1):
+            from toolkit.infer.kernels import sampled_pick as kernel
+
+            return kernel.sampled_pick(logits, gumbel, inv_temp, self.d2t, None if embed is None else embed.weight)
+        logp = torch.log_softmax(logits, -1, dtype=torch.float32)
+        tok = self.to_target((logp * inv_temp.float()[:, None] + gumbel.float()).argmax(-1))
+        return logp, tok, None if embed is None else embed(tok)
+
+
 def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
     """EAGLE heads are plain Llama layers of the target's sizes whatever the target's family."""
     return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,

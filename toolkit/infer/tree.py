@@ -128,25 +128,30 @@ def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tr
     masks = torch.arange(W, device=dev) <= slots[:, :, None]                       # [(steps - 1) B, 1, W]
     pre = head.step_inputs(slots, masks, embed.weight.dtype)
     choose = chooser(1, gumbel, inv_temp)
+    fused = gumbel is not None and head.kernels == "triton"  # a sampled pick as one kernel, log-softmax included
+    chain_logp = []  # a sampled chain's laws, handed to verification
 
     def pick(logp: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logp [B, N] -> (target ids [B, 1], their embeddings [B, 1, H]; None after the last step)."""
+        """logp [B, N] (logits where no law is needed first) -> (target ids [B, 1], their embeddings [B, 1, H];
+        None after the last step)."""
         embed_next = embed if step < cfg.num_steps - 1 else None  # the last token feeds no step
         if gumbel is None:  # greedy: argmax, d2t and embedding (one kernel on Triton)
             ids, emb = head.greedy_next(logp, embed_next)
+        elif fused:  # log-softmax, Gumbel-max draw, d2t and embedding (one kernel)
+            law, ids, emb = head.sampled_next(logp, gumbel[:, step], inv_temp, embed_next)
+            chain_logp.append(law)
         else:
+            chain_logp.append(logp)
             ids = head.to_target(choose(logp, step)[1][:, 0])
             emb = None if embed_next is None else embed(ids)
         return ids[:, None], None if emb is None else emb[:, None]
 
-    chain_logp, (ids, emb) = [root_logp], pick(root_logp, 0)
+    ids, emb = pick(root_logp, 0)
     tok, hid = [roots[:, None], ids], root_out[:, None]
     for step in range(1, cfg.num_steps):
         r = slice((step - 1) * B, step * B)                                          # this step's rows
         logp, hid = forward(emb, hid, slots[r], slots[r], masks[r], pre=rows(pre, r),  # [B, 1, N], [B, 1, H]
-                            log_probs=gumbel is not None)  # greedy: the logits' argmax, no log-softmax kernel
-        if gumbel is not None:  # a sampled chain hands its laws to verification
-            chain_logp.append(logp[:, 0])
+                            log_probs=gumbel is not None and not fused)  # else logits: argmax / the pick's softmax
         ids, emb = pick(logp[:, 0], step)
         tok.append(ids)
     depth = torch.arange(n, device=dev).repeat(B, 1)                                 # [B, n], own memory
