@@ -118,7 +118,7 @@ def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tr
     """grow for topk 1: the tree is the chain itself (cumulative log-probs fall with depth, so the rerank keeps
     every node in order), and step s's node sits at depth s in slot = position = prefix + s - 1, seeing the
     slots up to its own. So a step is the head's forward, the choice and the embedding: no frontier, ancestor
-    or rerank bookkeeping (~25 small kernels a step in grow_tree, each a launch gap in a CUDA graph), and a
+    or rerank bookkeeping (~20 small kernels a step in grow_tree, each a launch gap in a CUDA graph), and a
     greedy chain takes the argmax of the logits (no log-softmax over the draft vocabulary), which with the d2t
     map and the embedding is one kernel on Triton (DraftHead.greedy_next)."""
     B, n, dev = len(prefix), cfg.num_steps + 1, root_logp.device
@@ -161,42 +161,62 @@ def grow_chain(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tr
 
 def grow_tree(head, embed, forward, prefix, roots, root_out, root_logp, cfg: TreeConfig, W: int, gumbel=None,
               inv_temp=None) -> tuple[torch.Tensor, ...]:
-    """grow for any topk (grow_chain is the same for topk 1, in fewer kernels)."""
-    B, k, dev = len(prefix), cfg.topk, root_logp.device
-    E = (cfg.num_steps - 1) * k
+    """grow for any topk (grow_chain is the same for topk 1, in fewer kernels). Layer s of the tree (s >= 1) sits
+    at depth s, and step s expands the top-k of layer s alone, so each step's positions, cache slots and
+    expansion indices, the masks' prefix part and every node's depth are the round's, made once; a step gathers
+    what its k chosen nodes inherit (their parent's output and expanded ancestors) and runs the head. In a CUDA
+    graph each small kernel is a launch gap: kernels/aot.py counts them."""
+    B, k, S, dev = len(prefix), cfg.topk, cfg.num_steps, root_logp.device
+    E, H = (S - 1) * k, root_out.shape[-1]
     choose = chooser(k, gumbel, inv_temp)
     chain_logp = [root_logp]
     lp, ids = choose(root_logp, 0)                                                   # step 0: the root's children
-    tok, score = [roots[:, None], head.to_target(ids)], [torch.zeros_like(lp[:, :1]), lp]
-    parent = [torch.full((B, 1), -1, device=dev), torch.zeros(B, k, dtype=torch.long, device=dev)]
-    depth = [torch.zeros(B, 1, dtype=torch.long, device=dev), torch.ones(B, k, dtype=torch.long, device=dev)]
-    anc = torch.zeros(B, k, E, dtype=torch.bool, device=dev)  # the current layer's expanded ancestors
-    via = torch.zeros(B, k, dtype=torch.long, device=dev)      # which of the last step's outputs feeds each
-    first, prev_h = 1, root_out[:, None].expand(B, k, root_out.shape[-1])
-    for step in range(1, cfg.num_steps):
-        pick = score[-1].topk(k).indices                                             # [B, k] within the layer
-        nodes = first + pick                                                         # node ids
-        e = (step - 1) * k + torch.arange(k, device=dev)                             # expansion indices
-        seen = anc.gather(1, pick[:, :, None].expand(B, k, E)) | (torch.arange(E, device=dev) == e[:, None])
-        mask = window_mask(prefix, seen, W)                                          # [B, k, W]
-        d = depth[-1].gather(1, pick)
-        hid = prev_h.gather(1, via.gather(1, pick)[:, :, None].expand(B, k, prev_h.shape[-1]))
-        logp, prev_h = forward(embed(tok[-1].gather(1, pick)), hid, prefix[:, None] - 1 + d,
-                               prefix[:, None] + e, mask)                            # [B, k, N], [B, k, H]
+    layer_score, layer_ids = lp, ids                                                 # the last layer's [B, k | k^2]
+    scores, draft_ids, nodes = [lp], [ids], []
+    if S > 1:  # the round's fixed parts, step-major so that step s's rows are one contiguous slice
+        own = torch.eye(E, dtype=torch.bool, device=dev).view(S - 1, k, E)          # step s's own expansions
+        steps = torch.arange(S - 1, device=dev)
+        positions = (prefix[None, :] + steps[:, None])[:, :, None].expand(S - 1, B, k).contiguous()  # prefix + s - 1
+        slots = prefix[None, :, None] + (steps[:, None] * k + torch.arange(k, device=dev))[:, None, :]  # [S-1, B, k]
+        rel = torch.arange(W, device=dev) - prefix[:, None]                         # [B, W]: slot - prefix
+        before = (rel < 0)[:, None]                                                  # [B, 1, W] the sequence so far
+        in_window = ((rel >= 0) & (rel < E))[:, None]                                # slots of this round's expansions
+        window = rel.clamp(0, E - 1)[:, None].expand(B, k, W)                        # ... and which expansion each is
+        anc = torch.zeros(B, k, E, dtype=torch.bool, device=dev)  # the last layer's parents' expanded ancestors
+        out = root_out[:, None].expand(B, k, H)                   # ... and outputs (layer 1: all the root's)
+    first = 1                                                                        # node id of the layer's first
+    for step in range(1, S):
+        pick = layer_score.topk(k).indices                                           # [B, k] within the layer
+        src = pick if step == 1 else pick // k                                       # which parent: k children each
+        seen = anc.gather(1, src[:, :, None].expand(B, k, E)) | own[step - 1]       # [B, k, E]
+        mask = before | (seen.gather(2, window) & in_window)                         # [B, k, W]
+        hid = out.gather(1, src[:, :, None].expand(B, k, H))
+        logp, out = forward(embed(head.to_target(layer_ids.gather(1, pick))), hid, positions[step - 1],
+                            slots[step - 1], mask)                                   # [B, k, N], [B, k, H]
         lp, ids = choose(logp, step)                                                 # [B, k, k]
         if gumbel is not None:  # a sampled chain hands its laws to verification
             chain_logp.append(logp[:, 0])
-        first += score[-1].shape[1]
-        tok.append(head.to_target(ids).flatten(1))
-        score.append((score[-1].gather(1, pick)[:, :, None] + lp).flatten(1))
-        parent.append(nodes[:, :, None].expand(B, k, k).flatten(1))
-        depth.append((d + 1)[:, :, None].expand(B, k, k).flatten(1))
-        anc = seen[:, :, None].expand(B, k, k, E).flatten(1, 2)
-        via = torch.arange(k, device=dev)[:, None].expand(k, k).flatten()[None].expand(B, k * k)
-    tok, score, parent, depth = (torch.cat(x, 1) for x in (tok, score, parent, depth))  # [B, 1 + M]
-    # rerank by (-score, depth), creation order breaking ties (stable sorts, innermost key last)
-    by_depth = depth[:, 1:].sort(stable=True, dim=1).indices
-    order = by_depth.gather(1, (-score[:, 1:].gather(1, by_depth)).sort(stable=True, dim=1).indices) + 1
+        layer_score = (layer_score.gather(1, pick)[:, :, None] + lp).flatten(1)      # cumulative, [B, k^2]
+        layer_ids, anc = ids.flatten(1), seen
+        scores.append(layer_score)
+        draft_ids.append(layer_ids)
+        nodes.append(pick + first)
+        first += k if step == 1 else k * k
+    M = k + (S - 1) * k * k
+    tok = torch.cat([roots[:, None], head.to_target(torch.cat(draft_ids, 1))], 1)   # [B, 1 + M]
+    score = torch.cat(scores, 1)                                                     # [B, M], the root's left out
+    parent = torch.zeros(B, 1 + M, dtype=torch.long, device=dev)                     # layer 1's: the root
+    parent[:, 0] = -1
+    if nodes:  # layer s + 1's k^2 nodes are the children of step s's k picks, k each
+        parent[:, 1 + k:] = torch.stack(nodes, 1)[..., None].expand(B, S - 1, k, k).reshape(B, -1)
+    depth = torch.ones(1 + M, dtype=torch.long, device=dev)
+    depth[0] = 0
+    if S > 1:
+        depth[1 + k:] = torch.arange(2, S + 1, device=dev)[:, None].expand(S - 1, k * k).reshape(-1)
+    depth = depth.expand(B, 1 + M)
+    # rerank by (-score, depth), creation order breaking ties: the nodes are made in order of depth, so one
+    # stable sort by score keeps depth and creation order among equals
+    order = (-score).sort(stable=True, dim=1).indices + 1
     keep = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=dev),
                       order[:, :cfg.num_draft_tokens - 1].sort(1).values], 1)        # [B, n], creation order
     new_id = torch.full_like(tok, -1).scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand_as(keep))
