@@ -50,7 +50,12 @@ def graph_time(fn, calls: int) -> float:
     return statistics.median(times)
 
 
-EW = [("ew", bn, bk, 4, 1) for bn in (1, 2, 4, 8, 16) for bk in (256, 512)]
+# one-row tiles: BLOCK_N rows x BLOCK_K columns over 4 or 8 warps; 1024 columns give one row's program 128-bit
+# loads (8 bf16 a thread over 4 warps, where 512 gives 64-bit). Tiles of more than 64 values a thread are left out:
+# they sit at ptxas's 255-register ceiling (python -m toolkit.infer.kernels.aot compiles them: no spills, but no
+# room either)
+EW = [("ew", bn, bk, w, 1) for bn in (1, 2, 4, 8, 16) for bk in (256, 512, 1024) for w in (4, 8)
+      if bn * bk <= 64 * 32 * w]
 EW1 = [("ew1",) + cfg[1:] for cfg in EW]  # a norm's statistic from one load of the row
 DOT = [("dot", bn, bk, 4, st) for bn in (16, 32, 64) for bk in (128, 256) for st in (3, 4)]
 TORCH = [("torch", 0, 0, 0, 0)]  # the prologue's kernel, then cuBLAS (and the residual add)
