@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# A lent GPU's checks in one call (~5-6 min on an H100 / H200), so that a short lease is not spent on setup.
+# From the repository root, on the GPU machine:
+#
+#   OUT=/some/dir bash benchmarks/gpu/lease.sh
+#
+# Writes into $OUT: device.txt; tests.txt (the kernel tests compiled, not interpreted, and the CUDA-graph tests);
+# regs.txt (registers per kernel as the driver loads them, against kernels/aot.py's offline figures);
+# bench_before.json (the shipped GEMV configs), sweep.txt + gemv.json + gemv_configs.json (this device's sweep),
+# bench_1k.json and bench_4k.json (after it); then prints the figures RESULTS.md tracks.
+set -uo pipefail
+out=${OUT:?set OUT to the folder for the results}
+mkdir -p "$out"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$out/device.txt"
+
+timeout 240 python -m pytest -q -x tests/infer/kernels/test_gemv.py tests/infer/kernels/test_greedy_pick.py \
+    tests/infer/kernels/test_sampled_pick.py tests/infer/kernels/test_layer_ops.py \
+    tests/infer/kernels/test_tree_attention.py tests/infer/test_gpu.py > "$out/tests.txt" 2>&1
+echo "kernel tests rc=$? ($(tail -1 "$out/tests.txt"))"
+
+timeout 120 python - > "$out/regs.txt" 2>&1 <<'EOF'
+# each kernel the engine's steps compile (kernels/aot.py, offline), then loaded by the driver: its registers and
+# spills as the driver reports them beside cuobjdump's figures, which CI checks without a GPU
+import torch
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.kernels import aot
+from toolkit.infer.kernels.gemv import _device_name
+
+name, cap = _device_name(torch.device("cuda")), torch.cuda.get_device_capability()
+c = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                max_position_embeddings=131072)
+with aot.compiled_for(cap[0] * 10 + cap[1], name) as (launches, label):
+    aot.drive(c, torch.bfloat16, label)
+kernels = {id(k): (fn, step, k) for fn, step, k in launches}
+print(f"{len(kernels)} specializations (kernel: cuobjdump regs / driver regs, local bytes / driver spills, step)")
+for fn, step, k in kernels.values():
+    off = aot.resources(k.asm["cubin"])
+    k._init_handles()  # loads the cubin on this GPU
+    print(f"  {fn.__name__:<20} {off['registers']:>4} / {k.n_regs:<4} {off['local_bytes']:>3} / {k.n_spills:<3} {step}")
+EOF
+echo "aot on this device rc=$? ($(head -1 "$out/regs.txt"))"
+
+bench() { timeout 150 python benchmarks/bench_gpu.py --cuda-graphs --kernels triton "$@"; }
+bench > "$out/bench_before.json" 2> "$out/bench_before.err"; echo "bench (shipped configs) rc=$?"
+s=$SECONDS
+timeout 200 python benchmarks/bench_gemv.py --sweep --write-configs toolkit/infer/kernels/gemv_configs.json \
+    --out "$out/gemv.json" > "$out/sweep.txt" 2>&1
+echo "sweep rc=$? in $((SECONDS - s)) s"; cp toolkit/infer/kernels/gemv_configs.json "$out/"
+bench > "$out/bench_1k.json" 2> "$out/bench_1k.err"; echo "bench 1k rc=$?"
+bench --context 4096 > "$out/bench_4k.json" 2> "$out/bench_4k.err"; echo "bench 4k rc=$?"
+
+python - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+for f in ("bench_before", "bench_1k", "bench_4k"):
+    try:
+        d = json.loads((Path(sys.argv[1]) / f"{f}.json").read_text())
+    except (OSError, ValueError) as e:
+        print(f, "unreadable:", e)
+        continue
+    print(f"{f}: {d['device']}, decode {d['decode_ms']} ms = {d['decode_vs_roofline']:.1%} of the roofline; verify 8 "
+          f"{d['verify_vs_decode']['8']}x; draft step in the chain {d['draft_step_in_chain_ms']} ms = "
+          f"{d['draft_in_chain_vs_decode']:.2%}; tree-60 draft loop {d['draft_loop_tree60_ms']} ms")
+EOF
