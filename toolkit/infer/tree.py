@@ -206,13 +206,13 @@ def grow_tree(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tre
     tok = torch.cat([roots[:, None], head.to_target(torch.cat(draft_ids, 1))], 1)   # [B, 1 + M]
     score = torch.cat(scores, 1)                                                     # [B, M], the root's left out
     parent = torch.zeros(B, 1 + M, dtype=torch.long, device=dev)                     # layer 1's: the root
-    parent[:, 0] = -1
+    parent[:, 0].fill_(-1)
     if nodes:  # layer s + 1's k^2 nodes are the children of step s's k picks, k each
-        parent[:, 1 + k:] = torch.stack(nodes, 1)[..., None].expand(B, S - 1, k, k).reshape(B, -1)
+        parent[:, 1 + k:].view(B, S - 1, k, k).copy_(torch.stack(nodes, 1)[..., None].expand(B, S - 1, k, k))
     depth = torch.ones(1 + M, dtype=torch.long, device=dev)
-    depth[0] = 0
-    if S > 1:
-        depth[1 + k:] = torch.arange(2, S + 1, device=dev)[:, None].expand(S - 1, k * k).reshape(-1)
+    depth[:1].zero_()
+    if S > 1:  # layer s at depth s
+        depth[1 + k:].view(S - 1, k * k).copy_(torch.arange(2, S + 1, device=dev)[:, None].expand(S - 1, k * k))
     depth = depth.expand(B, 1 + M)
     # rerank by (-score, depth), creation order breaking ties: the nodes are made in order of depth, so one
     # stable sort by score keeps depth and creation order among equals
@@ -221,7 +221,7 @@ def grow_tree(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tre
                       order[:, :cfg.num_draft_tokens - 1].sort(1).values], 1)        # [B, n], creation order
     new_id = torch.full_like(tok, -1).scatter_(1, keep, torch.arange(keep.shape[1], device=dev).expand_as(keep))
     parents = new_id.gather(1, parent.gather(1, keep).clamp(min=0))
-    parents[:, 0] = -1
+    parents[:, 0].fill_(-1)
     if gumbel is not None:  # a chain keeps every node in creation order: step i's log-probs drew node i + 1
         return tok.gather(1, keep), parents, depth.gather(1, keep), torch.stack([x.float() for x in chain_logp], 1)
     return tok.gather(1, keep), parents, depth.gather(1, keep)

@@ -1,15 +1,16 @@
 """The engine's Triton kernels compiled ahead of time for a GPU that is not here, and what each costs in registers.
 
-    python -m toolkit.infer.kernels.aot --arch 90 --device "NVIDIA H200"          # a table
-    python -m toolkit.infer.kernels.aot --arch 80 --dtype float16 --json out.json
+    python -m toolkit.infer.kernels.aot --device "NVIDIA H200"                  # a table (sm_90 for it)
+    python -m toolkit.infer.kernels.aot --arch 80 --device "NVIDIA A100-SXM4-80GB" --dtype float16 --json out.json
 
 TRITON_INTERPRET=1 runs the kernels' Python on CPU, so it checks their numbers but not that they compile: the
-interpreter takes what the compiler refuses (a constexpr passed as a runtime value, a block below tl.dot's 16,
-a loop-carried value changing type) and knows nothing of registers. Here every Triton launch compiles instead,
+interpreter runs Python, so it takes what the compiler refuses (a loop-carried value that changes type, for one:
+tests/infer/kernels/test_aot.py) and knows nothing of registers. Here every Triton launch compiles instead,
 with Triton's own compiler and the ptxas it ships, for sm_<arch>, and returns without running (`compiled_for`).
 The engine's real steps run on meta tensors (no memory, no device) of a real model's shapes (`drive`): a target
-decode step for 1 and 4 sequences, verify steps of 8, 16 and 64 tokens, a prefill, and an EAGLE-3 head's first
-step and its greedy chain, sampled chain and 60-token tree, so what compiles is exactly the set of
+decode step for 1 and 4 sequences, verify steps of 8, 16 and 64 tokens, a prefill, and for each kind of head
+(EAGLE-3, EAGLE-1/2, MTP) its first step and greedy chains, for EAGLE-3 also a sampled chain and a 60-token tree,
+so what compiles is exactly the set of
 specializations a GPU run of that model would make (shapes, dtypes, constexprs, the device's tuned GEMV configs
 from gemv_configs.json and its SM count). `resources` reads each cubin's registers, local memory (spills) and
 static shared memory with the cuobjdump Triton ships. Meta tensors all sit at address 0, so pointer arguments
@@ -31,7 +32,7 @@ from pathlib import Path
 import torch
 
 SMS = {"NVIDIA H100 80GB HBM3": 132, "NVIDIA H200": 132, "NVIDIA A100-SXM4-80GB": 108}  # SMs, for the splits
-ARCH = {"NVIDIA H100 80GB HBM3": 90, "NVIDIA H200": 90, "NVIDIA A100-SXM4-80GB": 80}
+ARCH = {"NVIDIA H100 80GB HBM3": 90, "NVIDIA H200": 90, "NVIDIA A100-SXM4-80GB": 80}    # compute capability x 10
 
 
 @dataclass
@@ -266,13 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.infer.config import ModelConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", type=int, default=90, help="compute capability x 10: 80 (A100), 90 (H100 / H200)")
+    ap.add_argument("--arch", type=int, help="compute capability x 10: 80 (A100), 90 (H100 / H200); default: the "
+                    "device's")
     ap.add_argument("--device", default="NVIDIA H100 80GB HBM3",
                     help=f"whose tuned GEMV configs and SM count to use; known: {', '.join(SMS)}")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--json", help="also write the table here")
     args = ap.parse_args(argv)
+    if args.arch is None:
+        if args.device not in ARCH:
+            ap.error(f"--arch is needed for {args.device!r} (known devices: {', '.join(ARCH)})")
+        args.arch = ARCH[args.device]
     config = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                          num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
                          rope_theta=500000.0, max_position_embeddings=131072)  # Llama-3.1-8B's shapes
