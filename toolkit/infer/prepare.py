@@ -11,16 +11,18 @@ from torch import nn
 from toolkit.infer.model import MLP, Attention, RMSNorm
 
 
-def apply_kernels(module: nn.Module, kernels: str) -> nn.Module:
+def apply_kernels(module: nn.Module, kernels: str, require_device: bool = True) -> nn.Module:
     """Set `kernels` ("torch" or "triton") on `module` (a target or a draft head) and on its norms, attention
-    and MLPs, refusing what cannot run: an unknown name, MLA layers, Triton off CUDA without the interpreter."""
+    and MLPs, refusing what cannot run: an unknown name, MLA layers, Triton off CUDA without the interpreter
+    (require_device False: kernels/aot.py, whose launches only compile)."""
     if kernels not in ("torch", "triton"):
         raise ValueError(f"kernels {kernels!r}; accepted: torch, triton")
     if kernels == "triton":
         if module.config.mla is not None:
             raise ValueError("--kernels triton covers Llama-family attention; MLA layers (DeepSeek) run with "
                              "--kernels torch")
-        if next(module.parameters()).device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        if require_device and next(module.parameters()).device.type != "cuda" \
+                and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)")
     module.kernels = kernels
     for m in module.modules():

@@ -168,6 +168,19 @@ def test_a_draft_step_of_one_row_equals_the_torch_path(monkeypatch):
         assert (want - got).abs().max() <= 1e-4
 
 
+def three_steps(head) -> tuple:
+    """A head's log-probs and output hidden states over three one-token steps from fixed random inputs, and its
+    draft cache after them."""
+    g = torch.Generator().manual_seed(4)
+    cache, got = head.new_cache(16, device=device), []
+    with torch.no_grad():
+        h = torch.randn(1, 1, 64, generator=g).to(device) * 4
+        for t in range(3):
+            logp, h = head(torch.randn(1, 1, 64, generator=g).to(device), h, torch.tensor([[t]], device=device), cache)
+            got += [logp, h]
+    return (*got, cache.k.clone(), cache.v.clone())
+
+
 def test_an_mtp_step_equals_the_torch_path(monkeypatch):
     """An MTP head (Llama-kind block) on row_step's path, eh_proj as a "norm2" GEMV and the block's input norm in
     the q/k/v GEMV, gives the torch path's log-probs, output hidden states and draft cache over three steps."""
@@ -192,15 +205,7 @@ def test_an_mtp_step_equals_the_torch_path(monkeypatch):
         head = head.to(device)
         fuse_projections(head)
         head.set_kernels(kernels)
-        g = torch.Generator().manual_seed(4)
-        cache, got = head.new_cache(16, device=device), []
-        with torch.no_grad():
-            h = torch.randn(1, 1, 64, generator=g).to(device) * 4
-            for t in range(3):
-                logp, h = head(torch.randn(1, 1, 64, generator=g).to(device), h, torch.tensor([[t]], device=device),
-                               cache)
-                got += [logp, h]
-        outs.append((*got, cache.k.clone(), cache.v.clone()))
+        outs.append(three_steps(head))
     assert prologues.count(("norm2",)) == 3 and prologues.count("norm") >= 3, prologues  # eh_proj, q/k/v
     assert widths.count(300) == 3, widths  # the readout over the vocabulary: a GEMV, not cuBLAS
     for want, got in zip(*outs):
@@ -230,15 +235,7 @@ def test_an_eagle2_step_equals_the_torch_path(monkeypatch):
             head.fc.bias.uniform_(-0.5, 0.5)
         fuse_projections(head)
         head.set_kernels(kernels)
-        g = torch.Generator().manual_seed(4)
-        cache, got = head.new_cache(16, device=device), []
-        with torch.no_grad():
-            h = torch.randn(1, 1, 64, generator=g).to(device) * 4
-            for t in range(3):
-                logp, h = head(torch.randn(1, 1, 64, generator=g).to(device), h, torch.tensor([[t]], device=device),
-                               cache)
-                got += [logp, h]
-        outs.append((*got, cache.k.clone(), cache.v.clone()))
+        outs.append(three_steps(head))
     assert calls.count((("cat2",), 64)) == 3 and calls.count(((None,), 300)) == 3, calls  # fc, readout
     for want, got in zip(*outs):
         assert (want - got).abs().max() <= 1e-4

@@ -141,18 +141,16 @@ def drive(config, dtype, label: list, context: int = 1024, draft_vocab: int = 32
     tensors under --kernels triton, each named in label[0] before it runs (None: the harness's own setup)."""
     from toolkit.infer.kv_cache import KVCache
     from toolkit.infer.model import Transformer
-    from toolkit.infer.prepare import fuse_projections
+    from toolkit.infer.prepare import apply_kernels, fuse_projections
     from toolkit.infer.tree import TreeConfig, grow
 
     c, dev, width, H = replace(config, num_layers=layers), torch.device("meta"), context + 80, config.hidden_size
     with torch.device("meta"):
         model = Transformer(c).to(dtype).eval().fuse()
         heads = _heads(c, model, dtype, draft_vocab)
-    for m in (model, *heads.values()):  # apply_kernels would refuse Triton off CUDA: nothing runs here
+    for m in (model, *heads.values()):
         fuse_projections(m)
-        for sub in m.modules():
-            if hasattr(sub, "kernels"):
-                sub.kernels = "triton"
+        apply_kernels(m, "triton", require_device=False)  # nothing runs here: every launch only compiles
     with torch.no_grad(), dev:
         for batch, n, name in ((1, 1, "decode"), (4, 1, "decode x4"), (1, 8, "verify 8"), (1, 16, "verify 16"),
                                (1, 64, "verify 64"), (1, 200, "prefill 200")):
@@ -187,35 +185,25 @@ def drive(config, dtype, label: list, context: int = 1024, draft_vocab: int = 32
                 label[0] = None
 
 
-class _CountTorchKernels(contextlib.AbstractContextManager):
-    """Counts, per step label, the torch ops that would each launch at least one device kernel (not views, not
-    allocations): the part of a step the Triton launches do not show."""
-
-    FREE = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "lift_fresh",
+FREE_OPS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "lift_fresh",
             "alias", "_unsafe_view", "set_", "_reshape_alias", "is_same_size", "sym_size", "sym_stride"}
 
-    def __init__(self, label: list, counts: dict):
-        from torch.utils._python_dispatch import TorchDispatchMode
 
-        outer = self
+def _torch_kernel_counter(label: list, counts: dict):
+    """A dispatch mode counting, per step label, the torch ops that would each launch at least one device kernel
+    (not views, not allocations): the part of a step the Triton launches do not show."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if label[0] is not None and not func.is_view and func.overloadpacket.__name__ not in outer.FREE:
-                    step = counts.setdefault(label[0], {"triton": 0, "torch": 0, "torch_ops": {}})
-                    step["torch"] += 1
-                    name = func.overloadpacket.__name__
-                    step["torch_ops"][name] = step["torch_ops"].get(name, 0) + 1
-                return func(*args, **(kwargs or {}))
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if label[0] is not None and not func.is_view and name not in FREE_OPS:
+                step = counts.setdefault(label[0], {"triton": 0, "torch": 0, "torch_ops": {}})
+                step["torch"] += 1
+                step["torch_ops"][name] = step["torch_ops"].get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
 
-        self.mode = Mode()
-
-    def __enter__(self):
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.mode.__exit__(*exc)
+    return Count()
 
 
 def compile_engine(config, dtype=torch.bfloat16, arch: int = 90, device_name: str = "NVIDIA H100 80GB HBM3",
@@ -224,7 +212,7 @@ def compile_engine(config, dtype=torch.bfloat16, arch: int = 90, device_name: st
     its resources and the steps that launch it; and per step its launches: {"triton": n, "torch": n (torch ops
     that each launch >= 1 kernel), "torch_ops": {op: n}}."""
     by_kernel, counts = {}, {}
-    with compiled_for(arch, device_name) as (launches, label), _CountTorchKernels(label, counts):
+    with compiled_for(arch, device_name) as (launches, label), _torch_kernel_counter(label, counts):
         drive(config, dtype, label, **drive_kw)
     for fn, step, kernel in launches:
         counts.setdefault(step, {"triton": 0, "torch": 0, "torch_ops": {}})["triton"] += 1

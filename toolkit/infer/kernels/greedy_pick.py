@@ -22,6 +22,29 @@ def reference_greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torc
 
 
 @triton.jit
+def _running_argmax(x, start, best, best_i):
+    """One block x of a row starting at column `start` folded into the running (max, first index of it): a later
+    block replaces it only with a strictly larger value, so the first of equal maxima wins, as torch.argmax's."""
+    top = tl.max(x, 0)
+    i = tl.argmax(x, 0, tie_break_left=True).to(tl.int64) + start
+    better = top > best
+    return tl.where(better, top, best), tl.where(better, i, best_i)
+
+
+@triton.jit
+def _pick_out(d2t_ptr, emb_ptr, tok_ptr, out_ptr, row, draft_id, H, s_emb, s_out, BLOCK_H: tl.constexpr):
+    """Row `row`'s chosen draft id mapped to its target id (d2t), stored, and that token's embedding row copied
+    to the output (H = 0: none)."""
+    tok = draft_id + tl.load(d2t_ptr + draft_id)
+    tl.store(tok_ptr + row, tok)
+    hs = tl.arange(0, BLOCK_H)
+    for start in range(0, H, BLOCK_H):                         # the token's embedding row, the next input
+        ok = start + hs < H
+        e = tl.load(emb_ptr + tok * s_emb + start + hs, mask=ok, other=0.0)
+        tl.store(out_ptr + row * s_out + start + hs, e.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _greedy_pick_kernel(logit_ptr, d2t_ptr, emb_ptr, tok_ptr, out_ptr, N, H, s_logit, s_emb, s_out,
                         BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
     row = tl.program_id(0)
@@ -31,18 +54,8 @@ def _greedy_pick_kernel(logit_ptr, d2t_ptr, emb_ptr, tok_ptr, out_ptr, N, H, s_l
     for start in range(0, N, BLOCK_N):                         # the row in blocks: a running (max, first index)
         ok = start + cols < N
         x = tl.load(logit_ptr + row * s_logit + start + cols, mask=ok, other=float("-inf")).to(tl.float32)
-        m = tl.max(x, 0)
-        i = tl.argmax(x, 0, tie_break_left=True).to(tl.int64) + start
-        better = m > best                                      # strictly: an equal later block keeps the first
-        best_i = tl.where(better, i, best_i)
-        best = tl.where(better, m, best)
-    tok = best_i + tl.load(d2t_ptr + best_i)
-    tl.store(tok_ptr + row, tok)
-    hs = tl.arange(0, BLOCK_H)
-    for start in range(0, H, BLOCK_H):                         # the token's embedding row, the next input
-        ok = start + hs < H
-        e = tl.load(emb_ptr + tok * s_emb + start + hs, mask=ok, other=0.0)
-        tl.store(out_ptr + row * s_out + start + hs, e.to(out_ptr.dtype.element_ty), mask=ok)
+        best, best_i = _running_argmax(x, start, best, best_i)
+    _pick_out(d2t_ptr, emb_ptr, tok_ptr, out_ptr, row, best_i, H, s_emb, s_out, BLOCK_H)
 
 
 def greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor | None, block_n: int = 4096,

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.infer.kernels.greedy_pick import _pick_out, _running_argmax
+
 
 def reference_sampled_pick(logits: torch.Tensor, gumbel: torch.Tensor, inv_temp: torch.Tensor, d2t: torch.Tensor,
                            embed_w: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -46,19 +48,8 @@ def _sampled_pick_kernel(logit_ptr, g_ptr, it_ptr, d2t_ptr, emb_ptr, logp_ptr, t
         lp = x - lse
         tl.store(logp_ptr + row * s_logp + start + cols, lp, mask=ok)
         score = lp * inv_temp + tl.load(g_ptr + row * s_g + start + cols, mask=ok, other=0.0).to(tl.float32)
-        score = tl.where(ok, score, float("-inf"))
-        top = tl.max(score, 0)
-        i = tl.argmax(score, 0, tie_break_left=True).to(tl.int64) + start
-        better = top > best                                    # strictly: an equal later block keeps the first
-        best_i = tl.where(better, i, best_i)
-        best = tl.where(better, top, best)
-    tok = best_i + tl.load(d2t_ptr + best_i)
-    tl.store(tok_ptr + row, tok)
-    hs = tl.arange(0, BLOCK_H)
-    for start in range(0, H, BLOCK_H):                         # the token's embedding row, the next input
-        ok = start + hs < H
-        e = tl.load(emb_ptr + tok * s_emb + start + hs, mask=ok, other=0.0)
-        tl.store(out_ptr + row * s_out + start + hs, e.to(out_ptr.dtype.element_ty), mask=ok)
+        best, best_i = _running_argmax(tl.where(ok, score, float("-inf")), start, best, best_i)
+    _pick_out(d2t_ptr, emb_ptr, tok_ptr, out_ptr, row, best_i, H, s_emb, s_out, BLOCK_H)
 
 
 def sampled_pick(logits: torch.Tensor, gumbel: torch.Tensor, inv_temp: torch.Tensor, d2t: torch.Tensor,
