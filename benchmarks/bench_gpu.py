@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -81,9 +82,13 @@ def main() -> None:
                     "does on a GPU (the forward then attends over the whole cache)")
     ap.add_argument("--engine", type=int, default=0, metavar="N",
                     help="also time the Engine end to end for N new tokens (0: skip)")
+    ap.add_argument("--pdl", choices=["auto", "on", "off"], default=None,
+                    help="programmatic dependent launch for --kernels triton (sets TOOLKIT_PDL; kernels/pdl.py)")
     ap.add_argument("--profile", action="store_true", help="print the GPU kernel time of one eager decode step by "
                     "kernel, and the host (Python) time of the engine's chain rounds by function")
     args = ap.parse_args()
+    if args.pdl:  # read at every launch, so set before anything is captured
+        os.environ["TOOLKIT_PDL"] = args.pdl
     dev, dtype, c = args.device, getattr(torch, args.dtype), CONFIGS[args.config]
     torch.manual_seed(0)
     with torch.device(dev):
@@ -154,12 +159,14 @@ def main() -> None:
         draft_in_chain = (long - short) / 6
         draft_loop = timed(draft_loop_of(TreeConfig(6, 10, 60)), args.iters, dev)  # an EAGLE-2 tree, 60 tokens
     roofline = weight_bytes / bandwidth
+    from toolkit.infer.kernels.pdl import enabled as pdl_enabled  # imports Triton: only once the steps ran
     predicted = {f"tau={tau}, chain k={k}": round(tau * decode / (verify.get(k + 1, verify[8]) + k * draft_in_chain),
                                                   2)
                  for tau in (2, 3, 4) for k in (3, 7) if k + 1 in verify}
     out = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
            "dtype": args.dtype, "context": ctx, "kernels": args.kernels,
-           "cuda_graphs": args.cuda_graphs, "weight_gb": round(weight_bytes / 1e9, 3),
+           "cuda_graphs": args.cuda_graphs, "pdl": args.kernels == "triton" and pdl_enabled(torch.device(dev)),
+           "weight_gb": round(weight_bytes / 1e9, 3),
            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "decode_ms": round(decode * 1e3, 3),
            "decode_tok_s": round(1 / decode, 1), "kernels_per_decode_step": kernels_per_step, "roofline_ms": round(roofline * 1e3, 3),
            "decode_vs_roofline": round(roofline / decode, 3),

@@ -14,7 +14,7 @@ def test_bench_gpu_runs_on_cpu_with_a_tiny_config(graphs):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     r = json.loads(done.stdout)
-    assert r["cuda_graphs"] == bool(graphs)
+    assert r["cuda_graphs"] == bool(graphs) and r["pdl"] is False
     assert r["decode_ms"] > 0 and 0 < r["decode_vs_roofline"]
     assert set(r["verify_ms"]) == {"2", "4", "8", "16", "32", "64"}
     assert r["draft_step_ms"] > 0 and len(r["predicted_bs1_speedup"]) == 6
@@ -150,3 +150,15 @@ def test_merge_refuses_shards_that_do_not_belong_together(tmp_path, change, mess
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/merge_bench.py"), *map(str, files), "--out",
                            str(tmp_path / "m.json")], capture_output=True, text=True)
     assert done.returncode != 0 and message in done.stderr and not (tmp_path / "m.json").exists()
+
+
+def test_bench_pdl_runs_on_cpu_and_compares_both_modes():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_pdl.py"), "--config", "tiny", "--device", "cpu",
+                           "--dtype", "float32", "--kernels", "torch", "--iters", "1", "--context", "64"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(done.stdout)
+    assert r["off"]["pdl"] is False and r["on"]["pdl"] is False  # never on a CPU
+    assert set(r["identical"]) == {"logits 1", "logits 8", "chain of 2", "chain of 8"}
+    assert all(r["identical"].values()) and all(r["reproducible_without"].values())
+    assert set(r["on_vs_off"]) == {"decode_ms", "verify8_ms", "draft_step_in_chain_ms"}

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# A lent GPU's checks in one call (~5-6 min on an H100 / H200), so that a short lease is not spent on setup.
-# From the repository root, on the GPU machine:
+# A lent GPU's checks in one call (~7-8 min on an H100 / H200; ~4 with SWEEP=0), so that a short lease is not spent
+# on setup. From the repository root, on the GPU machine:
 #
-#   OUT=/some/dir bash benchmarks/gpu/lease.sh
+#   OUT=/some/dir bash benchmarks/gpu/lease.sh          # SWEEP=0: skip the GEMV sweep and the benches after it
 #
 # Writes into $OUT: device.txt; tests.txt (the kernel tests compiled, not interpreted, and the CUDA-graph tests);
+# tests_pdl.txt (the same with programmatic dependent launch on: kernels/pdl.py); pdl.json (benchmarks/bench_pdl.py:
+# PDL off / on / off, outputs bit-identical, step times); bench_pdl_1k.json (bench_gpu with PDL on);
 # regs.txt (registers per kernel as the driver loads them, against kernels/aot.py's offline figures);
 # bench_before.json (the shipped GEMV configs), sweep.txt + gemv.json + gemv_configs.json (this device's sweep),
 # bench_1k.json and bench_4k.json (after it); then prints the figures RESULTS.md tracks.
@@ -20,6 +22,13 @@ timeout 240 python -m pytest -q -x tests/infer/kernels/test_gemv.py tests/infer/
     tests/infer/kernels/test_sampled_pick.py tests/infer/kernels/test_layer_ops.py \
     tests/infer/kernels/test_tree_attention.py tests/infer/test_gpu.py > "$out/tests.txt" 2>&1
 echo "kernel tests rc=$? ($(tail -1 "$out/tests.txt"))"
+TOOLKIT_PDL=on timeout 240 python -m pytest -q -x tests/infer/kernels/test_gemv.py \
+    tests/infer/kernels/test_greedy_pick.py tests/infer/kernels/test_sampled_pick.py \
+    tests/infer/kernels/test_layer_ops.py tests/infer/kernels/test_tree_attention.py tests/infer/test_gpu.py \
+    > "$out/tests_pdl.txt" 2>&1
+echo "kernel tests with PDL on rc=$? ($(tail -1 "$out/tests_pdl.txt"))"
+timeout 150 python benchmarks/bench_pdl.py > "$out/pdl.json" 2> "$out/pdl.err"
+echo "bench_pdl rc=$? (1: outputs differ)"
 
 timeout 120 python - > "$out/regs.txt" 2>&1 <<'EOF'
 # each kernel the engine's steps compile (kernels/aot.py, offline), then loaded by the driver: its registers and
@@ -46,23 +55,32 @@ echo "aot on this device rc=$? ($(head -1 "$out/regs.txt"))"
 
 bench() { timeout 150 python benchmarks/bench_gpu.py --cuda-graphs --kernels triton "$@"; }
 bench > "$out/bench_before.json" 2> "$out/bench_before.err"; echo "bench (shipped configs) rc=$?"
+bench --pdl on > "$out/bench_pdl_1k.json" 2> "$out/bench_pdl_1k.err"; echo "bench (PDL on) rc=$?"
+if [ "${SWEEP:-1}" = 1 ]; then
 s=$SECONDS
 timeout 200 python benchmarks/bench_gemv.py --sweep --write-configs toolkit/infer/kernels/gemv_configs.json \
     --out "$out/gemv.json" > "$out/sweep.txt" 2>&1
 echo "sweep rc=$? in $((SECONDS - s)) s"; cp toolkit/infer/kernels/gemv_configs.json "$out/"
 bench > "$out/bench_1k.json" 2> "$out/bench_1k.err"; echo "bench 1k rc=$?"
 bench --context 4096 > "$out/bench_4k.json" 2> "$out/bench_4k.err"; echo "bench 4k rc=$?"
+fi
 
 python - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
-for f in ("bench_before", "bench_1k", "bench_4k"):
+try:
+    p = json.loads((Path(sys.argv[1]) / "pdl.json").read_text())
+    print(f"PDL on {p['device']}: identical {p['identical']}, control {p['reproducible_without']}; on / off "
+          f"{p['on_vs_off']}; off {p['off']}")
+except (OSError, ValueError, KeyError) as e:
+    print("pdl.json unreadable:", e)
+for f in ("bench_before", "bench_pdl_1k", "bench_1k", "bench_4k"):
     try:
         d = json.loads((Path(sys.argv[1]) / f"{f}.json").read_text())
     except (OSError, ValueError) as e:
         print(f, "unreadable:", e)
         continue
-    print(f"{f}: {d['device']}, decode {d['decode_ms']} ms = {d['decode_vs_roofline']:.1%} of the roofline; verify 8 "
+    print(f"{f}: {d['device']}, PDL {d.get('pdl')}, decode {d['decode_ms']} ms = {d['decode_vs_roofline']:.1%} of the roofline; verify 8 "
           f"{d['verify_vs_decode']['8']}x; draft step in the chain {d['draft_step_in_chain_ms']} ms = "
           f"{d['draft_in_chain_vs_decode']:.2%}; tree-60 draft loop {d['draft_loop_tree60_ms']} ms")
 EOF

@@ -1,6 +1,7 @@
 """The engine's Triton kernels compile for the GPUs it is tuned for (sm_90 with the H100's and the H200's GEMV
 configs in bf16, sm_80 in fp16) on this machine without a GPU, none spills registers, every kernel in
-toolkit/infer/kernels is among them, and a chain's draft step (greedy or sampled) launches only our own kernels
+toolkit/infer/kernels is among them, with programmatic dependent launch nothing but a GEMV's weights is touched
+before a kernel's wait (the H200 case), and a chain's draft step (greedy or sampled) launches only our own kernels
 (toolkit/infer/kernels/aot.py). The interpreter's tests check the numbers; these check what only a compiler can
 refuse. Each run is its own process: the compiler needs TRITON_INTERPRET unset, which the other kernel tests set.
 """
@@ -41,19 +42,29 @@ def all_kernels() -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("arch,device,dtype", [(90, "NVIDIA H100 80GB HBM3", "bfloat16"),
-                                               (90, "NVIDIA H200", "bfloat16"),
-                                               (80, "NVIDIA A100-SXM4-80GB", "float16")])
-def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(tmp_path, arch, device, dtype):
+@pytest.mark.parametrize("arch,device,dtype,pdl", [(90, "NVIDIA H100 80GB HBM3", "bfloat16", "off"),
+                                                   (90, "NVIDIA H200", "bfloat16", "on"),
+                                                   (80, "NVIDIA A100-SXM4-80GB", "float16", "auto")])
+def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(tmp_path, arch, device, dtype, pdl):
     out = tmp_path / "aot.json"
     p = subprocess.run([sys.executable, "-m", "toolkit.infer.kernels.aot", "--arch", str(arch), "--device", device,
-                        "--dtype", dtype, "--json", str(out)], env=compiler_env(), capture_output=True, text=True,
-                       timeout=1200)
+                        "--dtype", dtype, "--pdl", pdl, "--json", str(out)], env=compiler_env(), capture_output=True,
+                       text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
     kernels = report["kernels"]
     assert {k["kernel"] for k in kernels} == all_kernels()
     assert all(k["local_bytes"] == 0 and 0 < k["registers"] <= 255 for k in kernels), kernels
+    # programmatic dependent launch (kernels/pdl.py): every launch has the flag and a wait, before which no kernel
+    # stores anything and only a GEMV loads (its first weight tile, which no step writes); without it, no wait
+    assert report["pdl"] == (pdl == "on")
+    for k in kernels:
+        assert k["pdl"] == (pdl == "on"), k
+        if k["pdl"]:
+            assert k["stores_before_wait"] == 0, k
+            assert (k["loads_before_wait"] > 0) if k["kernel"] == "_gemv_kernel" else k["loads_before_wait"] == 0, k
+        else:
+            assert k["loads_before_wait"] == k["stores_before_wait"] == -1, k
     steps = report["launches_per_step"]
     # a target decode step: 7 kernels a layer (qkv, RoPE + cache write, attention, merge, o, gate_up, down)
     assert steps["decode (32 layers)"]["triton"] >= 7 * 32
@@ -101,6 +112,12 @@ def test_a_kernel_the_interpreter_runs_but_the_compiler_refuses_is_caught(tmp_pa
          "with compiled_for(90, 'NVIDIA H100 80GB HBM3'):\n    bad_kernel.row_sum(torch.empty(300, device='meta'))"],
         cwd=tmp_path, env=compiler_env(), capture_output=True, text=True, timeout=300)
     assert compiled.returncode != 0 and "Loop-carried variable acc" in compiled.stderr, compiled.stderr[-2000:]
+
+
+def test_pdl_is_refused_before_sm_90():
+    p = subprocess.run([sys.executable, "-m", "toolkit.infer.kernels.aot", "--arch", "80", "--pdl", "on"],
+                       env=compiler_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "--pdl on needs sm_90 or later" in p.stderr, p.stderr[-2000:]
 
 
 def test_compiling_is_refused_under_the_interpreter(monkeypatch):

@@ -44,6 +44,9 @@ class Compiled:
     registers: int       # per thread
     local_bytes: int     # per thread: > 0 means registers spilled to local memory
     shared_bytes: int    # static shared memory per program
+    pdl: bool            # launched with programmatic dependent launch (kernels/pdl.py)
+    loads_before_wait: int   # global loads / stores in the PTX before its PDL wait (-1: no wait); only a GEMV's
+    stores_before_wait: int  # first weight tile may come before it
 
 
 class _Target:
@@ -68,16 +71,19 @@ class _Target:
 
 
 @contextlib.contextmanager
-def compiled_for(arch: int, device_name: str):
+def compiled_for(arch: int, device_name: str, pdl: bool = False):
     """Inside, Triton launches compile for sm_<arch> and return unrun (their outputs stay uninitialised); the
-    GEMV configs and attention splits are those of `device_name`. Yields the list [(kernel function, step
+    GEMV configs and attention splits are those of `device_name`; pdl: the launches use programmatic dependent
+    launch (sm_90+; kernels/pdl.py). Yields the list [(kernel function, step
     label cell, CompiledKernel)] the launches fill; set `label[0]` to name the step that runs next."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compiled_for needs TRITON_INTERPRET unset (the interpreter compiles nothing)")
+    if pdl and arch < 90:
+        raise ValueError(f"programmatic dependent launch needs sm_90 or later; got sm_{arch}")
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
 
-    from toolkit.infer.kernels import gemv, tree_attention
+    from toolkit.infer.kernels import gemv, pdl as pdl_module, tree_attention
 
     launches, label, run, saved = [], [None], JITFunction.run, driver._active
     touched = set()
@@ -91,7 +97,8 @@ def compiled_for(arch: int, device_name: str):
         return kernel
 
     patched = [(gemv, "_device_name", lambda device: device_name),
-               (tree_attention, "_num_sms", lambda device: SMS.get(device_name, 132))]
+               (tree_attention, "_num_sms", lambda device: SMS.get(device_name, 132)),
+               (pdl_module, "enabled", lambda device: pdl)]
     originals = [getattr(m, n) for m, n, _ in patched]
     driver.set_active(_Target(arch))
     JITFunction.run = compile_only
@@ -121,6 +128,16 @@ def resources(cubin: bytes) -> dict:
                               check=True).stdout
     got = {k: int(v) for k, v in re.findall(r"\b(REG|LOCAL|SHARED):(\d+)", text.split("Function", 1)[1])}
     return {"registers": got["REG"], "local_bytes": got["LOCAL"], "shared_bytes": got["SHARED"]}
+
+
+def before_wait(ptx: str) -> tuple[int, int]:
+    """(global loads, global stores and atomics) in a kernel's PTX before its first griddepcontrol.wait, (-1, -1)
+    without one. The PTX is one straight-line prologue up to the wait (no branch precedes it), so its text order is
+    the order they issue in."""
+    pre, found, _ = ptx.partition("griddepcontrol.wait")
+    if not found:
+        return -1, -1
+    return (len(re.findall(r"\bld\.global", pre)), len(re.findall(r"\b(?:st|atom|red)\.global", pre)))
 
 
 def _heads(c, model, dtype, draft_vocab: int) -> dict:
@@ -207,12 +224,12 @@ def _torch_kernel_counter(label: list, counts: dict):
 
 
 def compile_engine(config, dtype=torch.bfloat16, arch: int = 90, device_name: str = "NVIDIA H100 80GB HBM3",
-                   **drive_kw) -> tuple[list[Compiled], dict]:
+                   pdl: bool = False, **drive_kw) -> tuple[list[Compiled], dict]:
     """Every distinct kernel specialization the engine's steps launch for `config`, compiled for sm_<arch>, with
     its resources and the steps that launch it; and per step its launches: {"triton": n, "torch": n (torch ops
     that each launch >= 1 kernel), "torch_ops": {op: n}}."""
     by_kernel, counts = {}, {}
-    with compiled_for(arch, device_name) as (launches, label), _torch_kernel_counter(label, counts):
+    with compiled_for(arch, device_name, pdl) as (launches, label), _torch_kernel_counter(label, counts):
         drive(config, dtype, label, **drive_kw)
     for fn, step, kernel in launches:
         counts.setdefault(step, {"triton": 0, "torch": 0, "torch_ops": {}})["triton"] += 1
@@ -220,7 +237,9 @@ def compile_engine(config, dtype=torch.bfloat16, arch: int = 90, device_name: st
             names = fn.arg_names
             const = {names[k[0]]: v for k, v in kernel.src.constants.items() if len(k) == 1}
             by_kernel[id(kernel)] = Compiled(fn.__name__, [], const, kernel.metadata.num_warps,
-                                             **resources(kernel.asm["cubin"]))
+                                             **resources(kernel.asm["cubin"]), pdl=bool(kernel.metadata.launch_pdl),
+                                             **dict(zip(("loads_before_wait", "stores_before_wait"),
+                                                        before_wait(kernel.asm["ptx"]))))
         if step not in by_kernel[id(kernel)].steps:
             by_kernel[id(kernel)].steps.append(step)
     return list(by_kernel.values()), counts
@@ -261,23 +280,35 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"whose tuned GEMV configs and SM count to use; known: {', '.join(SMS)}")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--pdl", choices=["auto", "on", "off"], default="auto",
+                    help="programmatic dependent launch (kernels/pdl.py); auto: as the engine picks it on that "
+                    "device (its gemv_configs.json entry)")
     ap.add_argument("--json", help="also write the table here")
     args = ap.parse_args(argv)
     if args.arch is None:
         if args.device not in ARCH:
             ap.error(f"--arch is needed for {args.device!r} (known devices: {', '.join(ARCH)})")
         args.arch = ARCH[args.device]
+    from toolkit.infer.kernels.gemv import tuned_configs
+
+    pdl = args.pdl == "on" or (args.pdl == "auto" and args.arch >= 90
+                               and bool(tuned_configs(args.device).get("pdl", False)))
+    if pdl and args.arch < 90:
+        ap.error(f"--pdl on needs sm_90 or later (programmatic dependent launch); got --arch {args.arch}")
     config = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                          num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
                          rope_theta=500000.0, max_position_embeddings=131072)  # Llama-3.1-8B's shapes
     dtype = getattr(torch, args.dtype)
-    rows, counts = compile_engine(config, dtype, args.arch, args.device, context=args.context)
-    one = compile_engine(config, dtype, args.arch, args.device, context=args.context, layers=1)[1]
+    rows, counts = compile_engine(config, dtype, args.arch, args.device, pdl, context=args.context)
+    one = compile_engine(config, dtype, args.arch, args.device, pdl, context=args.context, layers=1)[1]
     print(f"{len(rows)} kernel specializations compiled for sm_{args.arch} ({args.device} configs, {args.dtype}, "
+          f"PDL {'on' if pdl else 'off'}, "
           f"Llama-3.1-8B shapes, EAGLE-3 head with a 32k vocabulary, {args.context} context)")
-    print(f"{'kernel':<20} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7}  constexprs; steps")
+    print(f"{'kernel':<20} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} {'ld/st before wait':>17}  "
+          f"constexprs; steps")
     for r in rows:
-        print(f"{r.kernel:<20} {r.num_warps:>5} {r.registers:>5} {r.local_bytes:>7} {r.shared_bytes:>7}  "
+        wait = f"{r.loads_before_wait}/{r.stores_before_wait}" if r.pdl else "-"
+        print(f"{r.kernel:<20} {r.num_warps:>5} {r.registers:>5} {r.local_bytes:>7} {r.shared_bytes:>7} {wait:>17}  "
               f"{r.constexprs}; {', '.join(r.steps)}")
     launches = per_step(counts, one, config.num_layers)
     print("\nlaunches per step (Triton kernels + torch ops that launch >= 1 kernel each):")
@@ -287,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         from toolkit.atomic import write_text
 
-        write_text(Path(args.json), json.dumps({"arch": args.arch, "device": args.device, "dtype": args.dtype,
+        write_text(Path(args.json), json.dumps({"arch": args.arch, "device": args.device, "dtype": args.dtype, "pdl": pdl,
                                                 "kernels": [asdict(r) for r in rows],
                                                 "launches_per_step": launches}, indent=1) + "\n")
     return 1 if any(r.local_bytes for r in rows) else 0

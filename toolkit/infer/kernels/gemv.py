@@ -15,7 +15,9 @@ bandwidth, but each layer also ran two RMSNorms, the SiLU-mul, the residual add 
 reductions as separate kernels, ~11 us per layer (~0.35 ms per step, 6% of it: benchmarks/RESULTS.md). With
 this kernel a layer is 7 kernels: qkv(norm) -> RoPE + cache write -> attention -> merge -> o(+ residual)
 -> gate_up(norm) -> down(silu, + residual). Every program owns BLOCK_N whole rows of W, so there is no
-split-K reduction; a norm prologue recomputes the row's statistic per program (K values from L2).
+split-K reduction; a norm prologue recomputes the row's statistic per program (K values from L2). With
+programmatic dependent launch (kernels/pdl.py) a program loads its first weight tile before it waits for the
+kernel before it, so that tile's DRAM round trip overlaps that kernel's tail.
 On CPU it runs under TRITON_INTERPRET=1 (tests/infer/kernels/test_gemv.py).
 """
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+
+from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 PROLOGUES = (None, "norm", "silu", "norm2", "cat2")
 
@@ -67,31 +71,60 @@ def _inv_rms(x_ptr, width, eps, BLOCK_K: tl.constexpr, STAT_BLOCK: tl.constexpr)
 
 
 @triton.jit
-def _part(acc, x_ptr, nw_ptr, w_ptr, col0, width, inv, n, n_ok, swn, swk, BLOCK_K: tl.constexpr, NORM: tl.constexpr):
-    """acc + W[n, col0:col0 + width] * x, with NORM x normed by inv and times nw, rounded as model.RMSNorm rounds
-    it (in x's dtype, which is y's)."""
+def _x_tile(x_ptr, nw_ptr, k, width, inv, PROLOGUE: tl.constexpr, EVEN: tl.constexpr):
+    """x's values at columns k (of `width`) through a one-tensor prologue, in fp32: none (0), RMSNorm (1, x normed
+    by inv and times nw, rounded as model.RMSNorm rounds it, in x's dtype, which is y's) or SiLU-mul (2, x's
+    second half the up values)."""
     dt = x_ptr.dtype.element_ty
-    cols = tl.arange(0, BLOCK_K)
-    for k0 in range(0, width, BLOCK_K):
-        k = k0 + cols
+    if EVEN:
+        xk = tl.load(x_ptr + k).to(tl.float32)
+    else:
         xk = tl.load(x_ptr + k, mask=k < width, other=0.0).to(tl.float32)
-        if NORM:
-            nw = tl.load(nw_ptr + k, mask=k < width, other=0.0).to(tl.float32)
-            xk = (nw * (xk * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        w = tl.load(w_ptr + n[:, None] * swn + (col0 + k)[None, :] * swk, mask=n_ok[:, None] & (k < width)[None, :],
-                    other=0.0)
-        acc += w.to(tl.float32) * xk[None, :]
+    if PROLOGUE == 1:  # normalised in fp32, rounded, then scaled and rounded (model.RMSNorm)
+        nw = tl.load(nw_ptr + k, mask=k < width, other=0.0).to(tl.float32)
+        xk = (nw * (xk * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    if PROLOGUE == 2:  # silu(gate) rounded like torch's silu, times up, rounded
+        up = tl.load(x_ptr + width + k, mask=k < width, other=0.0).to(tl.float32)
+        xk = ((xk / (1.0 + tl.exp(-xk))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+    return xk
+
+
+@triton.jit
+def _w_tile(w_ptr, n, n_ok, k, width, swn, swk, EVEN: tl.constexpr):
+    """W[n, k] (columns past `width` as zeros unless EVEN: none are)."""
+    if EVEN:
+        return tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None], other=0.0)
+    return tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < width)[None, :], other=0.0)
+
+
+@triton.jit
+def _part(acc, x_ptr, nw_ptr, w_ptr, col0, width, inv, n, n_ok, swn, swk, w_first, BLOCK_K: tl.constexpr,
+          NORM: tl.constexpr, PEEL: tl.constexpr):
+    """acc + W[n, col0:col0 + width] * x, x normed by inv and times nw with NORM. PEEL: the first tile's weights
+    are w_first, loaded before the PDL wait (col0 is then 0)."""
+    cols = tl.arange(0, BLOCK_K)
+    if PEEL:
+        acc += w_first.to(tl.float32) * _x_tile(x_ptr, nw_ptr, cols, width, inv, 1 if NORM else 0, False)[None, :]
+    for k0 in range(BLOCK_K if PEEL else 0, width, BLOCK_K):
+        k = k0 + cols
+        w = _w_tile(w_ptr + col0 * swk, n, n_ok, k, width, swn, swk, False)
+        acc += w.to(tl.float32) * _x_tile(x_ptr, nw_ptr, k, width, inv, 1 if NORM else 0, False)[None, :]
     return acc
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk, x2_ptr, nw2_ptr, K1,
                  PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAT_BLOCK: tl.constexpr):
+                 EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAT_BLOCK: tl.constexpr,
+                 PDL: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     cols = tl.arange(0, BLOCK_K)
     dt = y_ptr.dtype.element_ty
+    # with PDL the first weight tile (x's first K1 columns' rows) is loaded before the wait: weights are never
+    # written, and its DRAM round trip overlaps the kernel before's tail (kernels/pdl.py)
+    w_first = _w_tile(w_ptr, n, n_ok, cols, K1, swn, swk, EVEN_K and PROLOGUE < 3) if PDL else None
+    wait_prior(PDL)
     inv = 1.0
     if PROLOGUE == 1:  # the row's RMS statistic first: one pass over x (K values, in L2 after the first program)
         inv = _inv_rms(x_ptr, K, eps, BLOCK_K, STAT_BLOCK)
@@ -99,28 +132,18 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
     if PROLOGUE == 3:  # two statistics, then the concatenation's halves in two loops: x's K1 columns, x2's K - K1
         inv1 = _inv_rms(x_ptr, K1, eps, BLOCK_K, STAT_BLOCK)
         inv2 = _inv_rms(x2_ptr, K - K1, eps, BLOCK_K, STAT_BLOCK)
-        acc = _part(acc, x_ptr, nw_ptr, w_ptr, 0, K1, inv1, n, n_ok, swn, swk, BLOCK_K, True)
-        acc = _part(acc, x2_ptr, nw2_ptr, w_ptr, K1, K - K1, inv2, n, n_ok, swn, swk, BLOCK_K, True)
+        acc = _part(acc, x_ptr, nw_ptr, w_ptr, 0, K1, inv1, n, n_ok, swn, swk, w_first, BLOCK_K, True, PDL)
+        acc = _part(acc, x2_ptr, nw2_ptr, w_ptr, K1, K - K1, inv2, n, n_ok, swn, swk, None, BLOCK_K, True, False)
     elif PROLOGUE == 4:  # the concatenation's halves as they are: x's K1 columns, then x2's K - K1
-        acc = _part(acc, x_ptr, nw_ptr, w_ptr, 0, K1, 1.0, n, n_ok, swn, swk, BLOCK_K, False)
-        acc = _part(acc, x2_ptr, nw2_ptr, w_ptr, K1, K - K1, 1.0, n, n_ok, swn, swk, BLOCK_K, False)
+        acc = _part(acc, x_ptr, nw_ptr, w_ptr, 0, K1, 1.0, n, n_ok, swn, swk, w_first, BLOCK_K, False, PDL)
+        acc = _part(acc, x2_ptr, nw2_ptr, w_ptr, K1, K - K1, 1.0, n, n_ok, swn, swk, None, BLOCK_K, False, False)
     else:
-        for k0 in range(0, K, BLOCK_K):
+        if PDL:
+            acc += w_first.to(tl.float32) * _x_tile(x_ptr, nw_ptr, cols, K, inv, PROLOGUE, EVEN_K)[None, :]
+        for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
             k = k0 + cols
-            if EVEN_K:
-                xk = tl.load(x_ptr + k).to(tl.float32)
-                w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None], other=0.0)
-            else:
-                xk = tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-                w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K)[None, :],
-                            other=0.0)
-            if PROLOGUE == 1:  # normalised in fp32, rounded, then scaled and rounded (model.RMSNorm)
-                nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-                xk = (nw * (xk * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            if PROLOGUE == 2:  # silu(gate) rounded like torch's silu, times up, rounded
-                up = tl.load(x_ptr + K + k, mask=k < K, other=0.0).to(tl.float32)
-                xk = ((xk / (1.0 + tl.exp(-xk))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
-            acc += w.to(tl.float32) * xk[None, :]
+            w = _w_tile(w_ptr, n, n_ok, k, K, swn, swk, EVEN_K)
+            acc += w.to(tl.float32) * _x_tile(x_ptr, nw_ptr, k, K, inv, PROLOGUE, EVEN_K)[None, :]
     y = tl.sum(acc, 1)                                          # [BLOCK_N]
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
@@ -132,10 +155,11 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
 @triton.jit
 def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, sr,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """Up to BLOCK_M (16) rows at once on the matrix unit (a verify step's 2-16 tokens, a batch's decode step):
     each W tile is loaded once for all rows, and the loads feed tl.dot, so Triton pipelines them. Prologues run
     before it as their own kernels: folded in, they cost more than they save (an H100 sweep, RESULTS.md)."""
+    wait_prior(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M
@@ -165,8 +189,8 @@ MAX_STAT_BLOCK = 16384  # "ew1" loads a norm's whole row at once up to this widt
 
 @functools.lru_cache(maxsize=None)
 def tuned_configs(device_name: str) -> dict:
-    """gemv_configs.json beside this file: {device name: {"NxKxR": config}} (R: "1" row or "many"), written by
-    benchmarks/bench_gemv.py --sweep --write-configs on that device."""
+    """gemv_configs.json beside this file: {device name: {"NxKxR": config, "pdl": bool}} (R: "1" row or "many"),
+    written by benchmarks/bench_gemv.py --sweep --write-configs on that device ("pdl": kernels/pdl.py)."""
     path = Path(__file__).with_name("gemv_configs.json")
     return json.loads(path.read_text()).get(device_name, {}) if path.is_file() else {}
 
@@ -239,7 +263,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
             w.stride(0), w.stride(1), x2 if x2 is not None else x, norm_w2 if norm_w2 is not None else x, K1,
             PROLOGUE=PROLOGUES.index(prologue), HAS_BIAS=bias is not None,
             HAS_RESIDUAL=residual is not None, EVEN_K=K % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
-            STAT_BLOCK=stat_block, num_warps=warps, num_stages=stages)
+            STAT_BLOCK=stat_block, num_warps=warps, num_stages=stages, **launch_kw(x.device))
         return y.view(*lead, N)
     from toolkit.infer.kernels.layer_ops import rms_norm, silu_mul
 
@@ -258,5 +282,5 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         x, w, y, bias if bias is not None else x, r, rows, N, K, x.stride(0), w.stride(0), w.stride(1), y.stride(0),
         r.stride(0), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         UPCAST=os.environ.get("TRITON_INTERPRET") == "1", BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, num_stages=stages)
+        num_warps=warps, num_stages=stages, **launch_kw(x.device))
     return y.view(*lead, N)

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.infer.kernels.pdl import launch_kw, wait_prior
+
 
 def reference_greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor
                           ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,7 +48,8 @@ def _pick_out(d2t_ptr, emb_ptr, tok_ptr, out_ptr, row, draft_id, H, s_emb, s_out
 
 @triton.jit
 def _greedy_pick_kernel(logit_ptr, d2t_ptr, emb_ptr, tok_ptr, out_ptr, N, H, s_logit, s_emb, s_out,
-                        BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    wait_prior(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     best = tl.full([], float("-inf"), tl.float32)
@@ -77,5 +80,5 @@ def greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor |
     _greedy_pick_kernel[(R,)](logits, d2t, emb, tok, d2t if out is None else out, N, H, logits.stride(0),
                               emb.stride(0), 0 if out is None else out.stride(0),
                               BLOCK_N=min(block_n, triton.next_power_of_2(N)),
-                              BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))))
+                              BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))), **launch_kw(logits.device))
     return tok, out

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.infer.kernels.pdl import launch_kw, wait_prior
+
 
 def reference_rms_norm(x, w, eps, residual=None):
     """What the model's torch path computes: (normed) or (h, normed) with h = residual + x."""
@@ -29,7 +31,8 @@ def reference_rms_norm(x, w, eps, residual=None):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, N, eps, sx, sr, sy, sh,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_prior(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -60,7 +63,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tenso
     if x2.stride(-1) != 1 or r2.stride(-1) != 1:
         raise ValueError("rms_norm needs a contiguous last dimension")
     _rms_norm_kernel[(x2.shape[0],)](x2, r2, w, y, h, N, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
-                                     HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N))
+                                     HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N),
+                                     **launch_kw(x.device))
     y = y.view(x.shape) if out is None else out
     return y if residual is None else (h.view(x.shape), y)
 
@@ -71,7 +75,8 @@ def reference_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, I, s_gu, s_out, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, I, s_gu, s_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_prior(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < I
@@ -88,7 +93,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
         raise ValueError("silu_mul needs a contiguous last dimension")
     out = torch.empty(gu.shape[0], I2 // 2, dtype=gu.dtype, device=gu.device)
     _silu_mul_kernel[(gu.shape[0], triton.cdiv(I2 // 2, block))](gu, out, I2 // 2, gu.stride(0), out.stride(0),
-                                                                 BLOCK=block)
+                                                                 BLOCK=block, **launch_kw(gu.device))
     return out.view(*gate_up.shape[:-1], I2 // 2)
 
 
@@ -108,7 +113,9 @@ def reference_rope_cache_write(qkv, cos, sin, slots, cache_k, cache_v, num_heads
 
 @triton.jit
 def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, T, HQ, HKV, D,
-                       s_qkv, s_slot, skb, skh, sks, svb, svh, svs, BLOCK_D: tl.constexpr):
+                       s_qkv, s_slot, skb, skh, sks, svb, svh, svs, BLOCK_D: tl.constexpr,
+                       PDL: tl.constexpr):
+    wait_prior(PDL)
     row = tl.program_id(0)                                     # b * T + t
     head = tl.program_id(1)                                    # q heads, then kv heads
     b, t = row // T, row % T
@@ -145,12 +152,14 @@ def rope_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sl
     _rope_cache_kernel[(B * T, num_heads + num_kv_heads)](
         qkv, cos, sin, slots, q, cache_k, cache_v, T, num_heads, num_kv_heads, D, qkv.stride(1), slots.stride(0),
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), cache_v.stride(0), cache_v.stride(1),
-        cache_v.stride(2), BLOCK_D=triton.next_power_of_2(D))
+        cache_v.stride(2), BLOCK_D=triton.next_power_of_2(D), **launch_kw(qkv.device))
     return q.transpose(1, 2)
 
 
 @triton.jit
-def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, factor, HALF: tl.constexpr, BLOCK: tl.constexpr):
+def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, factor, HALF: tl.constexpr, BLOCK: tl.constexpr,
+                    PDL: tl.constexpr):
+    wait_prior(PDL)
     row = tl.program_id(0)                                     # b * T + t
     d = tl.arange(0, BLOCK)
     ok = d < 2 * HALF
@@ -169,5 +178,5 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype, factor:
     cos = torch.empty(B, 1, T, 2 * half, dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
     _cos_sin_kernel[(B * T,)](positions.contiguous(), inv_freq, cos, sin, factor, HALF=half,
-                              BLOCK=triton.next_power_of_2(2 * half))
+                              BLOCK=triton.next_power_of_2(2 * half), **launch_kw(positions.device))
     return cos, sin

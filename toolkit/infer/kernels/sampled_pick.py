@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from toolkit.infer.kernels.greedy_pick import _pick_out, _running_argmax
+from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 
 def reference_sampled_pick(logits: torch.Tensor, gumbel: torch.Tensor, inv_temp: torch.Tensor, d2t: torch.Tensor,
@@ -27,7 +28,9 @@ def reference_sampled_pick(logits: torch.Tensor, gumbel: torch.Tensor, inv_temp:
 
 @triton.jit
 def _sampled_pick_kernel(logit_ptr, g_ptr, it_ptr, d2t_ptr, emb_ptr, logp_ptr, tok_ptr, out_ptr, N, H, s_logit, s_g,
-                         s_logp, s_emb, s_out, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr):
+                         s_logp, s_emb, s_out, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+                         PDL: tl.constexpr):
+    wait_prior(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     m = tl.full([], float("-inf"), tl.float32)
@@ -77,5 +80,5 @@ def sampled_pick(logits: torch.Tensor, gumbel: torch.Tensor, inv_temp: torch.Ten
     _sampled_pick_kernel[(R,)](logits, gumbel, inv_temp, d2t, emb, logp, tok, d2t if out is None else out, N, H,
                                logits.stride(0), gumbel.stride(0), logp.stride(0), emb.stride(0),
                                0 if out is None else out.stride(0), BLOCK_N=min(block_n, triton.next_power_of_2(N)),
-                               BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))))
+                               BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))), **launch_kw(logits.device))
     return logp, tok, out

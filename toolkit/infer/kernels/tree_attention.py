@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.infer.kernels.pdl import launch_kw, wait_prior
+
 
 def reference_attention(q, k, v, mask, scale: float | None = None) -> torch.Tensor:
     """The torch reference: scaled dot-product attention with the same mask."""
@@ -37,7 +39,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sob, soh, sot,
                       T, D, HQ, HKV, GROUPS, scale, SPLIT_LEN, NUM_SPLITS,
                       BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                      UPCAST: tl.constexpr, PARTIAL: tl.constexpr):
+                      UPCAST: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr):
+    wait_prior(PDL)
     b, kvh = tl.program_id(0) // HKV, tl.program_id(0) % HKV
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)           # packed rows: token t, query head h
     t, h = r // GROUPS, kvh * GROUPS + r % GROUPS
@@ -85,7 +88,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr
 
 @triton.jit
 def _merge_kernel(po_ptr, pm_ptr, pl_ptr, o_ptr, sob, soh, sot, T, D, HQ, NUM_SPLITS,
-                  BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+                  BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    wait_prior(PDL)
     row = tl.program_id(0)                                             # (b * Hq + h) * T + t
     b, h, t = row // (HQ * T), (row // T) % HQ, row % T
     sp, d = tl.arange(0, BLOCK_SPLITS), tl.arange(0, BLOCK_D)
@@ -136,10 +140,12 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
         q, k, v, m, lens, out, po, pm, pl, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1), out.stride(0), out.stride(1),
         out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), split_len, splits,
-        BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial)
+        BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial,
+        **launch_kw(q.device))
     if partial:
         _merge_kernel[(B * HQ * T,)](po, pm, pl, out, out.stride(0), out.stride(1), out.stride(2), T, D, HQ, splits,
-                                     BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d)
+                                     BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
+                                     **launch_kw(q.device))
     return out
 
 
@@ -150,7 +156,8 @@ def reference_mask_lens(mask: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _mask_lens_kernel(m_ptr, out_ptr, T, S, smb, smt, BLOCK_S: tl.constexpr):
+def _mask_lens_kernel(m_ptr, out_ptr, T, S, smb, smt, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    wait_prior(PDL)
     b = tl.program_id(0)
     best = tl.zeros([BLOCK_S], tl.int32)
     for t in range(0, T):
@@ -169,5 +176,5 @@ def mask_lens(mask: torch.Tensor) -> torch.Tensor:
         raise ValueError("mask_lens needs a contiguous last dimension")
     m = mask.view(torch.int8) if mask.dtype == torch.bool else mask
     out = torch.empty(B, dtype=torch.int32, device=mask.device)
-    _mask_lens_kernel[(B,)](m, out, T, S, m.stride(0), m.stride(1), BLOCK_S=1024)
+    _mask_lens_kernel[(B,)](m, out, T, S, m.stride(0), m.stride(1), BLOCK_S=1024, **launch_kw(mask.device))
     return out
