@@ -8,8 +8,9 @@
 # tests_pdl.txt (the same with programmatic dependent launch on: kernels/pdl.py); pdl.json (benchmarks/bench_pdl.py:
 # PDL off / on / off, outputs bit-identical, step times); bench_pdl_1k.json (bench_gpu with PDL on);
 # regs.txt (registers per kernel as the driver loads them, against kernels/aot.py's offline figures);
-# bench_before.json (the shipped GEMV configs), sweep.txt + gemv.json + gemv_configs.json (this device's sweep),
-# bench_1k.json and bench_4k.json (after it); then prints the figures RESULTS.md tracks.
+# bench_before.json (the shipped GEMV configs), sweep.txt + gemv.json + gemv_configs.json (this device's sweep, run
+# with PDL where it won, its "pdl" entry set accordingly), bench_1k.json and bench_4k.json (after it); then prints
+# the figures RESULTS.md tracks.
 set -uo pipefail
 out=${OUT:?set OUT to the folder for the results}
 mkdir -p "$out"
@@ -56,11 +57,41 @@ echo "aot on this device rc=$? ($(head -1 "$out/regs.txt"))"
 bench() { timeout 150 python benchmarks/bench_gpu.py --cuda-graphs --kernels triton "$@"; }
 bench > "$out/bench_before.json" 2> "$out/bench_before.err"; echo "bench (shipped configs) rc=$?"
 bench --pdl on > "$out/bench_pdl_1k.json" 2> "$out/bench_pdl_1k.err"; echo "bench (PDL on) rc=$?"
+# PDL stays on for the sweep and the benches after it (and goes into this device's gemv_configs.json entry) only
+# where its kernel tests passed, its outputs were bit-identical, and the decode step got faster without the draft
+# step getting slower
+pdl=$(python - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+o = Path(sys.argv[1])
+try:
+    p, off, on = (json.loads((o / f).read_text()) for f in ("pdl.json", "bench_before.json", "bench_pdl_1k.json"))
+    tests = (o / "tests_pdl.txt").read_text().strip().splitlines()[-1]
+    exact = all(p["identical"].values()) and all(p["reproducible_without"].values()) and on["pdl"]
+    faster = on["decode_ms"] < 0.995 * off["decode_ms"] and on["draft_step_in_chain_ms"] <= off["draft_step_in_chain_ms"]
+    print("on" if exact and faster and " passed" in tests and "failed" not in tests and "error" not in tests else "off")
+except (OSError, ValueError, KeyError, IndexError):
+    print("off")
+EOF
+)
+echo "PDL for the sweep and the benches after it: $pdl"
 if [ "${SWEEP:-1}" = 1 ]; then
 s=$SECONDS
-timeout 200 python benchmarks/bench_gemv.py --sweep --write-configs toolkit/infer/kernels/gemv_configs.json \
-    --out "$out/gemv.json" > "$out/sweep.txt" 2>&1
-echo "sweep rc=$? in $((SECONDS - s)) s"; cp toolkit/infer/kernels/gemv_configs.json "$out/"
+TOOLKIT_PDL=$pdl timeout 200 python benchmarks/bench_gemv.py --sweep \
+    --write-configs toolkit/infer/kernels/gemv_configs.json --out "$out/gemv.json" > "$out/sweep.txt" 2>&1
+echo "sweep rc=$? in $((SECONDS - s)) s"
+python - "$pdl" <<'EOF'
+import json, sys
+import torch
+from pathlib import Path
+from toolkit.infer.kernels.gemv import _device_name
+path = Path("toolkit/infer/kernels/gemv_configs.json")
+table = json.loads(path.read_text())
+table.setdefault(_device_name(torch.device("cuda")), {})["pdl"] = sys.argv[1] == "on"
+path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+EOF
+cp toolkit/infer/kernels/gemv_configs.json "$out/"
+export TOOLKIT_PDL=$pdl
 bench > "$out/bench_1k.json" 2> "$out/bench_1k.err"; echo "bench 1k rc=$?"
 bench --context 4096 > "$out/bench_4k.json" 2> "$out/bench_4k.err"; echo "bench 4k rc=$?"
 fi
