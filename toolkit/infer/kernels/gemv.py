@@ -220,7 +220,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
          config: tuple | None = None, x2: torch.Tensor | None = None,
          norm_w2: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] holding 1..MAX_ROWS rows ([..., 2K] for silu; [..., K1] beside x2 [..., K - K1] for norm2 and
-    cat2), w [N, K] -> y [..., N]; residual [..., N]."""
+    cat2), w [N, K] -> y [..., N]; residual [..., N]. w must be a weight, which no kernel writes: with PDL its
+    first tile is read before the wait for the kernel before (kernels/pdl.py)."""
     if prologue not in PROLOGUES:
         raise ValueError(f"prologue {prologue!r}; accepted: {PROLOGUES}")
     N, K = w.shape
