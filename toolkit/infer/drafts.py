@@ -54,14 +54,11 @@ class Eagle3Head(DraftHead):
         """hidden: [B, T, 3Ht] aux features (step 0, fused by fc) or [B, T, H] the head's own output."""
         if hidden.shape[-1] != self.config.hidden_size:
             hidden = self.fc(hidden)
-        n1, n2, H = self.midlayer.input_layernorm, self.midlayer.hidden_norm, self.config.hidden_size
-        if self.kernels == "triton":  # each norm writes its half of the concatenation: no cat kernel
-            from toolkit.infer.kernels.layer_ops import rms_norm
+        n1, n2 = self.midlayer.input_layernorm, self.midlayer.hidden_norm
+        if self.kernels == "triton":  # both norms and the concatenation as one kernel
+            from toolkit.infer.kernels.layer_ops import rms_norm_pair
 
-            x = torch.empty(*emb.shape[:-1], 2 * H, dtype=emb.dtype, device=emb.device)
-            rms_norm(emb, n1.weight, n1.eps, out=x[..., :H])
-            rms_norm(hidden, n2.weight, n2.eps, out=x[..., H:])
-            return hidden, x
+            return hidden, rms_norm_pair(emb, n1.weight, hidden, n2.weight, n1.eps, n2.eps)
         return hidden, torch.cat([n1(emb), n2(hidden)], -1)
 
     def fuse_rows(self, emb, hidden):

@@ -73,7 +73,8 @@ def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(
         step = steps[f"{head} draft step in a greedy chain"]
         # q/k/v's GEMV may be cuBLAS where the device's sweep found it faster (the H200's EAGLE-3 q/k/v)
         assert set(step["torch_ops"]) <= {"mm"}, (head, step)
-        assert step["triton"] + step["torch"] <= 11, (head, step)
+        # EAGLE-3: 9 kernels (one GEMV's worth fewer where cuBLAS takes the q/k/v after one kernel for both norms)
+        assert step["triton"] + step["torch"] <= (10 if head == "eagle3" else 11), (head, step)
     # a sampled chain's pick is one kernel a step too: the torch ops left are the round's own (slots, masks, the
     # tokens' concatenation, the laws' stack), and the q/k/v GEMMs where cuBLAS was picked
     sampled = steps["eagle3 sampled chain of 6"]["torch_ops"]

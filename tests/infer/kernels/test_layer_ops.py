@@ -154,3 +154,25 @@ def test_rms_norm_into_half_of_a_concatenation():
     assert (both - want).abs().max() <= 1e-5
     with pytest.raises(ValueError, match="shaped like x"):
         rms_norm(x, w1, 1e-5, out=both[..., :32])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n1, n2", [(64, 64), (48, 80)])
+def test_rms_norm_pair_is_both_norms_and_their_concatenation(dtype, n1, n2):
+    """One kernel for EAGLE-3's cat[norm1(emb), norm2(hidden)] (two eps), equal to the reference; with equal
+    widths bit-identical to two rms_norm kernels writing the halves."""
+    from toolkit.infer.kernels.layer_ops import rms_norm_pair
+
+    x, y = rand(2, 3, n1).to(dtype), (rand(2, 3, n2, seed=1) * 3).to(dtype)
+    w1, w2 = rand(n1, seed=2).to(dtype), rand(n2, seed=3).to(dtype)
+    got = rms_norm_pair(x, w1, y, w2, 1e-5, 1e-6)
+    want = torch.cat([reference_rms_norm(x, w1, 1e-5), reference_rms_norm(y, w2, 1e-6)], -1)
+    assert got.shape == (2, 3, n1 + n2) and got.dtype == dtype
+    assert (got.float() - want.float()).abs().max() <= (1e-5 if dtype == torch.float32 else 1e-2)
+    if n1 == n2:
+        halves = torch.empty_like(got)
+        rms_norm(x, w1, 1e-5, out=halves[..., :n1])
+        rms_norm(y, w2, 1e-6, out=halves[..., n1:])
+        assert torch.equal(got, halves)
+    with pytest.raises(ValueError, match="same leading shape"):
+        rms_norm_pair(x, w1, y[:1], w2, 1e-5)

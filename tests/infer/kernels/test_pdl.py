@@ -122,6 +122,10 @@ def test_every_other_kernel_takes_the_pdl_launch(interpreted_pdl):
 
     x, w, r = _rand(3, 64, seed=1), _rand(64, seed=2), _rand(3, 64, seed=3)
     torch.testing.assert_close(layer_ops.rms_norm(x, w, 1e-5, residual=r), layer_ops.reference_rms_norm(x, w, 1e-5, r))
+    x2, w2 = _rand(3, 64, seed=13), _rand(64, seed=14)
+    torch.testing.assert_close(layer_ops.rms_norm_pair(x, w, x2, w2, 1e-5),
+                               torch.cat([layer_ops.reference_rms_norm(x, w, 1e-5),
+                                          layer_ops.reference_rms_norm(x2, w2, 1e-5)], -1))
     gu = _rand(3, 128, seed=4)
     torch.testing.assert_close(layer_ops.silu_mul(gu), layer_ops.reference_silu_mul(gu))
     pos, inv = torch.tensor([[5, 9]]), 1.0 / 10000 ** (torch.arange(0, 16, 2) / 16)

@@ -266,13 +266,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
             HAS_RESIDUAL=residual is not None, EVEN_K=K % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
             STAT_BLOCK=stat_block, num_warps=warps, num_stages=stages, **launch_kw(x.device))
         return y.view(*lead, N)
-    from toolkit.infer.kernels.layer_ops import rms_norm, silu_mul
+    from toolkit.infer.kernels.layer_ops import rms_norm, rms_norm_pair, silu_mul
 
-    if prologue == "norm2":  # each norm writes its half of the concatenation
-        both = torch.empty(rows, K, dtype=x.dtype, device=x.device)
-        rms_norm(x, norm_w, eps, out=both[:, :K1])
-        rms_norm(x2, norm_w2, eps, out=both[:, K1:])
-        x = both
+    if prologue == "norm2":  # both norms and the concatenation as one kernel
+        x = rms_norm_pair(x, norm_w, x2, norm_w2, eps)
     if prologue == "cat2":
         x = torch.cat([x, x2], -1)
     x = rms_norm(x, norm_w, eps) if prologue == "norm" else silu_mul(x) if prologue == "silu" else x

@@ -4,6 +4,7 @@ A batch-1 decode step of an 8B model is ~30 GEMVs plus ~35 small kernels per lay
 write: 4, SiLU-mul: 2, ...); inside a CUDA graph each small kernel still costs a few microseconds, ~2.5 ms per
 step on an H100 against a 5.3 ms weight-streaming floor (benchmarks/RESULTS.md). Here they are 4 per layer:
   rms_norm(x, w)                  RMSNorm, computed as transformers does (fp32 statistics, rounded, scaled)
+  rms_norm_pair(x, w, x2, w2)     cat[rms_norm(x, w), rms_norm(x2, w2)] (EAGLE-3's midlayer input)
   add_rms_norm(x, residual, w)    h = residual + x (rounded like torch's add), then RMSNorm(h): (h, normed)
   silu_mul(gate_up)               silu(gate) * up over the fused gate/up GEMM's output [.., 2I] -> [.., I]
   rope_cache_write(qkv, ...)      RoPE on q and k from the fused q/k/v GEMM's output, k and v written into
@@ -42,10 +43,17 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, N, eps, sx, sr, sy, sh,
         x = x.to(h_ptr.dtype.element_ty)                       # the sum rounded as torch's add rounds it
         tl.store(h_ptr + row * sh + cols, x, mask=ok)
         x = x.to(tl.float32)
+    _norm_row(x, w_ptr, y_ptr + row * sy, cols, ok, N, eps)
+
+
+@triton.jit
+def _norm_row(x, w_ptr, y_ptr, cols, ok, N, eps):
+    """x: one row's N values in fp32 (zeros past them) -> RMSNorm(x) * w at y_ptr (normalised in fp32, rounded,
+    then scaled, as transformers computes it)."""
     inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / N + eps)
-    y = (x * inv).to(y_ptr.dtype.element_ty).to(tl.float32)    # normalised in fp32, rounded, then scaled
+    y = (x * inv).to(y_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * sy + cols, (w * y).to(y_ptr.dtype.element_ty), mask=ok)
+    tl.store(y_ptr + cols, (w * y).to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
@@ -67,6 +75,41 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tenso
                                      **launch_kw(x.device))
     y = y.view(x.shape) if out is None else out
     return y if residual is None else (h.view(x.shape), y)
+
+
+@triton.jit
+def _rms_norm_pair_kernel(x_ptr, x2_ptr, w_ptr, w2_ptr, y_ptr, N1, N2, eps, eps2, sx, sx2, sy, BLOCK: tl.constexpr,
+                          PDL: tl.constexpr):
+    wait_prior(PDL)
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    if tl.program_id(1) == 0:                                  # x into columns [0, N1) of y's row
+        ok = cols < N1
+        x = tl.load(x_ptr + row * sx + cols, mask=ok, other=0.0).to(tl.float32)
+        _norm_row(x, w_ptr, y_ptr + row * sy, cols, ok, N1, eps)
+    else:                                                      # x2 into columns [N1, N1 + N2)
+        ok = cols < N2
+        x = tl.load(x2_ptr + row * sx2 + cols, mask=ok, other=0.0).to(tl.float32)
+        _norm_row(x, w2_ptr, y_ptr + row * sy + N1, cols, ok, N2, eps2)
+
+
+def rms_norm_pair(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor, eps: float,
+                  eps2: float | None = None) -> torch.Tensor:
+    """cat[RMSNorm(x) * w, RMSNorm(x2) * w2] as one kernel (EAGLE-3's midlayer input: two norms and the
+    concatenation; two rms_norm launches before): x [..., N1] and x2 [..., N2] with the same leading shape and
+    contiguous rows -> [..., N1 + N2]."""
+    N1, N2 = x.shape[-1], x2.shape[-1]
+    if x.shape[:-1] != x2.shape[:-1] or w.shape != (N1,) or w2.shape != (N2,):
+        raise ValueError(f"rms_norm_pair: x {tuple(x.shape)} and x2 {tuple(x2.shape)} need the same leading shape, "
+                         f"w ({N1},) and w2 ({N2},); got w {tuple(w.shape)}, w2 {tuple(w2.shape)}")
+    a, b = x.reshape(-1, N1), x2.reshape(-1, N2)
+    if a.stride(-1) != 1 or b.stride(-1) != 1:
+        raise ValueError("rms_norm_pair needs contiguous last dimensions")
+    y = torch.empty(a.shape[0], N1 + N2, dtype=x.dtype, device=x.device)
+    _rms_norm_pair_kernel[(a.shape[0], 2)](a, b, w, w2, y, N1, N2, eps, eps if eps2 is None else eps2, a.stride(0),
+                                           b.stride(0), y.stride(0), BLOCK=triton.next_power_of_2(max(N1, N2)),
+                                           **launch_kw(x.device))
+    return y.view(*x.shape[:-1], N1 + N2)
 
 
 def reference_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
