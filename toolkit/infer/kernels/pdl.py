@@ -3,8 +3,9 @@ programs become resident, while the kernel before it in the stream is still fini
 
 Why: a batch-1 decode step of an 8B model is ~230 short kernels inside one CUDA graph. Between two of them the
 GPU drains the first (its last programs finish one by one), then launches and starts the next, whose first
-weight loads then take a DRAM round trip: a gap of a few microseconds in which HBM streams nothing, paid ~230
-times a step (~7-10% of an H200's 3.5 ms step) and ~10 times in a draft step. With PDL each program
+weight loads then take a DRAM round trip: a gap in which HBM streams nothing, paid ~230 times a step and ~10
+times a draft step (an H200's small GEMVs stream at 2.9-3.0 TB/s against 3.9 for the large ones, and its decode
+step sits at 84-88% of the roofline: benchmarks/RESULTS.md). With PDL each program
 
   1. loads what no kernel of a step ever writes (a GEMV's first weight tile: weights are read-only), then
   2. waits for the kernel before it (`gdc_wait`: that grid has completed and its writes are visible) before it
@@ -15,7 +16,7 @@ times a step (~7-10% of an H200's 3.5 ms step) and ~10 times in a draft step. Wi
 and is launched with `launch_pdl=True`. Why it stays exact: every PDL kernel waits for its predecessor's
 completion before touching shared data, and completes only after that wait, so by induction every earlier kernel
 has completed too; a launch without the flag (a torch op, cuBLAS) is serialized as always. kernels/aot.py checks
-in the compiled PTX that nothing but loads comes before the wait (tests/infer/kernels/test_aot.py).
+in the compiled PTX that nothing but a GEMV's weight loads comes before the wait (tests/infer/kernels/test_aot.py).
 
 TOOLKIT_PDL picks it: "off", "on" (wherever the device supports it: CUDA, compute capability >= 9), or "auto"
 (default): on where the device's entry in gemv_configs.json says `"pdl": true`, which a measurement on that
