@@ -69,6 +69,19 @@ def count_kernels(fn) -> int | None:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
+def random_models(c: ModelConfig, dev: str, dtype, kernels: str):
+    """A random target of config c and a random EAGLE-3 head over a 32k draft vocabulary, prepared as the engine
+    loads them (fused q/k/v and gate/up) with `kernels` set (seed 0)."""
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = Transformer(c).to(dtype).eval().fuse()  # fused q/k/v and gate/up, as load_target does
+        head = random_head(c, list(range(min(32000, c.vocab_size)))).to(dtype)  # a 32k draft vocab
+    fuse_projections(head)  # as loading.load_draft does
+    model.set_kernels(kernels)
+    head.set_kernels(kernels)
+    return model, head
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="llama3.1-8b")
@@ -90,13 +103,7 @@ def main() -> None:
     if args.pdl:  # read at every launch, so set before anything is captured
         os.environ["TOOLKIT_PDL"] = args.pdl
     dev, dtype, c = args.device, getattr(torch, args.dtype), CONFIGS[args.config]
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = Transformer(c).to(dtype).eval().fuse()  # fused q/k/v and gate/up, as load_target does
-        head = random_head(c, list(range(min(32000, c.vocab_size)))).to(dtype)  # a 32k draft vocab
-    fuse_projections(head)  # as loading.load_draft does
-    model.set_kernels(args.kernels)
-    head.set_kernels(args.kernels)
+    model, head = random_models(c, dev, dtype, args.kernels)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     buf = torch.empty(max(weight_bytes // 8, 1 << 20), dtype=torch.uint8, device=dev)
     copy_s = timed(lambda: buf.clone(), args.iters, dev)

@@ -19,12 +19,9 @@ import sys
 
 import torch
 
-from bench_gpu import CONFIGS, timed
-from toolkit.infer.drafts import random_head
+from bench_gpu import CONFIGS, random_models, timed
 from toolkit.infer.graphs import GraphedDraftLoop, eager_capture, graph_target
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import Transformer
-from toolkit.infer.prepare import apply_kernels, fuse_projections
 from toolkit.infer.tree import TreeConfig
 
 
@@ -77,13 +74,7 @@ def main() -> int:
     if dev == "cpu" and args.kernels == "triton":  # interpreted on a CPU: set before Triton is first imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from toolkit.infer.kernels.pdl import enabled as pdl_enabled
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = Transformer(c).to(dtype).eval().fuse()
-        head = random_head(c, list(range(min(32000, c.vocab_size)))).to(dtype)
-    fuse_projections(head)
-    for m in (model, head):
-        apply_kernels(m, args.kernels)
+    model, head = random_models(c, dev, dtype, args.kernels)
     capture = None if dev == "cuda" else eager_capture
     report, outs = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
                     "dtype": args.dtype, "kernels": args.kernels, "context": args.context}, {}
