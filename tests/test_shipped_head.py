@@ -19,6 +19,9 @@ def test_the_shipped_head_follows_the_format(head):
     cfg = json.loads((head / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 8192
     assert cfg["toolkit"]["target"] == "smollm2-135m-instruct"
+    # SmolLM2's base, in the spelling SGLang's Llama reads and in transformers 5's (10000 is the default)
+    assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"] == 100000.0
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
     with safe_open(str(head / "model.safetensors"), "pt") as f:
         names = set(f.keys())
     assert {"fc.weight", "lm_head.weight", "d2t", "t2d", "midlayer.self_attn.q_proj.weight"} <= names
@@ -55,3 +58,23 @@ def test_sampled_drafts_are_accepted_as_the_head_predicts(shared, tmp_path):
     assert r["verify_steps"] > 100
     assert abs(r["engine_first_acceptance"] - r["predicted_sampled"]) < 0.1, r
     assert r["predicted_sampled"] > r["predicted_top1"] + 0.03, r
+
+
+def test_the_load_time_probe_reads_the_targets_answer_so_a_short_prompt_is_no_false_alarm(smollm2_dir, capsys):
+    """The probe once compared draft and target over the prompt's own tokens, which no draft is trained to
+    predict: a two-word prompt read 0.0% for this head and warned that it almost never agrees. It now reads the
+    target's greedy answer to the prompt; a random head of the same shape stays near zero there."""
+    import torch
+
+    from toolkit.infer.drafts import random_head
+    from toolkit.infer.loading import load, probe
+
+    loaded = load(str(HEAD), None, None, "cpu", "float32", "auto")
+    text = loaded.tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                          add_generation_prompt=True)
+    assert probe(loaded.head, loaded.target, loaded.tok, text) > 0.08
+    assert "WARNING" not in capsys.readouterr().err
+    torch.manual_seed(0)
+    rand = random_head(loaded.target.config, list(range(8192)))
+    assert probe(rand, loaded.target, loaded.tok, text) < 0.05
+    assert "WARNING: the draft almost never agrees" in capsys.readouterr().err

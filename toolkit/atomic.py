@@ -17,9 +17,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the mode a plain open() would
     try:
         yield Path(tmp)
+        # mkstemp makes 0600 (and a writer may replace the file): give it the mode a plain open() would
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,10 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's kill, `timeout`) unwinds like Ctrl-C, so that temp files are removed on the way."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     from toolkit.train.trainer import parse_with_overrides
 
     args = parse_with_overrides(build_parser(), argv)
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return args.func(args) or 0
     except (ValueError, FileNotFoundError, RuntimeError) as err:
@@ -60,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"toolkit {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"toolkit {args.command}: interrupted; nothing half-written was left behind", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        print(f"toolkit {args.command}: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}; "
+              "nothing half-written was left behind", file=sys.stderr)
+        return 143 if isinstance(stop, Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -190,3 +190,20 @@ def test_shards_take_every_nth_prompt_and_bad_shards_are_refused(shared, tmp_pat
     two.write_text("\n".join(json.dumps({"turns": [f"q{i}"]}) for i in range(2)) + "\n")
     with pytest.raises(ValueError, match="no prompts read in shard 5/6"):
         read_prompts(str(two), None, (5, 6))
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"turns": []}'], "non-empty list"), (['{"turns": [123]}'], "non-empty list"),
+    (['{"turns": ["a", ""]}'], "non-empty list"),
+    (['{"messages": [{"role": "assistant", "content": "no question"}]}'], "non-empty list"),
+    (['{broken', '{"turns": ["fine"]}'], "1 unreadable record")])
+def test_prompts_a_benchmark_cannot_answer_are_refused_by_line(tmp_path, lines, message):
+    """An empty or non-text turn once crashed the bench deep in the chat template, and a broken line was
+    dropped without a word, so the figures covered fewer prompts than the file held."""
+    from toolkit.infer.prompts import read_prompts
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=message) as e:
+        read_prompts(str(path), None)
+    assert str(path) in str(e.value)

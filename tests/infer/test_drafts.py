@@ -68,6 +68,9 @@ def test_cached_steps_equal_a_full_forward():
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4, 5]}},
      r"fc.weight takes 192 features, but 4 aux layers \[1, 3, 4, 5\] x target hidden 64 = 256"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3]}}, "fc.weight takes 192 features, but 2 aux"),
+    # a config.json that does not describe its weights: SGLang and vLLM build their modules from the config
+    ({"draft_vocab_size": 50}, "draft_vocab_size 50 != the weights' 100 lm_head rows"),
+    ({"intermediate_size": 128}, r"do not have the shapes its config.json gives: size mismatch for midlayer.mlp"),
 ])
 def test_drafts_that_do_not_fit_the_target_are_refused(tmp_path, override, message):
     write_draft(tmp_path, **override)
@@ -140,6 +143,10 @@ def test_a_two_layer_head_saves_and_loads_back(tmp_path):
     save_eagle3(head, tmp_path, hf, "tiny", "0" * 16)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["num_hidden_layers"] == 2
+    names = load_file(str(tmp_path / "model.safetensors"))
+    # layer 0 as SGLang's midlayer.*, the second as vLLM's layers.1.* (its loader renames midlayer. to layers.0.)
+    assert "midlayer.self_attn.q_proj.weight" in names and "layers.1.self_attn.q_proj.weight" in names
+    assert not any(k.startswith("additional_layers.") for k in names)
     back = load_eagle3(tmp_path, TARGET)
     assert len(back.additional_layers) == 1
     x, h = torch.randn(1, 4, 64), torch.randn(1, 4, 192)
@@ -147,3 +154,74 @@ def test_a_two_layer_head_saves_and_loads_back(tmp_path):
         a = head.to(torch.bfloat16).float()(x, h, torch.arange(4)[None], head.new_cache(8))[0]
         b = back(x, h, torch.arange(4)[None], back.new_cache(8))[0]
     assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_speculators_names_and_vllm_aux_ids_load(tmp_path):
+    """A speculators / vLLM-style folder: layers.0.* for the first layer and only the top-level aux ids, which
+    name the layer whose input is captured (one more than ours)."""
+    w = write_draft(tmp_path / "ours")
+    write_draft(tmp_path / "theirs", eagle_config=None, eagle_aux_hidden_state_layer_ids=[2, 4, 5])
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in w.items()},
+              str(tmp_path / "theirs" / "model.safetensors"))
+    a, b = load_eagle3(tmp_path / "ours", TARGET), load_eagle3(tmp_path / "theirs", TARGET)
+    assert b.aux_layers == a.aux_layers == [1, 3, 4]
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+
+
+@pytest.mark.parametrize("ids, problem", [([1, 3, 4], None), ([4, 3, 1], "strictly increasing"),
+                                          ([1, 3, 3], "strictly increasing"), ([1, 3, 7], "must be <= 6")])
+def test_aux_layers_sglang_and_vllm_would_capture_otherwise_are_named(ids, problem):
+    from toolkit.infer.drafts import aux_layer_problems
+
+    got = aux_layer_problems(ids, TARGET.num_layers)
+    assert (got == []) if problem is None else any(problem in p for p in got)
+
+
+def test_loading_a_head_with_such_aux_layers_warns(tmp_path, capsys):
+    write_draft(tmp_path, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 4, 7]})
+    load_eagle3(tmp_path, TARGET)
+    assert "WARNING" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target, theta, scaling", [
+    ({"rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}, 100000.0, None),  # transformers 5
+    ({"rope_theta": 500000.0, "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+     500000.0, "llama3"),                                                                     # transformers 4
+    ({"rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0,
+                          "original_max_position_embeddings": 32768}}, 1e6, "yarn")])
+def test_a_saved_head_spells_rope_both_ways(tmp_path, target, theta, scaling):
+    """SGLang's Llama reads rope_theta (10000 without it) and vLLM under transformers 4 takes the top-level
+    theta over rope_parameters': both spellings must be written, with the target's values."""
+    from toolkit.infer.drafts import save_eagle3
+
+    hf = {"vocab_size": 300, "max_position_embeddings": 512, **target}
+    save_eagle3(random_head(TARGET, list(range(0, 300, 3))), tmp_path, hf, "tiny", "0" * 16)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"] == theta
+    assert cfg.get("rope_scaling", {}).get("rope_type") == scaling == (
+        None if scaling is None else cfg["rope_parameters"]["rope_type"])
+    want = ModelConfig.from_hf({**hf, "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+                                "num_hidden_layers": 8, "num_attention_heads": 4})
+    for spelling in ({k: cfg[k] for k in ("rope_theta", "rope_scaling") if k in cfg},
+                     {"rope_parameters": cfg["rope_parameters"]}):
+        got = ModelConfig.from_hf({**hf, **{k: None for k in ("rope_parameters", "rope_scaling")}, **spelling,
+                                   "model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+                                   "num_hidden_layers": 8, "num_attention_heads": 4})
+        assert (got.rope_theta, got.rope_scaling) == (want.rope_theta, want.rope_scaling)
+
+
+def test_a_damaged_or_misdescribed_draft_folder_is_named_in_one_line(tmp_path):
+    from toolkit.infer.loading import draft_target, recorded_target
+
+    write_draft(tmp_path / "cut")
+    raw = (tmp_path / "cut" / "model.safetensors").read_bytes()
+    (tmp_path / "cut" / "model.safetensors").write_bytes(raw[:len(raw) // 2])  # a truncated copy
+    with pytest.raises(ValueError, match="model.safetensors is unreadable"):
+        load_eagle3(tmp_path / "cut", TARGET)
+    (tmp_path / "cut" / "config.json").write_text('{"architectures": [')
+    with pytest.raises(ValueError, match="config.json is not valid JSON"):
+        recorded_target(str(tmp_path / "cut"))
+    write_draft(tmp_path / "far", toolkit={"target": "llama-9000"})
+    with pytest.raises(ValueError, match="records its target as 'llama-9000'.*pass --model"):
+        draft_target(str(tmp_path / "far"), None)

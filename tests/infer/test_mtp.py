@@ -136,6 +136,21 @@ def test_native_mtp_layers_map_every_weight(tmp_path, layout):
         load_mtp(tmp_path / "x", load_target(tmp_path / "x"))
 
 
+def test_a_folder_sglangs_nextn_export_wrote_loads(tmp_path):
+    """SGLang's scripts/export_deepseek_nextn.py keeps the MTP layer alone, renumbered model.layers.0.*, with
+    num_hidden_layers = num_nextn_predict_layers = 1 (what its NextN loader reads)."""
+    cfg, w = write_native(tmp_path / "t", "deepseek", n_mtp=1)
+    p = f"model.layers.{LAYERS}."
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "config.json").write_text(json.dumps(
+        {**cfg, "architectures": ["DeepseekV3ForCausalLMNextN"], "num_hidden_layers": 1}))
+    save_file({"model.layers.0." + k[len(p):]: v.contiguous() for k, v in w.items() if k.startswith(p)},
+              str(tmp_path / "x" / "model.safetensors"))
+    target = load_target(tmp_path / "t")
+    full, alone = load_mtp(tmp_path / "t", target), load_mtp(tmp_path / "x", target)
+    assert all(torch.equal(v, alone.state_dict()[k]) for k, v in full.state_dict().items())
+
+
 def test_a_folder_without_mtp_layers_is_refused_clearly(tmp_path):
     write_native(tmp_path / "t", "deepseek", n_mtp=0)
     cfg = json.loads((tmp_path / "t" / "config.json").read_text())
@@ -151,10 +166,11 @@ def test_export_round_trip_in_mimo_layout(tmp_path, family):
     torch.manual_seed(0)
     target = Transformer(c)
     head.lm_head.weight = torch.nn.Parameter(target.lm_head.weight.detach().clone(), requires_grad=False)
-    save_mtp(head, tmp_path / "d", hf_config(family), "tiny", "fp")
+    save_mtp(head, tmp_path / "d", hf_config(family, dtype="float32"), "tiny", "fp")  # transformers 5's dtype
     w = load_file(str(tmp_path / "d" / "model.safetensors"))
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
     assert cfg["architectures"] == ["MiMoMTP"] and cfg["toolkit"]["head"] == "mtp"
+    assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"] == 10000.0 and "dtype" not in cfg
     assert all(k.startswith("model.mtp_layers.0.") for k in w) and "model.mtp_layers.0.input_proj.weight" in w
     assert "model.mtp_layers.0.self_attn.q_proj.bias" in w  # MiMo's Qwen2 block: zeros for a Llama block
     back = load_draft(str(tmp_path / "d"), target, None)

@@ -25,6 +25,13 @@ def test_accepted_forms():
     assert r.max_tokens == 7 and r.stop == ["x"] and r.messages[1].text() == "ab" and r.temperature == 1.0
     assert CompletionRequest.model_validate({"prompt": ["one prompt"]}).prompt == "one prompt"
     assert CompletionRequest.model_validate({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
+    # null where OpenAI lets a field be null means its default (clients send null for unset fields)
+    nulls = ChatRequest.model_validate({"messages": USER, **dict.fromkeys(
+        ("temperature", "top_p", "top_k", "n", "stream", "presence_penalty", "frequency_penalty", "seed",
+         "logit_bias", "top_logprobs", "response_format"))})
+    assert (nulls.temperature, nulls.top_p, nulls.top_k, nulls.n, nulls.stream) == (1.0, 1.0, 0, 1, False)
+    assert ChatRequest.model_validate({"messages": USER, "response_format": {"type": "text"},
+                                       "seed": 2 ** 64 - 1}).seed == 2 ** 64 - 1
 
 
 @pytest.mark.parametrize("body,param", [
@@ -32,6 +39,12 @@ def test_accepted_forms():
     ({"messages": USER, "temperature": -1}, "temperature"),
     ({"messages": USER, "top_p": 0}, "top_p"),
     ({"messages": USER, "top_k": -2}, "top_k"),
+    ({"messages": USER, "temperature": float("inf")}, "temperature"),
+    ({"messages": USER, "seed": 2 ** 64}, "seed"),
+    ({"messages": USER, "seed": -2 ** 63 - 1}, "seed"),
+    ({"messages": USER, "logit_bias": {"50": 100}}, "logit_bias"),
+    ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
+    ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": USER, "max_tokens": 0}, "max_tokens"),
     ({"messages": USER, "n": 3}, "n"),
     ({"messages": USER, "stop": [""]}, "stop"),

@@ -135,6 +135,12 @@ def test_oversized_bodies_and_bad_completions_are_refused_and_the_server_keeps_s
                         ({"prompt": [1, 10**9]}, "prompt"), ({"prompt": ""}, "prompt")):
         r = httpx.post(f"{server}/v1/completions", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    # a seed beyond torch's range was a 500 once; unknown paths and methods answer OpenAI error objects too
+    r = httpx.post(f"{server}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 2, "seed": 10 ** 30})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+    r = httpx.post(f"{server}/v1/nothing", json={})
+    assert r.status_code == 404 and "/v1/nothing" in r.json()["error"]["message"]
+    assert httpx.get(f"{server}/v1/chat/completions").json()["error"]["type"] == "invalid_request_error"
     r = httpx.post(f"{server}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 3, "temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     assert httpx.get(f"{server}/health").json()["status"] == "ok"

@@ -146,3 +146,43 @@ def test_every_option_is_listed_with_its_default():
                 continue
             assert (action.option_strings or [action.metavar])[0] in text, (name, action.dest)
         assert text.count("(default:") >= len(p._actions) - 1, name
+
+
+def test_an_out_that_is_a_file_and_counts_that_are_not_are_refused_in_a_line(shared, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "counts.txt").write_text("not safetensors")
+    tok = str(shared / "tokenizers/llama3/tokenizer.json")
+    assert main(["build-token-map", "--tokenizer", tok, "--data", str(tmp_path / "a_file"), "--sizes", "8192",
+                 "--out", str(tmp_path / "a_file"), "--quiet"]) == 2
+    assert "is a file; give a folder" in capsys.readouterr().err
+    assert main(["build-token-map", "--tokenizer", tok, "--from-counts", str(tmp_path / "counts.txt"),
+                 "--sizes", "8192", "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    assert "not a safetensors file" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_temp_file(tmp_path):
+    """`timeout` and schedulers stop a run with SIGTERM: the temp file of a write under way is removed and the
+    command says so, as it does for Ctrl-C."""
+    script = f"""
+import os, signal, time
+from toolkit import cli
+from toolkit.atomic import atomic_path
+
+def busy(args):
+    with atomic_path({str(tmp_path / "map.pt")!r}) as tmp:
+        tmp.write_text("half")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+
+parser = cli.build_parser
+def patched():
+    p = parser()
+    p._subparsers._group_actions[0].choices["build-token-map"].set_defaults(func=busy)
+    return p
+cli.build_parser = patched
+raise SystemExit(cli.main(["build-token-map", "--data", "x", "--out", {str(tmp_path)!r}]))
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 143, run.stderr
+    assert "terminated; nothing half-written" in run.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -62,3 +62,10 @@ def test_freq_file_loads_as_sglang_does(tmp_path):
     torch.save([1, 1], tmp_path / "dup.pt")
     with pytest.raises(TokenMapError, match="unique"):
         load_freq(tmp_path / "dup.pt")
+    # what a user may point --token-map at by mistake: one line each, never a torch traceback
+    torch.save([], tmp_path / "empty.pt")
+    (tmp_path / "text.pt").write_text("not a pickle")
+    for name, message in (("empty.pt", "non-empty list"), ("text.pt", "is not a token map"),
+                          ("missing.pt", "not found")):
+        with pytest.raises(TokenMapError, match=message):
+            load_freq(tmp_path / name)

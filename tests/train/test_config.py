@@ -88,3 +88,17 @@ def test_launcher_configs_name_files_that_exist():
         conf = yaml.safe_load(f.read_text())
         ds = (conf.get("deepspeed_config") or {}).get("deepspeed_config_file")
         assert ds is None or (root.parent / ds).is_file(), f
+
+
+def test_aux_layers_sglang_and_vllm_would_serve_otherwise_are_refused_or_said():
+    """Asked-for aux layers that SGLang / vLLM capture otherwise (out of order, the last layer) are refused; a
+    small target's default that does so, and extra draft layers (which SGLang does not serve), are said."""
+    from toolkit.train.head import serving_notes
+
+    assert serving_notes(TrainConfig(data="d", aux_layers=[1, 14, 26]), [1, 14, 26], 30) == []
+    for ids in ([26, 14, 1], [1, 14, 29]):
+        with pytest.raises(ValueError, match="aux_layers"):
+            serving_notes(TrainConfig(data="d", aux_layers=ids), ids, 30)
+    assert "strictly increasing" in serving_notes(TrainConfig(data="d"), [0, 1, 1], 2)[0]
+    assert "SGLang" in serving_notes(TrainConfig(data="d", num_layers=2), [1, 14, 26], 30)[0]
+    assert serving_notes(TrainConfig(data="d", head="eagle"), [-1], 30) == []

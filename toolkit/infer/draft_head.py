@@ -157,3 +157,70 @@ def write_draft_folder(folder: str | Path, weights: dict[str, torch.Tensor], con
     with atomic_path(folder / "model.safetensors") as tmp:
         save_file({k: v.contiguous().cpu() for k, v in weights.items()}, str(tmp), metadata={"format": "pt"})
     write_text(folder / "config.json", json.dumps(config, indent=2) + "\n")
+
+
+def rope_keys(target_hf_config: dict) -> dict:
+    """The target's RoPE settings for a draft's config.json in both spellings, whichever the target used:
+    transformers 5's `rope_parameters` and 4.x's `rope_theta` / `rope_scaling`. Both are needed: SGLang's Llama
+    reads `rope_theta` (10000 when absent), and vLLM under transformers 4 overwrites `rope_parameters`' theta
+    with the top-level one, so a draft written with `rope_parameters` alone is served with the wrong base."""
+    t = target_hf_config.get("text_config", target_hf_config)
+    scaling = dict(t.get("rope_parameters") or t.get("rope_scaling") or {})
+    theta = float(scaling.pop("rope_theta", t.get("rope_theta", 10000.0)))
+    kind = scaling.pop("rope_type", scaling.pop("type", "default"))
+    keys = {"rope_theta": theta, "rope_parameters": {"rope_theta": theta, "rope_type": kind, **scaling}}
+    if kind != "default":
+        keys["rope_scaling"] = {"rope_type": kind, **scaling}
+    return keys
+
+
+def our_layer_key(name: str) -> str:
+    """A checkpoint's layer names -> ours: layers.0.* -> midlayer.*, layers.k.* -> additional_layers.{k-1}.*
+    (SafeAILab's EAGLE, speculators and vLLM spell the draft's decoder layers layers.{k})."""
+    if not name.startswith("layers."):
+        return name
+    _, k, rest = name.split(".", 2)
+    return f"midlayer.{rest}" if k == "0" else f"additional_layers.{int(k) - 1}.{rest}"
+
+
+def their_layer_key(name: str, first: str = "layers.0.") -> str:
+    """Ours -> a checkpoint's: midlayer.* -> `first`*, additional_layers.{k}.* -> layers.{k+1}.*."""
+    if name.startswith("midlayer."):
+        return first + name.removeprefix("midlayer.")
+    if name.startswith("additional_layers."):
+        _, k, rest = name.split(".", 2)
+        return f"layers.{int(k) + 1}.{rest}"
+    return name
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """A draft folder's model.safetensors, else its pytorch_model.bin (plain tensors only: weights_only), or an
+    error naming the file that is missing or unreadable (a truncated copy, say)."""
+    from safetensors.torch import load_file
+
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            return load_file(str(path)) if name.endswith(".safetensors") else torch.load(
+                path, map_location="cpu", weights_only=True)
+        except Exception as e:  # safetensors / pickle errors for a damaged file
+            raise ValueError(f"draft {folder}: {name} is unreadable ({str(e).splitlines()[0][:160]}); copy or "
+                             "export it again") from None
+    raise ValueError(f"draft {folder}: no model.safetensors or pytorch_model.bin there")
+
+
+def load_weights(head: nn.Module, weights: dict[str, torch.Tensor], folder, ignore=()) -> None:
+    """Load a draft's weights into `head`, built from its config.json: every weight must be there (but those in
+    `ignore`), none unknown, and each of the shape the config gives (else the mismatches are named)."""
+    try:
+        missing, unexpected = head.load_state_dict(weights, strict=False)
+    except RuntimeError as e:
+        sizes = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
+        raise ValueError(f"draft {folder}: its weights do not have the shapes its config.json gives: "
+                         + "; ".join(sizes[:3])) from None
+    missing = [k for k in missing if k not in ignore]
+    if missing or unexpected:
+        raise ValueError(f"draft {folder}: weights left unmapped: missing {missing[:8]}, unexpected "
+                         f"{unexpected[:8]}")

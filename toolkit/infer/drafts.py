@@ -10,14 +10,15 @@ Shapes: B batch, T tokens, H draft hidden, Ht target hidden, N draft vocab.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.draft_head import DraftHead, draft_config, write_draft_folder
+from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
+                                     rope_keys, their_layer_key, write_draft_folder)
 from toolkit.infer.model import MLP, Attention, Block, RMSNorm
 from toolkit.infer.row_step import few_rows
 
@@ -92,6 +93,20 @@ def random_head(target: ModelConfig, vocab_ids: list[int] | None = None, seed: i
     return head.eval()
 
 
+def aux_layer_problems(ids: list[int], num_layers: int) -> list[str]:
+    """Why SGLang and vLLM would not serve these aux layer ids as this toolkit does, if they would not: both
+    capture the input of layer id + 1 (so id num_layers - 1 is never reached) and capture in layer order (so
+    fc's column blocks must be in ascending id order, and a repeated id is captured once)."""
+    problems = []
+    if list(ids) != sorted(set(ids)):
+        problems.append(f"aux layers {list(ids)} are not strictly increasing (SGLang and vLLM capture them in "
+                        "layer order, once each)")
+    if ids and max(ids) > num_layers - 2:
+        problems.append(f"aux layer {max(ids)} is the target's last ({num_layers} layers): SGLang and vLLM "
+                        f"capture the input of layer id + 1, so ids must be <= {num_layers - 2}")
+    return problems
+
+
 def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, device="cpu") -> Eagle3Head:
     """Load a draft folder (config.json + model.safetensors, docs/formats.md section 7; or pytorch_model.bin,
     as SafeAILab's EAGLE-3 checkpoints ship) for `target`; a head that does not fit the target is refused with
@@ -100,7 +115,10 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     cfg = json.loads((folder / "config.json").read_text())
     c = ModelConfig.from_hf({**cfg, "model_type": "llama"})
     target_hidden = cfg.get("target_hidden_size", cfg["hidden_size"])
-    aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or target.default_aux_layers()
+    # SGLang's eagle_config ids name layer outputs (ours); vLLM's / speculators' top-level ones the layer whose
+    # input is captured, one more
+    aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [
+        i - 1 for i in cfg.get("eagle_aux_hidden_state_layer_ids") or []] or target.default_aux_layers()
     problems = []
     if target_hidden != target.hidden_size:
         problems.append(f"target_hidden_size {target_hidden} != target hidden_size {target.hidden_size}")
@@ -108,7 +126,7 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
         problems.append(f"vocab_size {cfg['vocab_size']} != target vocab_size {target.vocab_size}")
     if max(aux) >= target.num_layers or min(aux) < 0:
         problems.append(f"aux layers {aux} outside the target's 0..{target.num_layers - 1}")
-    w = _read_weights(folder)
+    w = {our_layer_key(k): v for k, v in read_weights(folder).items()}  # speculators / vLLM: layers.{k}
     fc_in = w["fc.weight"].shape[1] if "fc.weight" in w else None  # fc: [H, len(aux) * Ht]
     if fc_in is not None and fc_in != len(aux) * target_hidden:
         problems.append(f"fc.weight takes {fc_in} features, but {len(aux)} aux layers {aux} x target hidden "
@@ -117,6 +135,10 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     elif len(aux) != 3:
         problems.append(f"{len(aux)} aux layers {aux}: this EAGLE-3 head fuses exactly 3")
     n = cfg.get("draft_vocab_size") or target.vocab_size
+    rows = w["lm_head.weight"].shape[0] if "lm_head.weight" in w else n
+    if rows != n or len(w.get("d2t", torch.zeros(n))) != n:  # SGLang and vLLM size the lm_head from the config
+        problems.append(f"config.json draft_vocab_size {cfg.get('draft_vocab_size')} != the weights' {rows} "
+                        f"lm_head rows / {len(w.get('d2t', torch.zeros(n)))} d2t entries")
     d2t = w.pop("d2t", torch.zeros(n, dtype=torch.long))  # absent d2t = identity (zeros), never arange
     w.pop("t2d", None)
     w.pop("embed_tokens.weight", None)  # the target's embedding is used
@@ -124,21 +146,11 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
         problems.append("d2t maps draft ids beyond the target vocabulary")
     if problems:
         raise ValueError(f"draft {folder} does not fit the target: " + "; ".join(problems))
+    for note in aux_layer_problems(aux, target.num_layers):  # served right here; elsewhere it would not be
+        print(f"WARNING: draft {folder}: {note}", file=sys.stderr)
     head = Eagle3Head(c, target_hidden, d2t, aux)
-    missing, unexpected = head.load_state_dict(w, strict=False)
-    missing = [k for k in missing if k != "d2t"]
-    if missing or unexpected:
-        raise ValueError(f"draft {folder}: missing weights {missing[:8]}, unexpected {unexpected[:8]}")
+    load_weights(head, w, folder, ignore=("d2t",))
     return head.to(device=device, dtype=dtype).eval()
-
-
-def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """model.safetensors, else pytorch_model.bin (read as plain tensors only: weights_only)."""
-    if (folder / "model.safetensors").is_file():
-        return load_file(str(folder / "model.safetensors"))
-    if (folder / "pytorch_model.bin").is_file():
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise ValueError(f"draft {folder}: no model.safetensors or pytorch_model.bin there")
 
 
 def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, target: str,
@@ -146,21 +158,22 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, ta
     """Write a draft folder in the docs/formats.md section 7 layout (bf16 weights), atomically per file."""
     t = target_hf_config.get("text_config", target_hf_config)
     c, n = head.config, len(head.d2t)
-    rope = {k: t[k] for k in ("rope_theta", "rope_scaling", "rope_parameters") if k in t}
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
            "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
            "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": c.num_layers, "vocab_size": t["vocab_size"],
            "draft_vocab_size": n, "target_hidden_size": head.fc.in_features // 3,
            "max_position_embeddings": t.get("max_position_embeddings", c.max_position_embeddings),
-           "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope_keys(t),
            **{k: t[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in t},
            "eagle_config": {"eagle_aux_hidden_state_layer_ids": head.aux_layers, "use_aux_hidden_state": True},
            "eagle_aux_hidden_state_layer_ids": [i + 1 for i in head.aux_layers],
            "toolkit": {"format_version": 1, "head": "eagle3", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
                        "aux_layer_ids": head.aux_layers, **(extra or {})}}
-    weights = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items() if k != "d2t"}
+    # layer 0 as SGLang's `midlayer.`; more layers as vLLM's `layers.{k}` (SGLang does not serve them as written)
+    weights = {their_layer_key(k, "midlayer."): v.detach().to(torch.bfloat16).contiguous()
+               for k, v in head.state_dict().items() if k != "d2t"}
     ids = torch.arange(n) + head.d2t.cpu()
     weights["d2t"] = head.d2t.cpu().long().contiguous()
     weights["t2d"] = torch.zeros(t["vocab_size"], dtype=torch.bool).index_fill_(0, ids, True)
@@ -168,9 +181,10 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, ta
 
 
 @torch.no_grad()
-def agreement(head: Eagle3Head, target, ids: list[int]) -> float:
-    """Load-time sanity probe: share of positions where the draft's top-1 (from the target's own hidden
-    states) equals the target's top-1. Near zero means a wrong d2t, wrong aux layers or a missing lm_head."""
+def agreement(head: Eagle3Head, target, ids: list[int], start: int = 0) -> float:
+    """Load-time sanity probe: share of positions (the predictions of tokens start + 2 ..) where the draft's top-1
+    (from the target's own hidden states) equals the target's top-1. Near zero means a wrong d2t, wrong aux
+    layers or a missing lm_head."""
     x = torch.tensor([ids], device=target.embed_tokens.weight.device)
     logits, aux = target(x, aux_layers=head.aux_layers)
     want = logits[0].argmax(-1)                            # target's token for position t + 1
@@ -178,4 +192,4 @@ def agreement(head: Eagle3Head, target, ids: list[int]) -> float:
     logp, _ = head(pairs, torch.cat(aux, -1)[:, :-1], torch.arange(len(ids) - 1, device=x.device)[None],
                    head.new_cache(len(ids), pairs.dtype, x.device))
     got = head.to_target(logp[0].argmax(-1))
-    return float((got == want[1:]).float().mean())
+    return float((got == want[1:])[start:].float().mean())

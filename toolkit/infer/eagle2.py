@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.draft_head import DraftHead, vocab_rows, write_draft_folder
+from toolkit.infer.draft_head import (DraftHead, load_weights, our_layer_key, read_weights, rope_keys,
+                                     their_layer_key, vocab_rows, write_draft_folder)
 from toolkit.infer.model import MLP, Attention, Block, RMSNorm
 from toolkit.infer.row_step import few_rows
 
@@ -78,22 +78,16 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
     c = ModelConfig.from_hf({**cfg, "model_type": "llama"})
     if c.hidden_size != target.config.hidden_size:
         raise ValueError(f"draft {folder}: hidden_size {c.hidden_size} != target's {target.config.hidden_size}")
-    if (folder / "model.safetensors").exists():
-        w = load_file(str(folder / "model.safetensors"))
-    else:
-        w = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    w = {k.removeprefix("model."): v for k, v in w.items() if not k.endswith(("embed_tokens.weight", "inv_freq"))}
-    w = {_our_name(k): v for k, v in w.items() if not k.startswith("layers.0.input_layernorm")}
+    w = {k.removeprefix("model."): v for k, v in read_weights(folder).items()
+         if not k.endswith(("embed_tokens.weight", "inv_freq"))}
+    w = {our_layer_key(k): v for k, v in w.items() if not k.startswith("layers.0.input_layernorm")}
     ids = None
     if token_map is not None:
         ids = torch.tensor(load_freq(token_map))
         if int(ids.max()) >= target.config.vocab_size:
             raise ValueError(f"token map {token_map} has ids beyond the target vocabulary")
     head = Eagle2Head(c, target.lm_head.weight.detach().float().cpu(), ids)
-    missing, unexpected = head.load_state_dict(w, strict=False)
-    missing = [k for k in missing if k not in ("d2t", "lm_head.weight")]
-    if missing or unexpected:
-        raise ValueError(f"draft {folder}: missing weights {missing[:8]}, unexpected {unexpected[:8]}")
+    load_weights(head, w, folder, ignore=("d2t", "lm_head.weight"))
     return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()
 
 
@@ -108,31 +102,18 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
     for k, v in head.state_dict().items():
         if k in ("d2t", "lm_head.weight"):
             continue
-        if k.startswith("midlayer."):
-            k = "layers.0." + k.removeprefix("midlayer.")
-        elif k.startswith("additional_layers."):
-            _, i, rest = k.split(".", 2)
-            k = f"layers.{int(i) + 1}.{rest}"
-        weights[k] = v
+        weights[their_layer_key(k)] = v
     weights["layers.0.input_layernorm.weight"] = torch.ones(c.hidden_size)
     weights = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in weights.items()}
-    rope = {k: t[k] for k in ("rope_theta", "rope_scaling", "rope_parameters") if k in t}
     cfg = {"architectures": ["LlamaForCausalLMEagle"], "model_type": "llama", "hidden_size": c.hidden_size,
            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
            "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
            "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": c.num_layers, "vocab_size": t["vocab_size"],
            "max_position_embeddings": t.get("max_position_embeddings", c.max_position_embeddings),
-           "bias": True, "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope,
+           "bias": True, "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope_keys(t),
            **{k: t[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in t},
            "toolkit": {"format_version": 1, "head": "eagle", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
                        **(extra or {})}}
     write_draft_folder(folder, weights, cfg)
 
-
-def _our_name(name: str) -> str:
-    """SafeAILab names -> ours: layers.0.* -> midlayer.*, layers.k.* -> additional_layers.{k-1}.*."""
-    if not name.startswith("layers."):
-        return name
-    _, k, rest = name.split(".", 2)
-    return f"midlayer.{rest}" if k == "0" else f"additional_layers.{int(k) - 1}.{rest}"

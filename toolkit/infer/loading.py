@@ -78,9 +78,13 @@ def _is_mtp_weight(name: str, num_layers: int) -> bool:
 
 def recorded_target(draft: str) -> dict:
     """What a draft folder records of its target (config.json "toolkit": target, target_fingerprint, ...)."""
-    if not (Path(draft) / "config.json").is_file():
+    path = Path(draft) / "config.json"
+    if not path.is_file():
         raise ValueError(f"--draft {draft}: no config.json there (expected a draft checkpoint folder)")
-    return json.loads((Path(draft) / "config.json").read_text()).get("toolkit", {})
+    try:
+        return json.loads(path.read_text()).get("toolkit", {})
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
 
 
 def draft_target(draft: str, model: str | None) -> Path:
@@ -92,7 +96,15 @@ def draft_target(draft: str, model: str | None) -> Path:
     if not recorded and _ships_mtp(json.loads((Path(draft) / "config.json").read_text())):
         # a target with its own MTP layers drafts for itself
         recorded = {"target": str(draft)}
-    folder = resolve_target(model or recorded.get("target") or DEFAULT_MODEL)
+    if model is None and recorded.get("target"):
+        try:
+            folder = resolve_target(recorded["target"])
+        except ValueError:
+            raise ValueError(f"the draft {draft} records its target as {recorded['target']!r}, which is neither "
+                             "a folder here, a reachable hub id nor a built-in alias; pass --model with that "
+                             "target's folder") from None
+    else:
+        folder = resolve_target(model or DEFAULT_MODEL)
     if model and recorded.get("target_fingerprint") and recorded["target_fingerprint"] != fingerprint(folder):
         raise ValueError(f"--model {model} is not the target the draft {draft} was trained for: it records "
                          f"{recorded.get('target')} (fingerprint {recorded['target_fingerprint']})")
@@ -149,13 +161,20 @@ def stop_ids(tok) -> set[int]:
     return ids | {vocab[t] for t in ("<|eot_id|>", "<|im_end|>", "<|end|>") if t in vocab}
 
 
-def probe(head, target, tok, text: str) -> float:
-    """The draft's top-1 agreement with the target on `text` (chat-templated); warns loudly near zero."""
+@torch.no_grad()
+def probe(head, target, tok, text: str, answer_tokens: int = 24) -> float:
+    """The draft's top-1 agreement with the target over the target's own greedy answer to `text` (a
+    chat-templated prompt), which is what a draft is trained to predict (a prompt's own tokens are not, and a
+    short one gave a false alarm); warns loudly near zero."""
     from toolkit.infer.drafts import agreement
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.sampling import SamplingParams
 
-    ids = tok(text, add_special_tokens=False).input_ids[:256]
-    agree = agreement(head, target, ids) if len(ids) > 2 else 0.0
-    print(f"draft/target top-1 agreement on a probe prompt: {agree:.1%}", file=sys.stderr)
+    ids = tok(text, add_special_tokens=False).input_ids[-192:]
+    plain = Engine(target, None, max_len=len(ids) + answer_tokens, cuda_graphs=False)  # a small cache, no draft
+    answer = plain.generate(ids, SamplingParams(max_new_tokens=answer_tokens)).tokens
+    agree = agreement(head, target, ids + answer, start=max(len(ids) - 2, 0))
+    print(f"draft/target top-1 agreement over the target's answer to a probe prompt: {agree:.1%}", file=sys.stderr)
     if agree < 0.02:
         print("WARNING: the draft almost never agrees with the target: check that it was trained for this "
               "target (aux layers, d2t, lm_head); expect tau close to 1", file=sys.stderr)

@@ -27,7 +27,7 @@ from safetensors import safe_open
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.draft_head import DraftHead, vocab_rows, write_draft_folder
+from toolkit.infer.draft_head import DraftHead, load_weights, rope_keys, vocab_rows, write_draft_folder
 from toolkit.infer.model import Block, RMSNorm
 from toolkit.infer.row_step import few_rows
 
@@ -104,8 +104,11 @@ def find_layout(folder: Path, cfg: dict) -> tuple[str, str, int]:
     mimo = sorted({int(m.group(1)) for k in names if (m := re.match(r"model\.mtp_layers\.(\d+)\.", k))})
     if mimo:
         return "mimo", "model.mtp_layers.0.", len(mimo)
+    # a folder SGLang's export_deepseek_nextn.py wrote holds only the MTP layers, renumbered from 0, with
+    # num_hidden_layers == num_nextn_predict_layers (SGLang's NextN loader then reads model.layers.0)
+    first = 0 if n_layers == text.get("num_nextn_predict_layers") else n_layers
     nextn = sorted({int(m.group(1)) for k in names if (m := re.match(r"model\.layers\.(\d+)\.", k))
-                    and int(m.group(1)) >= n_layers})
+                    and int(m.group(1)) >= first})
     if nextn and text.get("num_nextn_predict_layers"):
         return "deepseek", f"model.layers.{nextn[0]}.", len(nextn)
     raise ValueError(f"{folder}: no MTP weights found (looked for model.mtp_layers.{{i}}.* (MiMo) and "
@@ -153,11 +156,7 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
         if int(ids.max()) >= tc.vocab_size:
             raise ValueError(f"token map {token_map} has ids beyond the target vocabulary")
     head = MTPHead(tc, target.lm_head.weight.detach().float().cpu(), ids)
-    missing, unexpected = head.load_state_dict(w, strict=False)
-    missing = [k for k in missing if k not in ("d2t", "lm_head.weight")]
-    if missing or unexpected:
-        raise ValueError(f"MTP draft {folder} ({layout} layout): weights left unmapped: missing {missing[:8]}, "
-                         f"unexpected {unexpected[:8]}")
+    load_weights(head, w, f"{folder} (MTP, {layout} layout)", ignore=("d2t", "lm_head.weight"))
     return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()
 
 
@@ -177,7 +176,8 @@ def save_mtp(head: MTPHead, folder: str | Path, target_hf_config: dict, target: 
         for p, n in (("q", c.num_heads), ("k", c.num_kv_heads), ("v", c.num_kv_heads)):
             weights[f"model.mtp_layers.0.self_attn.{p}_proj.bias"] = torch.zeros(n * c.head_dim)
     weights = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in weights.items()}
-    cfg = {**t, "architectures": ["MiMoMTP"], "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
+    t.pop("dtype", None)  # transformers 5's spelling of torch_dtype wins over it in 4.x and 5.x alike
+    cfg = {**t, **rope_keys(t), "architectures": ["MiMoMTP"], "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
            "toolkit": {"format_version": 1, "head": "mtp", "layout": "mimo", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
                        "target_model_type": t.get("model_type"), **(extra or {})}}

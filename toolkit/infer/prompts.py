@@ -38,9 +38,14 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) 
             system = next((m["content"] for m in conv if m["role"] == "system"), None)
             item = {"id": len(out), "category": rec.get("category", "all") if isinstance(rec, dict) else "all",
                     "system": system, "turns": [m["content"] for m in conv if m["role"] == "user"]}
+        if not item["turns"] or not all(isinstance(t, str) and t for t in item["turns"]):
+            raise ValueError(f"{where}: turns must be a non-empty list of non-empty strings (the user turns)")
         out.append(item)
         if limit is not None and len(out) >= limit:
             break
+    if stats.bad:  # a benchmark over fewer prompts than its file holds would say nothing of the missing ones
+        raise ValueError(f"--prompts {path}: {stats.bad} unreadable record(s), e.g. {stats.bad_examples[0]}; "
+                         "fix or remove them")
     if not out:
         raise ValueError(f"--prompts {path}: no prompts read" + (f" in shard {shard[0]}/{shard[1]}"
                                                                  if shard[1] > 1 else ""))

@@ -16,6 +16,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolkit.infer.sequence import Sequence, StopStrings
 from toolkit.infer.metrics import summarize
@@ -56,6 +57,12 @@ def build_app(served: Served) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
         return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):  # unknown paths, wrong methods
+        return await api_error(request, ApiError(err.status_code, f"{request.method} {request.url.path}: "
+                                                 f"{err.detail}", None, "not_found" if err.status_code == 404
+                                                 else None))
 
     async def parse(request: Request, model):
         raw = await request.body()

@@ -52,18 +52,28 @@ class Sampling(BaseModel):
     """Fields both endpoints share."""
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(default=0, ge=-1)  # 0 or -1 = off (vLLM's -1 accepted)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-2 ** 63, le=2 ** 64 - 1)  # what torch.Generator takes
     n: int = Field(default=1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict | None = None
+    response_format: dict | None = None
     user: str | None = None
+
+    @field_validator("temperature", "top_p", "top_k", "n", "stream", "presence_penalty", "frequency_penalty",
+                     mode="before")
+    @classmethod
+    def null_is_default(cls, value, info):
+        """OpenAI lets these be null (clients send null for unset fields): null means the default."""
+        return cls.model_fields[info.field_name].default if value is None else value
 
     @field_validator("stop")
     @classmethod
@@ -80,8 +90,12 @@ class Sampling(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise ApiError(400, f"{name} is not supported; leave it 0", name)
-        if self.logprobs:
-            raise ApiError(400, "logprobs are not supported", "logprobs")
+        for name in ("logprobs", "top_logprobs", "logit_bias"):
+            if getattr(self, name):
+                raise ApiError(400, f"{name} is not supported", name)
+        if (self.response_format or {}).get("type", "text") != "text":
+            raise ApiError(400, f"response_format {self.response_format.get('type')!r} is not supported (no "
+                           "constrained decoding); accepted: text", "response_format")
         return self
 
 

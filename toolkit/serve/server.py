@@ -78,8 +78,11 @@ def main(args: argparse.Namespace) -> int:
     for name in ("max_batch_size", "max_queue", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.max_seq_len < 0 or args.port < 0:
-        raise ValueError("--max-seq-len and --port must be >= 0")
+    if args.max_seq_len < 0 or not 0 <= args.port <= 65535:
+        raise ValueError(f"--max-seq-len must be >= 0 and --port in 0..65535 (0 = any free one); got "
+                         f"{args.max_seq_len} and {args.port}")
+    if args.threads is not None and args.threads < 0:
+        raise ValueError(f"--threads {args.threads}: give a positive count (0 or absent = torch's default)")
     if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
         raise ValueError("--speculative-disable-by-batch-size must be >= 0")
     if args.draft is None and not args.no_speculation:

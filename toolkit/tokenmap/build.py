@@ -139,6 +139,8 @@ def build(args: argparse.Namespace) -> dict:
     if args.from_counts and args.data:
         raise TokenMapError("give either --data (count now) or --from-counts (reuse counts), not both")
     sizes = parse_sizes(args.sizes)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise TokenMapError(f"--out {args.out} is a file; give a folder (made if absent) for the maps")
     t0 = time.perf_counter()
     tok = load_tokenizer(args.model if args.tokenizer is None else None, args.tokenizer, args.chat_template)
     vocab_size = target_vocab_size(args, tok)

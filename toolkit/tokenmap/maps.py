@@ -65,11 +65,18 @@ def save_freq(path: Path, ids: list[int]) -> None:
 
 
 def load_freq(path: str | Path) -> list[int]:
-    ids = torch.load(path, weights_only=True)
+    if not Path(path).is_file():
+        raise TokenMapError(f"token map {path}: file not found")
+    try:
+        ids = torch.load(path, weights_only=True)
+    except Exception as e:  # torch raises several kinds for a file that is not a torch.save'd object
+        raise TokenMapError(f"{path} is not a token map (a torch.save'd list of unique int token ids, "
+                            f"freq_N.pt): {str(e).splitlines()[0][:120]}") from None
     if isinstance(ids, torch.Tensor):  # FR-Spec's own scripts save a tensor; accept it too
         ids = ids.tolist()
-    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or len(set(ids)) != len(ids):
-        raise TokenMapError(f"{path}: a token map must hold a list of unique int token ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids) or \
+            len(set(ids)) != len(ids):
+        raise TokenMapError(f"{path}: a token map must hold a non-empty list of unique int token ids >= 0")
     return ids
 
 
@@ -93,9 +100,14 @@ def load_counts(path: str | Path) -> tuple[np.ndarray, dict]:
     path = Path(path)
     if not path.is_file():
         raise TokenMapError(f"--from-counts {path}: file not found")
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-        if "counts" not in f.keys():
-            raise TokenMapError(f"--from-counts {path}: no 'counts' tensor; is it a token_counts.safetensors?")
-        counts = f.get_tensor("counts").numpy()
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            names = set(f.keys())
+            counts = f.get_tensor("counts").numpy() if "counts" in names else None
+    except Exception as e:  # safetensors' own error for a file that is not one
+        raise TokenMapError(f"--from-counts {path}: not a safetensors file ({str(e)[:100]}); give the "
+                            "token_counts.safetensors a build wrote") from None
+    if counts is None:
+        raise TokenMapError(f"--from-counts {path}: no 'counts' tensor; is it a token_counts.safetensors?")
     return counts, meta

@@ -151,3 +151,20 @@ def check_signature(saved_path: Path, now: dict) -> None:
     if diff:
         raise ValueError("cannot resume: the draft/target differ from the saved run: " + "; ".join(
             f"{k} saved {a} now {b}" for k, (a, b) in diff.items()) + ". Use --overwrite to start afresh.")
+
+
+def serving_notes(cfg, aux_layers: list[int], num_layers: int) -> list[str]:
+    """What SGLang or vLLM would serve differently from how this EAGLE-3 head trains: aux layer ids they capture
+    otherwise (refused when the recipe asks for them; said when they are a small target's default) and extra
+    draft layers, which vLLM loads and SGLang does not serve as trained."""
+    if cfg.head != "eagle3":
+        return []
+    from toolkit.infer.drafts import aux_layer_problems
+
+    notes = aux_layer_problems(aux_layers, num_layers)
+    if notes and cfg.aux_layers:
+        raise ValueError("aux_layers: " + "; ".join(notes))
+    if cfg.num_layers > 1:
+        notes.append(f"num_layers {cfg.num_layers}: vLLM loads the extra layers (written as layers.{{k}}); SGLang's "
+                     "LlamaForCausalLMEagle3 does not serve them as trained; 1 layer is what both serve")
+    return notes

@@ -37,6 +37,7 @@ def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from toolkit.atomic import atomic_path, write_text
+    from toolkit.infer.drafts import aux_layer_problems
     from toolkit.infer.loading import load_target
     from toolkit.models import fingerprint, resolve_target
     from toolkit.train.data import PreparedData
@@ -55,6 +56,11 @@ def main(args: argparse.Namespace) -> int:
         target.config.default_aux_layers()
     if len(aux_layers) != 3 or not all(0 <= i < target.config.num_layers for i in aux_layers):
         raise ValueError(f"--aux-layers {aux_layers}: give 3 layer ids in 0..{target.config.num_layers - 1}")
+    for note in aux_layer_problems(aux_layers, target.config.num_layers):
+        if args.aux_layers:  # a head trained on these could not be served by SGLang / vLLM as it was trained
+            raise ValueError(f"--aux-layers: {note}")
+        print(f"WARNING: the default aux layers of this {target.config.num_layers}-layer target: {note}",
+              file=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     head = {"format_version": 1, "target": model, "target_fingerprint": fingerprint(folder),

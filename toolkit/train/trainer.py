@@ -85,8 +85,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.config import load_config
     from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches
-    from toolkit.train.head import (check_signature, head_signature, pick_vocabulary, start_from, take_weights,
-                                     target_tensors)
+    from toolkit.train.head import (check_signature, head_signature, pick_vocabulary, serving_notes, start_from,
+                                     take_weights, target_tensors)
     from toolkit.train.losses import simulated_tau
     from toolkit.train.objectives import OBJECTIVES, DraftTrainable
     from toolkit.train.tracking import Tracker
@@ -148,6 +148,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         shards.index["aux_layer_ids"] if offline else tcfg.default_aux_layers())
     if offline and cfg.head == "eagle3" and aux_layers != shards.index["aux_layer_ids"]:
         raise ValueError(f"aux_layers {aux_layers} differ from the shards' {shards.index['aux_layer_ids']}")
+    for note in serving_notes(cfg, aux_layers, tcfg.num_layers):  # what SGLang / vLLM would serve differently
+        acc.print(f"WARNING: {note}")
     vocab_ids, d2t, t2d = pick_vocabulary(cfg, tcfg, folder, data, train_rows, start)
 
     # --- the head, optimizer, schedule; resume ---------------------------------------------------------
