@@ -52,5 +52,10 @@ def test_tokenizer_without_eos_or_template_is_refused(tmp_path):
         load_tokenizer(tokenizer=str(tmp_path / "tokenizer.json"))
     with pytest.raises(TokenizerError, match="not found"):
         load_tokenizer(tokenizer=str(tmp_path / "missing.json"))
+    (tmp_path / "map.pt").write_bytes(b"\x80")          # an existing file of another kind was "not found"
+    (tmp_path / "broken.json").write_text('{"model": ')
+    for name, message in (("map.pt", "is not a .json file"), ("broken.json", "not a tokenizers JSON file")):
+        with pytest.raises(TokenizerError, match=message):
+            load_tokenizer(tokenizer=str(tmp_path / name))
     with pytest.raises(TokenizerError, match="llama3"):
         load_tokenizer(tokenizer=str(tmp_path / "tokenizer.json"), chat_template="vicuna")

@@ -53,11 +53,16 @@ def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_
     if tokenizer is not None:
         path = Path(tokenizer).expanduser()
         if path.is_file() and path.suffix == ".json":
-            tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
+            try:
+                tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
+            except Exception as e:  # the tokenizers library's parse errors
+                raise TokenizerError(f"--tokenizer {tokenizer}: not a tokenizers JSON file "
+                                     f"({str(e).splitlines()[0][:120]})") from None
         elif path.is_dir():
             tok = AutoTokenizer.from_pretrained(path)
         else:
-            raise TokenizerError(f"--tokenizer {tokenizer}: not found; give a tokenizer.json file or a folder "
+            what = "is not a .json file" if path.is_file() else "not found"
+            raise TokenizerError(f"--tokenizer {tokenizer}: {what}; give a tokenizer.json file or a folder "
                                  f"with tokenizer files")
         tok.name_or_path = str(path)
     else:
