@@ -12,10 +12,10 @@ from toolkit.infer.tree import TreeConfig
 from toolkit.tokenmap.maps import save_freq
 
 
-def write_eagle1(folder, H=576, I=1536, heads=9, kv=3, bin_file=True, drop=None):
+def write_eagle1(folder, H=576, I=1536, heads=9, kv=3, bin_file=True, drop=None, bias=True):
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
            "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1, "vocab_size": 49152,
-           "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192, "bias": True}
+           "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192, "bias": bias}
     g = torch.Generator().manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=g) * 0.02  # noqa: E731
     D = H // heads
@@ -25,6 +25,8 @@ def write_eagle1(folder, H=576, I=1536, heads=9, kv=3, bin_file=True, drop=None)
          "layers.0.self_attn.v_proj.weight": r(kv * D, H), "layers.0.self_attn.o_proj.weight": r(H, heads * D),
          "layers.0.mlp.gate_proj.weight": r(I, H), "layers.0.mlp.up_proj.weight": r(I, H),
          "layers.0.mlp.down_proj.weight": r(H, I)}
+    if not bias:
+        w.pop("fc.bias")
     if drop:
         w.pop(drop)
     folder.mkdir(exist_ok=True)
@@ -64,6 +66,9 @@ def test_both_file_kinds_load_and_misfits_are_refused(target, tmp_path):
     write_eagle1(tmp_path / "missing", drop="layers.0.mlp.up_proj.weight")
     with pytest.raises(ValueError, match="up_proj"):
         load_eagle2(tmp_path / "missing", target)
+    # a public head trained without fc's bias ("bias": false, as yuhuili's EAGLE-LLaMA3.1 heads) was refused
+    write_eagle1(tmp_path / "nobias", bias=False)
+    assert load_eagle2(tmp_path / "nobias", target).fc.bias is None
     write_eagle1(tmp_path / "wide", H=640, heads=10, kv=5)
     with pytest.raises(ValueError, match="hidden_size 640"):
         load_eagle2(tmp_path / "wide", target)

@@ -21,7 +21,7 @@ def test_a_random_head_gets_the_warning_with_its_figure(target_and_tok, capsys):
     agree = probe(random_head(target.config, seed=1), target, tok, TEXT)
     err = capsys.readouterr().err
     assert agree < 0.02
-    assert f"draft/target top-1 agreement on a probe prompt: {agree:.1%}" in err
+    assert f"draft/target top-1 agreement over the target's answer to a probe prompt: {agree:.1%}" in err
     assert "WARNING: the draft almost never agrees with the target" in err
 
 
@@ -29,7 +29,7 @@ def test_a_head_that_agrees_gets_its_figure_and_no_warning(target_and_tok, capsy
     import toolkit.infer.drafts
 
     target, tok = target_and_tok
-    monkeypatch.setattr(toolkit.infer.drafts, "agreement", lambda head, target, ids: 0.5)
+    monkeypatch.setattr(toolkit.infer.drafts, "agreement", lambda head, target, ids, start=0: 0.5)
     assert probe(object(), target, tok, TEXT) == 0.5
     err = capsys.readouterr().err
-    assert "top-1 agreement on a probe prompt: 50.0%" in err and "WARNING" not in err
+    assert "top-1 agreement over the target's answer to a probe prompt: 50.0%" in err and "WARNING" not in err

@@ -85,6 +85,9 @@ def test_eagle_regression_training_exports_the_safeailab_layout(tiny_target, pre
     assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight"} <= set(w) and "lm_head.weight" not in w
     cfg = json.loads((out / "draft/config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle"] and cfg["toolkit"]["head"] == "eagle"
+    # SGLang's and vLLM's Llama layers read a `bias` key as attention biases the head has not, and no loader
+    # has a layer-0 input norm to put a written one in
+    assert "bias" not in cfg and not any("input_layernorm" in k and k.startswith("layers.0.") for k in w)
     head = lossless(tiny_target, out / "draft", TreeConfig(3, 3, 8))
     assert type(head).__name__ == "Eagle2Head"
 

@@ -34,11 +34,13 @@ class Eagle2Layer(nn.Module):
 class Eagle2Head(DraftHead):
     """Reads the target's final normed hidden state (aux layer -1); logits through the target's lm_head rows."""
 
-    def __init__(self, c: ModelConfig, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None = None):
+    def __init__(self, c: ModelConfig, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None = None,
+                 fc_bias: bool = True):
+        """fc_bias: SafeAILab's config key `bias` (default true); some public heads (EAGLE-LLaMA3.1) have none."""
         super().__init__()
         rows, d2t = vocab_rows(lm_head, vocab_ids)
         self.config, self.aux_layers = c, [-1]
-        self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
+        self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=fc_bias)
         self.midlayer = Eagle2Layer(c)
         self.additional_layers = nn.ModuleList(Block(c) for _ in range(c.num_layers - 1))
         self.lm_head = nn.Linear(c.hidden_size, len(d2t), bias=False)
@@ -86,7 +88,7 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
         ids = torch.tensor(load_freq(token_map))
         if int(ids.max()) >= target.config.vocab_size:
             raise ValueError(f"token map {token_map} has ids beyond the target vocabulary")
-    head = Eagle2Head(c, target.lm_head.weight.detach().float().cpu(), ids)
+    head = Eagle2Head(c, target.lm_head.weight.detach().float().cpu(), ids, fc_bias=bool(cfg.get("bias", True)))
     load_weights(head, w, folder, ignore=("d2t", "lm_head.weight"))
     return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()
 
@@ -94,8 +96,9 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
 def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, target: str, target_fingerprint: str,
                extra: dict | None = None) -> None:
     """Write a draft folder in the SafeAILab EAGLE layout (SGLang: LlamaForCausalLMEagle), bf16, atomically
-    per file: fc.{weight,bias}, layers.{k}.* (layer 0's input_layernorm is written as ones, unused); the
-    lm_head and embedding are the target's and are not written."""
+    per file: fc.{weight,bias}, layers.{k}.* (layer 0 has no input_layernorm, as in SafeAILab's model); the
+    lm_head and embedding are the target's and are not written. No `bias` key: SafeAILab reads it as fc's bias
+    (default true), but SGLang's and vLLM's Llama layers read it as attention biases, which the head has not."""
     t = target_hf_config.get("text_config", target_hf_config)
     c = head.config
     weights = {}
@@ -103,14 +106,13 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
         if k in ("d2t", "lm_head.weight"):
             continue
         weights[their_layer_key(k)] = v
-    weights["layers.0.input_layernorm.weight"] = torch.ones(c.hidden_size)
     weights = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in weights.items()}
     cfg = {"architectures": ["LlamaForCausalLMEagle"], "model_type": "llama", "hidden_size": c.hidden_size,
            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
            "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
            "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": c.num_layers, "vocab_size": t["vocab_size"],
            "max_position_embeddings": t.get("max_position_embeddings", c.max_position_embeddings),
-           "bias": True, "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope_keys(t),
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope_keys(t),
            **{k: t[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in t},
            "toolkit": {"format_version": 1, "head": "eagle", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
