@@ -136,9 +136,10 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
         problems.append(f"{len(aux)} aux layers {aux}: this EAGLE-3 head fuses exactly 3")
     n = cfg.get("draft_vocab_size") or target.vocab_size
     rows = w["lm_head.weight"].shape[0] if "lm_head.weight" in w else n
-    if rows != n or len(w.get("d2t", torch.zeros(n))) != n:  # SGLang and vLLM size the lm_head from the config
+    entries = len(w["d2t"]) if "d2t" in w else n
+    if (rows, entries) != (n, n):  # SGLang and vLLM size the lm_head from the config
         problems.append(f"config.json draft_vocab_size {cfg.get('draft_vocab_size')} != the weights' {rows} "
-                        f"lm_head rows / {len(w.get('d2t', torch.zeros(n)))} d2t entries")
+                        f"lm_head rows / {entries} d2t entries")
     d2t = w.pop("d2t", torch.zeros(n, dtype=torch.long))  # absent d2t = identity (zeros), never arange
     w.pop("t2d", None)
     w.pop("embed_tokens.weight", None)  # the target's embedding is used
