@@ -54,6 +54,9 @@ class DraftHead(nn.Module):
         raise NotImplementedError
 
     kernels = "torch"
+    # MTP: the token embedding paired with position 0 enters as zeros (MiMo's and DeepSeek's MTP in vLLM, MiMo's in
+    # SGLang: "not needed by MTP"); training (train/ttt.py) and serving both follow it
+    blank_position0 = False
 
     def set_kernels(self, kernels: str) -> "DraftHead":
         """Inference only (the Triton kernels have no backward): "torch", or "triton" for the fused kernels
@@ -86,6 +89,8 @@ class DraftHead(nn.Module):
         if mask is None:
             mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
         cos, sin, bias = pre if pre is not None else self.step_inputs(positions, mask, emb.dtype)
+        if self.blank_position0:
+            emb = emb.masked_fill((positions == 0)[..., None], 0)                           # [B, T, H]
         first, *rest = self.layers()
         if row_step_ok(first.self_attn, first.mlp, emb, cache, slots):  # <= 16 rows on Triton: norms etc. in GEMVs
             h, qkv_in = self.fuse_rows(emb, hidden)

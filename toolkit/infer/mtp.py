@@ -5,7 +5,8 @@ One module predicts token t+2 from (token t+1, the target's final normed hidden 
     h = x + attn(input_layernorm(x)); h = h + mlp(post_attention_layernorm(h))   # one block of the target's kind
     out = shared_head.norm(h)                               # fed to the next step (as SGLang feeds it back)
     logits = lm_head(out)                                   # the target's lm_head and embedding, shared, frozen
-Applied k times for a k-token chain, as SGLang's NEXTN does with one layer.
+Applied k times for a k-token chain, as SGLang's NEXTN does with one layer. The embedding paired with position 0
+(token 1 with h_0) enters as zeros, as vLLM's DeepSeek / MiMo MTP and SGLang's MiMoMTP feed it.
 
 Weight layouts read (docs/formats.md section 14):
 - MiMo: `model.mtp_layers.{i}.{token_layernorm, hidden_layernorm, input_proj, final_layernorm, <block>}`;
@@ -37,6 +38,8 @@ DEEPSEEK = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "shared_he
 
 
 class MTPHead(DraftHead):
+    blank_position0 = True
+
     def __init__(self, c: ModelConfig, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None = None):
         """c: the target's config (the block is of its kind); lm_head: the target's [V, H]."""
         super().__init__()

@@ -87,6 +87,8 @@ def unroll(head, embed: torch.nn.Embedding, hidden: torch.Tensor, input_ids: tor
     h, logits, outs = hidden, [], []
     for i in range(steps):
         emb = embed(padded[:, i + 1:i + 1 + L])                                   # token t + i + 1
+        if i == 0 and head.blank_position0:  # MTP: the pair at position 0 has a zero embedding (as served)
+            emb = emb.masked_fill((rows == 0)[None, :, None], 0)
         res, x = head.fuse(emb, h)                                                # the head's input rule
         h = res + _attend(first.self_attn, x, rows + i, head.inv_freq, ks[0], vs[0], block, valid)
         h = h + first.mlp(first.post_attention_layernorm(h))
