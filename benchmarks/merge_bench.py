@@ -13,7 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling", "sample_draft", "lookup")
+SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling", "sample_draft", "lookup",
+        "prompts_sha256", "limit", "seed")
 DEFAULTS = {"sample_draft": False, "lookup": None}  # what a JSON from before the field existed ran with
 RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup")
 
@@ -64,7 +65,11 @@ def merge_run(parts: list[dict], where: list[str]) -> dict:
     if "per_turn" in parts[0]:
         out["per_turn"] = merge_grouped([p["per_turn"] for p in parts], where, "per_turn")
     if "prompt_lookup_num_tokens" in parts[0]:
-        out["prompt_lookup_num_tokens"] = parts[0]["prompt_lookup_num_tokens"]
+        lengths = [p.get("prompt_lookup_num_tokens") for p in parts]
+        if any(n != lengths[0] for n in lengths):
+            raise ValueError(f"--compare-pld lengths {lengths} of {where} differ: merge shards of one configuration "
+                             "only")
+        out["prompt_lookup_num_tokens"] = lengths[0]
     return out
 
 
@@ -74,7 +79,25 @@ def all_true(parts: list[dict], key: str, into: dict) -> None:
         into[key] = all(p.get(key) is True for p in parts)
 
 
-def merge(reports: list[dict], where: list[str]) -> dict:
+def check_shards(shards: list, where: list[str], partial: bool) -> None:
+    """The files' --shard values must be different shards I/N of one N, all N of them unless `partial`."""
+    if len(shards) == 1 and shards[0] is None:
+        return
+    dup = sorted({s for s in shards if s is not None and shards.count(s) > 1})
+    if dup or None in shards:
+        raise ValueError(f"shards {shards} of {where}: each file must be a different --shard of the set")
+    split = [tuple(int(x) for x in s.split("/")) for s in shards]
+    counts = sorted({n for _, n in split})
+    if len(counts) > 1:
+        raise ValueError(f"shards {shards} of {where} split the prompts {counts} ways: merge shards of one N")
+    missing = sorted(set(range(counts[0])) - {i for i, _ in split})
+    if missing and not partial:
+        raise ValueError(f"shards {[f'{i}/{counts[0]}' for i in missing]} are missing: the merge would not be one "
+                         "run over every prompt; give every shard's JSON, or --partial for a figure over these "
+                         "shards only")
+
+
+def merge(reports: list[dict], where: list[str], partial: bool = False) -> dict:
     first = reports[0]
     for key in SAME:
         for r, w in zip(reports[1:], where[1:]):
@@ -82,9 +105,7 @@ def merge(reports: list[dict], where: list[str]) -> dict:
                 raise ValueError(f"{w}: {key} {r.get(key)!r} differs from {where[0]}'s {first.get(key)!r}; merge "
                                  "shards of one configuration only")
     shards = [r.get("shard") for r in reports]
-    dup = sorted({s for s in shards if s is not None and shards.count(s) > 1})
-    if dup or (len(reports) > 1 and None in shards):
-        raise ValueError(f"shards {shards} of {where}: each file must be a different --shard of the set")
+    check_shards(shards, where, partial)
     out = {k: first.get(k, DEFAULTS.get(k)) for k in SAME}
     out.update({"shards": shards, "merged_from": where, "prompts": sum(r["prompts"] for r in reports),
                 "probe_agreement": sum(r["probe_agreement"] for r in reports) / len(reports)})
@@ -132,8 +153,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", type=Path, help="toolkit bench --shard I/N --out JSON files")
     p.add_argument("--out", type=Path, required=True, help="merged JSON; a PNG is written beside it")
+    p.add_argument("--partial", action="store_true", help="merge some shards of a set (the figure is then over "
+                   "those shards' prompts only; `shards` lists them)")
     args = p.parse_args()
-    merged = merge([json.loads(f.read_text()) for f in args.files], [str(f) for f in args.files])
+    if args.out.suffix.lower() == ".png":
+        p.error(f"--out {args.out}: give the JSON's name; the PNG is written beside it with .png")
+    merged = merge([json.loads(f.read_text()) for f in args.files], [str(f) for f in args.files], args.partial)
     write_text(args.out, json.dumps(merged, indent=2) + "\n")
     write_png(args.out.with_suffix(".png"), merged["speculative"])
     for run in RUNS:

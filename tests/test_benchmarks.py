@@ -130,19 +130,25 @@ def test_merged_shards_equal_one_run_over_every_prompt(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     (lambda r: r["tree"].update(topk=2), "tree"),
-    (lambda r: r.update(shard="0/3"), "different --shard"),
+    (lambda r: r.update(shard="0/2"), "different --shard"),
     (lambda r: r["per_category"].update(math=1.5), "older toolkit bench"),
     (lambda r: r["sweep"][0].pop("verify_steps"), "older toolkit bench"),
     (lambda r: r.pop("baseline"), "same flags"),
     (lambda r: r.update(sample_draft=True), "sample_draft"),  # the other shard predates the field: top-1 drafts
     # an entry's own lookup branch; the other shard's entry predates the field: the run's --lookup, here none
     (lambda r: r["sweep"][0].update(lookup=5), "--sweep differs"),
-], ids=["tree", "duplicate-shard", "legacy-category", "legacy-sweep", "missing-run", "sample-draft", "sweep-lookup"])
+    (lambda r: r.update(shard="1/3"), "one N"),
+    (lambda r: r.update(prompts_sha256="ab12"), "prompts_sha256"),   # another prompt file
+    (lambda r: r.update(limit=5), "limit"),
+    (lambda r: r["hf_generate"].update(prompt_lookup_num_tokens=5), "lengths"),
+], ids=["tree", "duplicate-shard", "legacy-category", "legacy-sweep", "missing-run", "sample-draft", "sweep-lookup",
+        "two-ns", "prompt-file", "limit", "pld-length"])
 def test_merge_refuses_shards_that_do_not_belong_together(tmp_path, change, message):
     spec = fake_results(6, seed=2)
     files = []
     for i in range(2):
-        r = shard_report(i, 3, spec[i::2], spec[i::2], 1.0)
+        r = shard_report(i, 2, spec[i::2], spec[i::2], 1.0)
+        r["hf_generate"]["prompt_lookup_num_tokens"] = 10
         if i == 1:
             change(r)
         files.append(tmp_path / f"s{i}.json")
@@ -150,6 +156,22 @@ def test_merge_refuses_shards_that_do_not_belong_together(tmp_path, change, mess
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/merge_bench.py"), *map(str, files), "--out",
                            str(tmp_path / "m.json")], capture_output=True, text=True)
     assert done.returncode != 0 and message in done.stderr and not (tmp_path / "m.json").exists()
+
+
+def test_merge_refuses_a_set_with_a_shard_missing_unless_partial_and_a_png_out(tmp_path):
+    spec = fake_results(6, seed=2)
+    files = []
+    for i in (0, 2):
+        files.append(tmp_path / f"s{i}.json")
+        files[-1].write_text(json.dumps(shard_report(i, 3, spec[i::3], spec[i::3], 1.0)))
+    cmd = [sys.executable, str(ROOT / "benchmarks/merge_bench.py"), *map(str, files), "--out"]
+    done = subprocess.run([*cmd, str(tmp_path / "m.json")], capture_output=True, text=True)
+    assert done.returncode != 0 and "['1/3'] are missing" in done.stderr and not (tmp_path / "m.json").exists()
+    done = subprocess.run([*cmd, str(tmp_path / "m.png")], capture_output=True, text=True)
+    assert done.returncode != 0 and "the PNG is written beside it" in done.stderr
+    done = subprocess.run([*cmd, str(tmp_path / "m.json"), "--partial"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "m.json").read_text())["shards"] == ["0/3", "2/3"]
 
 
 def test_bench_pdl_runs_on_cpu_and_compares_both_modes():

@@ -151,6 +151,21 @@ def test_stop_strings_stop_where_plain_decoding_stops(smollm2):
         StopStrings(tok, [""])
 
 
+@pytest.mark.parametrize("needle", ["ありがとうございました", "龘龘龘龘龘"])
+def test_a_stop_string_of_many_tokens_per_character_is_found(smollm2, needle):
+    """Byte-level BPE spends 2-4 tokens on some characters: the decoded tail must still hold the whole string
+    when its last token arrives (the check runs once per token, so a miss is never caught later)."""
+    from toolkit.infer.sequence import StopStrings
+
+    _, tok = smollm2
+    ids = tok("Answer: ", add_special_tokens=False).input_ids
+    string = tok(needle, add_special_tokens=False).input_ids
+    assert len(string) > len(needle) + 8  # more tokens than characters + the old margin
+    stop = StopStrings(tok, [needle])
+    fired = [stop(ids + string[:i]) for i in range(1, len(string) + 1)]
+    assert fired == [False] * (len(string) - 1) + [True]
+
+
 def test_bad_tree_and_length_are_refused(smollm2):
     model, _ = smollm2
     with pytest.raises(ValueError, match="num_steps \\+ 1"):

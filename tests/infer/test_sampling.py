@@ -55,3 +55,17 @@ def test_bench_samples_with_a_generator_on_the_engines_device(monkeypatch):
     results, answers, _ = run_engine(engine, Tok(), prompts, SamplingParams(max_new_tokens=1), seed=3)
     assert answers == [["x", "x"]] and len(results) == 2
     assert [g.device.type for g in engine.seen] == ["cuda", "cuda"] and engine.seen[0].seed == 3
+
+
+def test_a_vanishing_temperature_is_greedy_not_nan():
+    """logits / 1e-39 overflow to inf and softmax gives NaN (torch.multinomial then fails the whole batch): such
+    temperatures are greedy, as in vLLM."""
+    from toolkit.infer.sampling import SamplingParams, target_probs
+
+    logits = torch.tensor([[40.0, 39.0, -3.0]])
+    for t in (1e-39, 1e-30, 1e-6):
+        p = SamplingParams(temperature=t)
+        assert p.greedy
+        assert torch.equal(target_probs(logits, p), torch.tensor([[1.0, 0.0, 0.0]]))
+    assert not SamplingParams(temperature=1e-4).greedy
+    assert torch.isfinite(target_probs(logits, SamplingParams(temperature=1e-4))).all()

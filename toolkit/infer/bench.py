@@ -8,6 +8,7 @@ Multi-turn prompts (MT-bench `turns`) are answered turn by turn: turn 2 sees the
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -136,6 +137,8 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit {args.limit}: give at least 1 prompt")
+    if Path(args.out).suffix.lower() == ".png":
+        raise ValueError(f"--out {args.out}: give the JSON's name; the PNG is written beside it with .png")
     tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     branch = lookup.from_args(args)
@@ -168,6 +171,8 @@ def main(args: argparse.Namespace) -> int:
     report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,
               "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
               "probe_agreement": agree, "shard": args.shard, "sample_draft": sampled(head, tree),
+              "prompts_sha256": hashlib.sha256(Path(args.prompts).read_bytes()).hexdigest(), "limit": args.limit,
+              "seed": args.seed,
               "lookup": None if branch is None else vars(branch),
               "prompts": len(prompts), "speculative": summarize(results, wall, depth(tree)),
               "per_category": {}, "per_turn": {}}

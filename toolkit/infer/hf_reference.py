@@ -2,7 +2,9 @@
 or prompt-lookup decoding (`prompt_lookup_num_tokens`), the speculative peer that needs no draft model.
 
 τ of a transformers run is measured the way the engine measures it: tokens after the first, per target
-forward after the prefill (a forward hook counts the target's forwards)."""
+forward after the prefill (a forward hook counts the target's forwards and the tokens each one reads). Prompt
+lookup's first forward is no plain prefill: it reads the prompt with the first candidates and keeps every token
+it accepts, so there that forward counts as a verify step and all the request's tokens as its numerator."""
 from __future__ import annotations
 
 import time
@@ -19,31 +21,38 @@ def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    forwards = [0]
-    model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    widths = []  # tokens each target forward reads
+
+    def hook(module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        widths.append(0 if ids is None else int(ids.shape[-1]))
+
+    model.register_forward_hook(hook, with_kwargs=True)
     torch.manual_seed(seed)
     kw = dict(do_sample=False) if params.greedy else dict(do_sample=True, temperature=params.temperature,
                                                            top_p=params.top_p, top_k=params.top_k)
     if prompt_lookup:
         kw["prompt_lookup_num_tokens"] = prompt_lookup
-    counted = []  # (turn, tokens generated, target forwards after the prefill) per request
+    counted = []  # (turn, tokens generated, τ numerator, verify steps) per request
 
     def generate(ids, p):
-        before = forwards[0]
+        before = len(widths)
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=params.max_new_tokens,
                              eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, **kw)[0, len(ids):]
-        counted.append((p["turn"], len(out), max(forwards[0] - before - 1, 0)))  # the first forward: prefill
+        mine = widths[before:]
+        prefill = int(bool(mine) and mine[0] <= len(ids))  # a forward over the prompt alone gives one token
+        counted.append((p["turn"], len(out), len(out) - prefill, len(mine) - prefill))
         return out
 
-    def stats_of(rows):  # τ: tokens after each request's first (the prefill's), per forward after the prefill
-        steps = sum(r[2] for r in rows)
-        return {"tau": (sum(r[1] - 1 for r in rows) / steps) if steps else 1.0, "verify_steps": steps,
+    def stats_of(rows):  # τ: tokens after each request's prefill token, per forward after the prefill
+        steps = sum(r[3] for r in rows)
+        return {"tau": (sum(r[2] for r in rows) / steps) if steps else 1.0, "verify_steps": steps,
                 "tokens": sum(r[1] for r in rows)}
 
     model.generate(torch.tensor([warm_up_ids(tok, prompts)], device=device), max_new_tokens=4,
                    pad_token_id=tok.eos_token_id, **kw)  # lazy initialisation stays out of the timing
     counted.clear()
-    forwards[0] = 0
+    widths.clear()
     start = time.perf_counter()
     answers = answer_turns(tok, prompts, generate)
     wall = time.perf_counter() - start

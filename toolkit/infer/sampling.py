@@ -12,7 +12,7 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
+    temperature: float = 0.0  # 0 = greedy, as is anything below GREEDY_BELOW
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 256
@@ -29,7 +29,12 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
+
+
+# temperatures this small are greedy (vLLM's _SAMPLING_EPS): logits / 1e-39 overflow to inf, inf - inf is NaN,
+# and one such request would fail its whole batch
+GREEDY_BELOW = 1e-5
 
 
 def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

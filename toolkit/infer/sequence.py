@@ -33,7 +33,8 @@ class StopStrings:
         if not strings or any(not s for s in strings):
             raise ValueError("stop strings must be non-empty")
         self.tok, self.strings = tokenizer, list(strings)
-        self.tail = max(len(s) for s in strings) + 8  # tokens: each covers at least one character
+        # tokens: each decodes to at least one byte (byte-level BPE spends 2-4 tokens on some characters)
+        self.tail = max(len(s.encode("utf-8")) for s in strings) + 8
 
     def __call__(self, tokens: list[int]) -> bool:
         # called after every new token, so a string found now was completed by the newest token
