@@ -34,6 +34,40 @@ def test_masked_tokens_decode_to_exactly_the_assistant_texts(name, eot, request)
     assert tok.convert_tokens_to_ids(eot) == tok.eos_token_id
 
 
+def masked_runs(tok, conv) -> list[str]:
+    r = ChatRenderer(tok)
+    text, spans = r.render_with_spans(conv)
+    enc = tok.backend_tokenizer.encode(text, add_special_tokens=False)
+    runs, cur = [], []
+    for i, m in zip(enc.ids, r.assistant_mask(enc.ids, enc.offsets, spans)):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(tok.decode(cur))
+            cur = []
+    return runs + ([tok.decode(cur)] if cur else [])
+
+
+@pytest.mark.parametrize("name, eot", [("smollm2", "<|im_end|>"), ("llama3", "<|eot_id|>"),
+                                       ("qwen2", "<|im_end|>")])
+def test_an_answer_quoted_in_a_later_user_turn_is_masked_in_its_own_turn(name, eot, request):
+    """Llama-3 trims message content, so "Blue\n" is not in its turn as written; the search must still stay in
+    that turn and not land on the user's quote of it."""
+    conv = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "Blue\n"},
+            {"role": "user", "content": "You said Blue\nwhy?"}, {"role": "assistant", "content": "It is calm."}]
+    runs = masked_runs(request.getfixturevalue(f"{name}_tokenizer"), conv)
+    assert runs[-1] == "It is calm." + eot and len(runs) == 2
+    assert runs[0].startswith("Blue") and runs[0].endswith(eot) and "why" not in runs[0]
+
+
+def test_a_reply_that_opens_the_conversation_is_not_found_in_the_default_system_prompt(smollm2_tokenizer):
+    """SmolLM2's template adds a system prompt naming Hugging Face: an opening reply of those words is masked
+    after the assistant header, not inside that prompt."""
+    conv = [{"role": "assistant", "content": "Hugging Face"}, {"role": "user", "content": "who?"},
+            {"role": "assistant", "content": "me"}]
+    assert masked_runs(smollm2_tokenizer, conv) == ["Hugging Face<|im_end|>", "me<|im_end|>"]
+
+
 def test_builtin_template_inferred_for_bare_tokenizer_json(llama3_tokenizer, qwen2_tokenizer):
     assert llama3_tokenizer.template_name == "llama3" and llama3_tokenizer.eos_token == "<|eot_id|>"
     assert qwen2_tokenizer.template_name == "qwen2" and qwen2_tokenizer.eos_token == "<|im_end|>"

@@ -152,14 +152,18 @@ class ChatRenderer:
         for i, msg in enumerate(conv):
             if msg["role"] != "assistant":
                 continue
-            prefix = self.render(conv[:i], add_generation_prompt=True) if i else ""
+            prefix = self.render(conv[:i], add_generation_prompt=True) if i else self._preamble(msg, text)
             if not text.startswith(prefix):
                 raise BadRecord("the chat template renders a conversation's prefix differently from the "
                                 "whole; assistant tokens cannot be located")
             cursor = max(cursor, len(prefix))
+            # the search ends with this turn, so an answer also quoted later (a user turn) is not found there;
+            # templates that render earlier turns differently once more follow (Qwen3's thinking) search on
+            upto = self.render(conv[:i + 1])
+            bound = len(upto) if text.startswith(upto) else len(text)
             content = msg["content"]
-            for candidate in (content, content.strip()):  # some templates trim message content
-                start = text.find(candidate, cursor)
+            for candidate in (content, content.strip()):  # some templates (Llama-3) trim message content
+                start = text.find(candidate, cursor, bound)
                 if start >= 0:
                     break
             else:
@@ -167,6 +171,14 @@ class ChatRenderer:
             spans.append((start, start + len(candidate)))
             cursor = start + len(candidate)
         return text, spans
+
+    def _preamble(self, msg: dict, text: str) -> str:
+        """What the template renders before a reply that opens the conversation (a default system prompt, the
+        assistant header), so that its content is not looked for in there; "" if `text` does not start so."""
+        mark = "\u2063toolkit-reply\u2063"
+        alone = self.render([{**msg, "content": mark}])
+        pre = alone[:alone.find(mark)] if mark in alone else ""
+        return pre if text.startswith(pre) else ""
 
     def assistant_mask(self, ids: list[int], offsets: list[tuple[int, int]], spans) -> list[int]:
         """1 on tokens overlapping an assistant span and on the special token that ends that turn."""
