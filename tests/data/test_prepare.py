@@ -59,7 +59,7 @@ def test_prepare_data_cli_writes_the_documented_folder(smollm2_dir, tmp_path):
     ds = datasets.load_from_disk(str(out))
     assert ds.column_names == ["input_ids", "loss_mask", "num_tokens", "source"]
     assert len(ds) == 3 and ds[2]["num_tokens"] == 128 and sum(ds[2]["loss_mask"]) > 0
-    assert ds[0]["source"].endswith("chats.jsonl:0")
+    assert ds[0]["source"] == f"{src}:1" and ds[2]["source"] == f"{src}:{len(CONVS) + 1}"  # file and line
     meta = json.loads((out / "toolkit_prepare.json").read_text())
     assert meta["truncated"] == 1 and meta["bad"] == 1 and meta["plain_text"] == 1 and meta["kept"] == 3
     assert meta["target_fingerprint"]

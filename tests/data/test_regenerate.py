@@ -15,7 +15,7 @@ CONVS = [
                   {"role": "assistant", "content": "OLD"}, {"role": "user", "content": "More?"},
                   {"role": "assistant", "content": "OLD"}]},
     {"question": "2+2?", "answer": "OLD"},
-    {"turns": ["Tell me a joke."]},
+    {"turns": ["Tell me a joke.", "Another one?"]},
     {"instruction": "Sort these", "input": "3 1 2", "output": "OLD"},
 ]
 
@@ -122,6 +122,21 @@ def test_endpoint_mode_talks_openai_and_feeds_turn_one_into_turn_two(data, tmp_p
     second_turn = next(b for b in FakeServer.seen if b["messages"][-1]["content"] == "More?")
     assert second_turn["messages"][2] == {"role": "assistant", "content": "answer to Hi after 2 messages"}
     assert {b["model"] for b in FakeServer.seen} == {"served-model"} and second_turn["max_tokens"] == 32
+    # MT-bench turns are one conversation: turn 2 is asked after the model's own turn-1 answer
+    assert [m["content"] for m in recs[2]["messages"]] == [
+        "Tell me a joke.", "answer to Tell me a joke. after 1 messages", "Another one?",
+        "answer to Another one? after 3 messages"]
+    assert recs[2]["source"] == f"{data}:3"
+
+
+def test_data_files_of_one_name_are_refused(data, tmp_path, capsys):
+    """Ids are file name:index: two train.jsonl files would share ids and a resume would skip one's rows."""
+    other = tmp_path / "b" / data.name
+    other.parent.mkdir()
+    other.write_text(data.read_text())
+    assert main(["regenerate", "--data", str(data), str(other), "--out", str(tmp_path / "o.jsonl"),
+                 "--endpoint", "http://127.0.0.1:9/v1"]) == 2
+    assert "share the name(s) ['convs.jsonl']" in capsys.readouterr().err
 
 
 def test_several_greedy_samples_are_refused(data, tmp_path, capsys):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from toolkit.data.schemas import ReadStats, SchemaError, read_samples, to_samples
+from toolkit.data.schemas import ReadStats, SchemaError, read_places, read_samples, to_samples
 
 U, A = "user", "assistant"
 
@@ -48,6 +48,25 @@ def test_bad_lines_are_counted_not_fatal(tmp_path):
     assert any("not UTF-8" in b for b in stats.bad_examples)
     assert any("broken JSON" in b for b in stats.bad_examples)
     assert any("wizard" in b for b in stats.bad_examples)
+
+
+def test_bad_values_are_counted_with_their_place_and_samples_carry_theirs(tmp_path):
+    """A role that is a list or an object, an instance that is not an object: counted as bad with file:line,
+    not a TypeError; every sample's place is its line (#j for a record's j-th of several)."""
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"messages": [{"role": ["user"], "content": "x"}]}\n'
+                 '{"conversations": [{"from": {"a": 1}, "value": "x"}]}\n'
+                 '{"instruction": "do", "instances": ["not an object"]}\n'
+                 '{"instruction": "do", "instances": [{"output": "o1"}, {"output": "o2"}]}\n'
+                 '{"question": "q", "answer": "a"}\n')
+    stats = ReadStats(str(f))
+    places = [p for p, _ in read_places(f, stats)]
+    assert places == [f"{f}:4#0", f"{f}:4#1", f"{f}:5"]
+    assert stats.bad == 3 and [b.split(": ")[0] for b in stats.bad_examples] == [f"{f}:1", f"{f}:2", f"{f}:3"]
+
+
+def test_mt_bench_turns_join_into_one_conversation_for_regeneration():
+    assert to_samples({"turns": ["t1", "t2"]}, joined_turns=True) == [conv((U, "t1"), (U, "t2"))]
 
 
 def test_all_lines_bad_is_fatal(tmp_path):

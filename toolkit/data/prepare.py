@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from toolkit.data.schemas import BadRecord, ReadStats, read_samples
+from toolkit.data.schemas import BadRecord, ReadStats, read_places
 from toolkit.embedded import DEFAULT_MODEL
 
 
@@ -83,18 +83,21 @@ def main(args: argparse.Namespace) -> int:
     def rows():
         for f in args.data:
             stats, batch, sources = ReadStats(f), [], []
-            for i, sample in enumerate(read_samples(f, stats)):
+            for place, sample in read_places(f, stats):
                 totals["samples"] += 1
                 if isinstance(sample, str):
                     totals["plain_text"] += 1
                     continue
                 batch.append(sample)
-                sources.append(f"{f}:{i}")
+                sources.append(place)
                 if len(batch) == 1000:
                     yield from flush(batch, sources)
                     batch, sources = [], []
             yield from flush(batch, sources)
             totals["bad"] += stats.bad
+            if stats.bad:
+                print(f"warning: {f}: {stats.bad} bad record(s) skipped, e.g. {stats.bad_examples[0]}",
+                      file=sys.stderr)
 
     def flush(batch, sources):
         kept, counts = tokenize(renderer, batch, args.max_len)

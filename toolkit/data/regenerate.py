@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
-from toolkit.data.schemas import ReadStats, read_samples
+from toolkit.data.schemas import ReadStats, read_places
 from toolkit.embedded import DEFAULT_MODEL
 
 
@@ -51,11 +51,18 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def conversations(files: list[str], num_samples: int, limit: int | None) -> Iterator[tuple[str, str, list]]:
-    """(id, source, [system/user messages, with None where an answer goes]) for every chat sample."""
+    """(id, source, [system/user messages, with None where an answer goes]) for every chat sample; an id is the
+    file's name and the sample's index, so files of one run must have different names. MT-bench `turns` are one
+    conversation: each turn is answered after the model's own answer to the one before."""
+    names = [Path(f).name for f in files]
+    twice = sorted({x for x in names if names.count(x) > 1})
+    if twice:
+        raise ValueError(f"--data files share the name(s) {twice}: a conversation's id is file name:index, so "
+                         "their ids would collide (and a resume would skip one's conversations); rename or copy one")
     n = 0
     for f in files:
         stats = ReadStats(f)
-        for i, sample in enumerate(read_samples(f, stats)):
+        for i, (place, sample) in enumerate(read_places(f, stats, joined_turns=True)):
             if isinstance(sample, str):
                 continue  # plain text has no turns to answer
             if limit is not None and n >= limit:
@@ -68,7 +75,10 @@ def conversations(files: list[str], num_samples: int, limit: int | None) -> Iter
                 if m["role"] == "user":
                     skeleton.append(None)
             for k in range(num_samples):
-                yield f"{Path(f).name}:{i}" + (f"/{k}" if num_samples > 1 else ""), f"{f}:{i}", skeleton
+                yield f"{Path(f).name}:{i}" + (f"/{k}" if num_samples > 1 else ""), place, skeleton
+        if stats.bad:
+            print(f"warning: {f}: {stats.bad} bad record(s) skipped, e.g. {stats.bad_examples[0]}",
+                  file=sys.stderr)
 
 
 def parse_shard(text: str) -> tuple[int, int]:

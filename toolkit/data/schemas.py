@@ -64,8 +64,10 @@ def _user_prompt(instruction: Any, extra: Any) -> str:
     return f"{instruction}\n\n{extra}" if extra else instruction
 
 
-def to_samples(rec: Any) -> list[Sample]:
-    """One record -> its samples. Raises SchemaError for unknown key sets, BadRecord for broken values."""
+def to_samples(rec: Any, joined_turns: bool = False) -> list[Sample]:
+    """One record -> its samples. Raises SchemaError for unknown key sets, BadRecord for broken values.
+    joined_turns: MT-bench `turns` as one conversation of consecutive user turns (regeneration answers each
+    after the model's own answer to the one before), not one prompt per turn."""
     if not isinstance(rec, dict):
         raise BadRecord(f"a record should be a JSON object, got {type(rec).__name__}")
     if "messages" in rec or "conversations" in rec:
@@ -77,13 +79,13 @@ def to_samples(rec: Any) -> list[Sample]:
             if not isinstance(t, dict):
                 raise BadRecord("each message should be an object")
             role = t.get("role", t.get("from"))
-            if role not in ROLES:
+            if not isinstance(role, str) or role not in ROLES:
                 raise BadRecord(f"unsupported role {role!r}; accepted: {sorted(ROLES)}")
             conv.append({"role": ROLES[role], "content": _text(t.get("content", t.get("value")), "content")})
         return [conv]
     if "instruction" in rec and "instances" in rec:
-        if not isinstance(rec["instances"], list):
-            raise BadRecord("instances should be a list")
+        if not isinstance(rec["instances"], list) or not all(isinstance(i, dict) for i in rec["instances"]):
+            raise BadRecord("instances should be a list of objects")
         return [[{"role": "user", "content": _user_prompt(rec["instruction"], i.get("input"))},
                  {"role": "assistant", "content": _text(i.get("output"), "output")}] for i in rec["instances"]]
     if "instruction" in rec and ("output" in rec or "response" in rec):
@@ -96,6 +98,8 @@ def to_samples(rec: Any) -> list[Sample]:
     if "turns" in rec:
         if not isinstance(rec["turns"], list):
             raise BadRecord("turns should be a list of strings")
+        if joined_turns:
+            return [[{"role": "user", "content": _text(t, "turn")} for t in rec["turns"]]] if rec["turns"] else []
         # Questions with no answers: each turn is its own one-message prompt (strict templates refuse
         # two user messages in a row).
         return [[{"role": "user", "content": _text(t, "turn")}] for t in rec["turns"]]
@@ -207,6 +211,14 @@ def _text_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, str]]:
 
 def read_samples(path: str | Path, stats: ReadStats | None = None) -> Iterator[Sample]:
     """Yield the samples of one file, counting records and bad lines into `stats`."""
+    for _, sample in read_places(path, stats):
+        yield sample
+
+
+def read_places(path: str | Path, stats: ReadStats | None = None, joined_turns: bool = False
+                ) -> Iterator[tuple[str, Sample]]:
+    """read_samples with each sample's place: `file:line` (`[item k]` in a JSON array), `#j` after it for the
+    j-th sample of a record that holds several (an instruction's instances, MT-bench turns)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
@@ -214,13 +226,14 @@ def read_samples(path: str | Path, stats: ReadStats | None = None) -> Iterator[S
     for where, rec in raw_records(path, stats):
         stats.records += 1
         try:
-            samples = to_samples(rec)
+            samples = to_samples(rec, joined_turns)
         except BadRecord as e:
             stats.add_bad(where, str(e))
             continue
         except SchemaError as e:
             raise SchemaError(f"{where}: {e}") from None
         stats.samples += len(samples)
-        yield from samples
+        for j, sample in enumerate(samples):
+            yield (where if len(samples) == 1 else f"{where}#{j}"), sample
     if stats.samples == 0 and stats.bad > 0:
         raise SchemaError(f"{path}: all {stats.bad} records are broken, e.g. " + "; ".join(stats.bad_examples))
