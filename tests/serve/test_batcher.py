@@ -48,3 +48,29 @@ def test_a_failing_engine_step_gives_500_and_the_server_keeps_serving(app, monke
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
         assert engine.running == [] and client.get("/health").json()["status"] == "ok"
         assert 'toolkit_requests_total{code="500",endpoint="/v1/chat/completions"} 1.0' in client.get("/metrics").text
+
+
+def test_a_failing_prefill_answers_the_requests_it_was_admitting(app, monkeypatch):
+    """engine.admit raising (a prefill's kernel, say) must answer the requests being admitted with a 500, not
+    leave their clients waiting for ever; the next request is served."""
+    import threading
+
+    asgi, engine = app
+    real_admit, calls = engine.admit, []
+
+    def flaky_admit(seqs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("simulated prefill failure")
+        return real_admit(seqs)
+
+    monkeypatch.setattr(engine, "admit", flaky_admit)
+    client = TestClient(asgi)  # no lifespan context: a request left waiting must not hang the test's exit
+    got = []
+    t = threading.Thread(target=lambda: got.append(client.post("/v1/chat/completions", json=ASK)), daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert got, "the request admitted when the prefill failed was never answered"
+    assert got[0].status_code == 500 and got[0].json()["error"]["type"] == "server_error"
+    r = client.post("/v1/chat/completions", json=ASK)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6

@@ -100,8 +100,10 @@ class Batcher:
                 self._advance(admit)
             except Exception:  # a bug must not take the server down: fail the batch, keep serving
                 message = traceback.format_exc(limit=4)
-                log.error("engine step failed; failing %d requests\n%s", len(self.active), message)
-                for req in self.active:
+                # the requests being admitted too: a failed prefill must not leave their clients waiting
+                failed = self.active + [r for r in admit if r not in self.active]
+                log.error("engine step failed; failing %d requests\n%s", len(failed), message)
+                for req in failed:
                     req.publish(("error", "internal error in the engine step; see the server log"))
                 self.active, self.engine.running = [], []
             self.metrics.running.set(len(self.engine.running))
