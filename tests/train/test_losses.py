@@ -46,3 +46,19 @@ def test_loss_and_accuracy_equal_a_per_row_loop():
 def test_simulated_tau_counts_the_bonus_token():
     assert simulated_tau(torch.tensor([0.0, 0.9])) == 1.0
     assert math.isclose(simulated_tau(torch.tensor([0.8, 0.5, 0.5])), 1 + 0.8 + 0.4 + 0.2, rel_tol=1e-6)
+
+
+def test_a_batch_shorter_than_the_unroll_gives_every_step_an_entry():
+    """3 tokens and 4 TTT steps: steps 1.. have no token to predict; they count zero rows (not a shorter list,
+    which the trainer's per-step sums across micro-batches cannot add)."""
+    import torch
+
+    from toolkit.train.losses import ttt_loss
+
+    torch.manual_seed(0)
+    V = 6
+    steps = [torch.randn(1, 3, V, requires_grad=True) for _ in range(4)]
+    total, losses, accs, counts = ttt_loss(steps, torch.randn(1, 3, V), torch.ones(1, 3), torch.ones(V, dtype=torch.bool))
+    assert losses.shape == accs.shape == counts.shape == (4,)
+    assert counts.tolist() == [1, 0, 0, 0] and losses[1:].abs().sum() == 0
+    total.backward()

@@ -23,8 +23,12 @@ def ttt_loss(step_logits: list[torch.Tensor], target_logits: torch.Tensor, loss_
     total, losses, accs, counts = 0.0, [], [], []
     for i, logits in enumerate(step_logits):
         n = L - (i + 2)  # rows t with a token t + i + 2 to predict
-        if n <= 0:
-            break
+        if n <= 0:  # a batch shorter than the unroll: nothing to count at this step (zeros keep K entries)
+            zero = logits.sum() * 0.0
+            losses.append(zero)
+            accs.append(zero.detach())
+            counts.append(torch.zeros((), dtype=torch.long, device=logits.device))
+            continue
         p = p_all[:, i + 1:i + 1 + n]                                          # [B, n, N]
         logq = logits[:, :n].float().log_softmax(-1)
         rows = loss_mask[:, i + 2:i + 2 + n].bool() & t2d[target_top[:, i + 1:i + 1 + n]]

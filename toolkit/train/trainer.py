@@ -127,12 +127,20 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     if cfg.eval_samples >= len(data):
         raise ValueError(f"eval_samples {cfg.eval_samples} leaves no training rows of the {len(data)} in {cfg.data}")
     held = list(range(len(data) - cfg.eval_samples, len(data)))  # the last rows: never trained on
+    # a row cut at max_len before its answer has no prompt + answer to evaluate on
+    held = [r for r in held if data[r]["loss_mask"].any()]
+    if cfg.eval_samples and not held:
+        raise ValueError(f"none of the {cfg.eval_samples} held-out rows keeps an assistant token within max_len "
+                         f"{cfg.max_len}; raise max_len or eval_samples")
     train_rows = list(range(len(data) - cfg.eval_samples))
     offline = cfg.hidden_states is not None
     shards = HiddenStateShards(cfg.hidden_states, cfg.max_len) if offline else None
     if offline and not shards.covers(len(train_rows)):
         raise ValueError(f"hidden_states {cfg.hidden_states} does not cover the {len(train_rows)} training rows "
                          f"of {cfg.data}; dump them for this dataset")
+    if offline and shards.index.get("max_len", cfg.max_len) != cfg.max_len:
+        raise ValueError(f"hidden_states {cfg.hidden_states} were dumped with max_len {shards.index['max_len']}, "
+                         f"training has max_len {cfg.max_len}: give the same (rows would be cut differently)")
     if offline and shards.index["target_fingerprint"] != target_fp:
         raise ValueError(f"hidden_states {cfg.hidden_states} were dumped from another target "
                          f"({shards.index['target']})")
