@@ -40,6 +40,9 @@ def test_training_lowers_the_loss_and_exports_a_draft_the_engine_loads(tiny_targ
     recs = read_metrics(out / "metrics.jsonl")
     last = [r for r in recs if "loss" in r][-1]
     assert len(last["acc_i"]) == 7 and last["simulated_tau"] >= 1 and last["tokens_per_second"] > 0
+    # the logged lr is the one each step trained at: the full rate at step 1 (no warm-up), > 0 at the last
+    lrs = [r["lr"] for r in recs if "loss" in r]
+    assert lrs[0] == pytest.approx(3e-3) and 0 < lrs[-1] < lrs[0]
     ev = [r for r in recs if "eval_engine_tau" in r][-1]
     assert ev["eval_engine_tau"] >= 1 and ev["eval_simulated_tau"] >= 1
     # training's unrolled head, replayed over the engine's own answers, accepts what the engine accepted
@@ -204,3 +207,19 @@ def test_init_from_a_trained_draft_starts_from_its_weights_and_vocabulary(tiny_t
     assert "init_from" in capsys.readouterr().err
     assert train(tiny_target, prepared, tmp_path / "x4", "max_steps=1", f"init_from={tmp_path}") == 2
     assert "no config.json there" in capsys.readouterr().err
+
+
+def test_a_resume_from_a_checkpoint_between_log_lines_keeps_the_token_count(tiny_target, prepared, tmp_path):
+    """Checkpoints every 2 steps, log lines every 4: a run resumed from checkpoint-2 (before any log line) ends with
+    the token count of the run that was never stopped."""
+    import shutil
+
+    steps = ["max_steps=8", "save_every=2", "log_every=4", "keep_checkpoints=10"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert train(tiny_target, prepared, whole, *steps) == 0
+    assert train(tiny_target, prepared, cut, *steps) == 0
+    for k in (4, 6, 8):  # as if killed right after checkpoint-2 was written
+        shutil.rmtree(cut / f"checkpoint-{k}")
+    assert train(tiny_target, prepared, cut, *steps, flags=["--resume"]) == 0
+    final = [[r for r in read_metrics(p / "metrics.jsonl") if "loss" in r][-1] for p in (whole, cut)]
+    assert final[0]["step"] == final[1]["step"] == 8 and final[0]["tokens"] == final[1]["tokens"] > 0

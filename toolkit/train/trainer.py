@@ -227,6 +227,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                             acc.num_processes, skip=progress.step * cfg.grad_accum)
     source = shards if offline else data
     window = {"loss": 0.0, "losses": 0.0, "acc": 0.0, "count": 0.0, "tokens": 0, "n": 0}
+    uncounted = 0  # this rank's tokens since progress.tokens was last brought up to date (at a log or a save)
     bar = tqdm(total=total, initial=progress.step, disable=not acc.is_main_process, unit="step", desc="train")
     t_log, grad_norm = time.perf_counter(), None
     t_start = t_log
@@ -249,6 +250,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                 if acc.sync_gradients:
                     grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 opt.step()
+                lr = sched.get_last_lr()[0]  # the rate this step trained at (sched.step moves to the next one)
                 sched.step()
                 opt.zero_grad()
             window["loss"] += float(loss.detach())
@@ -256,6 +258,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
             window["acc"] = window["acc"] + accs * counts
             window["count"] = window["count"] + counts
             window["tokens"] += int(batch["valid"].sum())
+            uncounted += int(batch["valid"].sum())
             window["n"] += 1
         progress.step += 1
         bar.update(1)
@@ -264,15 +267,18 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         out_of_time = cfg.max_minutes is not None and bool(acc.reduce(torch.tensor(
             float(time.perf_counter() - t_start > cfg.max_minutes * 60), device=device), "max"))
         final = progress.step == total or out_of_time
-        if progress.step % cfg.log_every == 0 or final:
+        logging, saving = progress.step % cfg.log_every == 0 or final, progress.step % cfg.save_every == 0 or final
+        if logging or saving:  # every rank takes this collective at the same steps; a checkpoint holds the count
+            progress.tokens += int(acc.reduce(torch.tensor(uncounted, device=device), "sum"))
+            uncounted = 0
+        if logging:
             sums = acc.reduce(torch.stack([window["losses"], window["acc"], window["count"].float()]), "sum")
             tokens = int(acc.reduce(torch.tensor(window["tokens"], device=device), "sum"))
-            progress.tokens += tokens
             n_i = sums[2].clamp_min(1)
             acc_i = (sums[1] / n_i).cpu()
             seconds = time.perf_counter() - t_log
             rec = {"epoch": epoch, "loss": window["loss"] / window["n"], "loss_i": (sums[0] / n_i).tolist(),
-                   "acc_i": acc_i.tolist(), "simulated_tau": simulated_tau(acc_i), "lr": sched.get_last_lr()[0],
+                   "acc_i": acc_i.tolist(), "simulated_tau": simulated_tau(acc_i), "lr": lr,
                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
                    "tokens_per_second": tokens / seconds, "tokens": progress.tokens,
                    "peak_memory_gb": ckpt.peak_memory_gb(device)}
@@ -281,7 +287,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                             tok_s=f"{rec['tokens_per_second']:.0f}")
             window = {"loss": 0.0, "losses": 0.0, "acc": 0.0, "count": 0.0, "tokens": 0, "n": 0}
             t_log = time.perf_counter()
-        if progress.step % cfg.save_every == 0 or final:
+        if saving:
             last = ckpt.save(acc, model, template, out, progress.step, cfg.keep_checkpoints, export_args)
         if (cfg.eval_every and progress.step % cfg.eval_every == 0) or final:
             run_eval(progress.step)
