@@ -142,7 +142,6 @@ def test_native_nextn_layer_maps_every_weight_and_matches_transformers(deepseek,
 
     with torch.no_grad():
         logp, out = head(emb, hid, pos, head.new_cache(16))
-        emb[:, 0] = 0  # vLLM's deepseek_mtp.py: the embedding at position 0 enters as zeros
         x = torch.cat([rms(emb, state["enorm.weight"]), rms(hid, state["hnorm.weight"])], -1) @ state["eh_proj.weight"].T
         mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
         y = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=rope(x, pos))

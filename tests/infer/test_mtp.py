@@ -40,7 +40,7 @@ def random_mtp(c: ModelConfig, seed=0) -> tuple[MTPHead, torch.Tensor]:
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_forward_matches_a_transformers_reference(family):
     """eh_proj(cat[enorm(emb), hnorm(h)]) -> the target's own decoder layer (transformers') -> shared_head.norm
-    -> lm_head, over a whole causal sequence; the embedding at position 0 enters as zeros (vLLM / SGLang MiMoMTP)."""
+    -> lm_head, over a whole causal sequence."""
     import transformers
 
     c = ModelConfig.from_hf(hf_config(family))
@@ -67,7 +67,6 @@ def test_forward_matches_a_transformers_reference(family):
         return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
     with torch.no_grad():
-        emb = torch.cat([torch.zeros_like(emb[:, :1]), emb[:, 1:]], 1)
         x = torch.cat([rms(emb, head.enorm.weight), rms(hid, head.hnorm.weight)], -1) @ head.eh_proj.weight.T
         mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
         y = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=rope(x, pos))
@@ -78,22 +77,30 @@ def test_forward_matches_a_transformers_reference(family):
     assert (logp - want).abs().max() < 1e-4
 
 
-def test_the_embedding_at_position_0_is_not_read_as_vllm_and_sglang_mimo_serve_it():
-    """vLLM's DeepSeek / MiMo MTP and SGLang's MiMoMTP zero the token embedding paired with position 0: what the
-    head writes there depends on the hidden state alone; at any other position the embedding counts."""
+def test_the_engine_feeds_a_zero_embedding_at_position_0_as_vllm_and_sglang_mimo_serve_it():
+    """vLLM's DeepSeek / MiMo MTP and SGLang's MiMoMTP zero the token embedding paired with position 0; the
+    engine's prefill does the same (the draft steps after it never see position 0)."""
+    from toolkit.infer.sequence import Sequence
+
     c = ModelConfig.from_hf(hf_config())
+    torch.manual_seed(5)
+    target = Transformer(c).eval()
     head, _ = random_mtp(c)
-    g = torch.Generator().manual_seed(2)
-    emb, hid = torch.randn(1, 4, H, generator=g), torch.randn(1, 4, H, generator=g)
-    other = emb.clone()
-    other[:, 0] += 1.0
+    head.lm_head.weight.data = target.lm_head.weight.detach().clone()
+    prompt = [5, 17, 33, 8]
+    seq = Sequence(prompt, SamplingParams(max_new_tokens=4))
+    engine = Engine(target, head, TreeConfig(2, 1, 3), max_len=64)
+    engine.admit([seq])
     with torch.no_grad():
-        a = head(emb, hid, torch.arange(4)[None], head.new_cache(8))[1]
-        b = head(other, hid, torch.arange(4)[None], head.new_cache(8))[1]
-        c2 = head(other, hid, torch.arange(1, 5)[None], head.new_cache(8))[1]   # the same pairs one position on
-        d = head(emb, hid, torch.arange(1, 5)[None], head.new_cache(8))[1]
-    assert torch.equal(a, b)
-    assert (c2[0, 0] - d[0, 0]).abs().max() > 1e-3
+        _, hidden = target(torch.tensor([prompt]), aux_layers=head.aux_layers)
+        pairs = torch.tensor([prompt[1:] + [seq.result.tokens[0]]])
+        emb = target.embed_tokens(pairs)
+        blank = emb.clone()
+        blank[:, 0] = 0
+        want = head(blank, hidden[0], torch.arange(4)[None], head.new_cache(16))[0][0, -1]
+        read = head(emb, hidden[0], torch.arange(4)[None], head.new_cache(16))[0][0, -1]
+    assert torch.allclose(seq.root_logp, want, atol=1e-5)
+    assert (read - want).abs().max() > 1e-4  # position 0's embedding does reach the root's prediction
 
 
 def write_native(folder, layout: str, n_mtp: int = 2, drop: str | None = None, extra: str | None = None):

@@ -55,7 +55,8 @@ class DraftHead(nn.Module):
 
     kernels = "torch"
     # MTP: the token embedding paired with position 0 enters as zeros (MiMo's and DeepSeek's MTP in vLLM, MiMo's in
-    # SGLang: "not needed by MTP"); training (train/ttt.py) and serving both follow it
+    # SGLang: "not needed by MTP"); training (train/ttt.py) and the engine's prefill (Engine._draft_extend, where
+    # the host knows which rows start at 0: no kernel in draft steps) both follow it
     blank_position0 = False
 
     def set_kernels(self, kernels: str) -> "DraftHead":
@@ -89,8 +90,6 @@ class DraftHead(nn.Module):
         if mask is None:
             mask = torch.arange(kv_len, device=emb.device)[None, None, :] <= positions[:, :, None]
         cos, sin, bias = pre if pre is not None else self.step_inputs(positions, mask, emb.dtype)
-        if self.blank_position0:
-            emb = emb.masked_fill((positions == 0)[..., None], 0)                           # [B, T, H]
         first, *rest = self.layers()
         if row_step_ok(first.self_attn, first.mlp, emb, cache, slots):  # <= 16 rows on Triton: norms etc. in GEMVs
             h, qkv_in = self.fuse_rows(emb, hidden)

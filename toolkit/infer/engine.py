@@ -287,6 +287,8 @@ class Engine:
         width, m = tokens.shape[1], len(seqs)
         pos = self._host([[st + j for j in range(width)] for st in start])
         emb = self.target.embed_tokens(tokens)
+        if getattr(self.head, "blank_position0", False) and 0 in start:  # MTP: pair 0 reads a zero embedding
+            emb[[b for b, st in enumerate(start) if st == 0], 0] = 0
         if row0 == 0:  # the running rows (a step): causal by position, through the graphs when on
             mask = torch.arange(max(start) + width, device=self.device)[None, None, :] <= pos[:, :, None]
             logp, out = self._draft(emb, hidden, pos, pos, mask)
