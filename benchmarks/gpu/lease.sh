@@ -1,101 +1,40 @@
 #!/usr/bin/env bash
-# A lent GPU's checks in one call (~7-8 min on an H100 / H200; ~4 with SWEEP=0), so that a short lease is not spent
-# on setup. From the repository root, on the GPU machine:
+# A lent GPU's checks in one call that fits a 10-minute command (~6-8 min on an H100 / H200), most wanted first, so
+# that a short lease that runs out still returns the figures. From the repository root, on the GPU machine:
 #
 #   OUT=/some/dir bash benchmarks/gpu/lease.sh          # SWEEP=0: skip the GEMV sweep and the benches after it
 #
-# Writes into $OUT: device.txt; tests.txt (the kernel tests compiled, not interpreted, and the CUDA-graph tests);
-# tests_pdl.txt (the same with programmatic dependent launch on: kernels/pdl.py); pdl.json (benchmarks/bench_pdl.py:
-# PDL off / on / off, outputs bit-identical, step times); bench_pdl_1k.json (bench_gpu with PDL on);
-# regs.txt (registers per kernel as the driver loads them, against kernels/aot.py's offline figures);
-# bench_before.json (the shipped GEMV configs), sweep.txt + gemv.json + gemv_configs.json (this device's sweep, run
-# with PDL where it won, its "pdl" entry set accordingly), bench_1k.json and bench_4k.json (after it); then prints
-# the figures RESULTS.md tracks.
+# The device tool returns at most 8 files from $OUT, so the script writes exactly these: log.txt (device, every
+# step's stderr and summary lines, the sweep's table, the registers per kernel as the driver loads them against
+# kernels/aot.py's offline figures); bench_before.json (benchmarks/bench_gpu.py, the shipped GEMV configs, PDL as
+# configured); bench_pdl_1k.json (the same with programmatic dependent launch on: kernels/pdl.py); pdl.json
+# (benchmarks/bench_pdl.py: PDL off / on / off, outputs bit-identical, step times); gemv_configs.json (this device's
+# sweep, run with PDL where it won, its "pdl" entry set accordingly); bench_1k.json and bench_4k.json (after it);
+# tests.txt (the kernel tests compiled, not interpreted, and the CUDA-graph tests, with PDL on and then off).
+# Each step runs only while enough of the 570 s budget is left for it (BUDGET=... to change).
 set -uo pipefail
 out=${OUT:?set OUT to the folder for the results}
 mkdir -p "$out"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
+budget=${BUDGET:-570}
+log=$out/log.txt
+exec 3>&1  # the terminal: a step's own stdout may be redirected into a JSON file
+left() { echo $((budget - SECONDS)); }
+# step NEED NAME CMD...: CMD under a timeout of the seconds left, run only when at least NEED are left
+step() {
+    local need=$1 name=$2; shift 2
+    if [ "$(left)" -lt "$need" ]; then echo "$name: skipped, $(left) s left" | tee -a "$log" >&3; return 99; fi
+    local s=$SECONDS
+    timeout "$(left)" "$@"
+    local rc=$?
+    echo "$name: rc=$rc in $((SECONDS - s)) s" | tee -a "$log" >&3
+    return $rc
+}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$out/device.txt"
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$log"
 
-timeout 240 python -m pytest -q -x tests/infer/kernels/test_gemv.py tests/infer/kernels/test_greedy_pick.py \
-    tests/infer/kernels/test_sampled_pick.py tests/infer/kernels/test_layer_ops.py \
-    tests/infer/kernels/test_tree_attention.py tests/infer/test_gpu.py > "$out/tests.txt" 2>&1
-echo "kernel tests rc=$? ($(tail -1 "$out/tests.txt"))"
-TOOLKIT_PDL=on timeout 240 python -m pytest -q -x tests/infer/kernels/test_gemv.py \
-    tests/infer/kernels/test_greedy_pick.py tests/infer/kernels/test_sampled_pick.py \
-    tests/infer/kernels/test_layer_ops.py tests/infer/kernels/test_tree_attention.py tests/infer/test_gpu.py \
-    > "$out/tests_pdl.txt" 2>&1
-echo "kernel tests with PDL on rc=$? ($(tail -1 "$out/tests_pdl.txt"))"
-timeout 150 python benchmarks/bench_pdl.py > "$out/pdl.json" 2> "$out/pdl.err"
-echo "bench_pdl rc=$? (1: outputs differ)"
-
-timeout 120 python - > "$out/regs.txt" 2>&1 <<'EOF'
-# each kernel the engine's steps compile (kernels/aot.py, offline), then loaded by the driver: its registers and
-# spills as the driver reports them beside cuobjdump's figures, which CI checks without a GPU
-import torch
-from toolkit.infer.config import ModelConfig
-from toolkit.infer.kernels import aot
-from toolkit.infer.kernels.gemv import _device_name
-
-name, cap = _device_name(torch.device("cuda")), torch.cuda.get_device_capability()
-c = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
-                max_position_embeddings=131072)
-with aot.compiled_for(cap[0] * 10 + cap[1], name) as (launches, label):
-    aot.drive(c, torch.bfloat16, label)
-kernels = {id(k): (fn, step, k) for fn, step, k in launches}
-print(f"{len(kernels)} specializations (kernel: cuobjdump regs / driver regs, local bytes / driver spills, step)")
-for fn, step, k in kernels.values():
-    off = aot.resources(k.asm["cubin"])
-    k._init_handles()  # loads the cubin on this GPU
-    print(f"  {fn.__name__:<20} {off['registers']:>4} / {k.n_regs:<4} {off['local_bytes']:>3} / {k.n_spills:<3} {step}")
-EOF
-echo "aot on this device rc=$? ($(head -1 "$out/regs.txt"))"
-
-bench() { timeout 150 python benchmarks/bench_gpu.py --cuda-graphs --kernels triton "$@"; }
-bench > "$out/bench_before.json" 2> "$out/bench_before.err"; echo "bench (shipped configs) rc=$?"
-bench --pdl on > "$out/bench_pdl_1k.json" 2> "$out/bench_pdl_1k.err"; echo "bench (PDL on) rc=$?"
-# PDL stays on for the sweep and the benches after it (and goes into this device's gemv_configs.json entry) only
-# where its kernel tests passed, its outputs were bit-identical, and the decode step got faster without the draft
-# step getting slower
-pdl=$(python - "$out" <<'EOF'
-import json, sys
-from pathlib import Path
-o = Path(sys.argv[1])
-try:
-    p, off, on = (json.loads((o / f).read_text()) for f in ("pdl.json", "bench_before.json", "bench_pdl_1k.json"))
-    tests = (o / "tests_pdl.txt").read_text().strip().splitlines()[-1]
-    exact = all(p["identical"].values()) and all(p["reproducible_without"].values()) and on["pdl"]
-    faster = on["decode_ms"] < 0.995 * off["decode_ms"] and on["draft_step_in_chain_ms"] <= off["draft_step_in_chain_ms"]
-    print("on" if exact and faster and " passed" in tests and "failed" not in tests and "error" not in tests else "off")
-except (OSError, ValueError, KeyError, IndexError):
-    print("off")
-EOF
-)
-echo "PDL for the sweep and the benches after it: $pdl"
-if [ "${SWEEP:-1}" = 1 ]; then
-s=$SECONDS
-TOOLKIT_PDL=$pdl timeout 200 python benchmarks/bench_gemv.py --sweep \
-    --write-configs toolkit/infer/kernels/gemv_configs.json --out "$out/gemv.json" > "$out/sweep.txt" 2>&1
-echo "sweep rc=$? in $((SECONDS - s)) s"
-python - "$pdl" <<'EOF'
-import json, sys
-import torch
-from pathlib import Path
-from toolkit.infer.kernels.gemv import _device_name
-path = Path("toolkit/infer/kernels/gemv_configs.json")
-table = json.loads(path.read_text())
-table.setdefault(_device_name(torch.device("cuda")), {})["pdl"] = sys.argv[1] == "on"
-path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-EOF
-cp toolkit/infer/kernels/gemv_configs.json "$out/"
-export TOOLKIT_PDL=$pdl
-bench > "$out/bench_1k.json" 2> "$out/bench_1k.err"; echo "bench 1k rc=$?"
-bench --context 4096 > "$out/bench_4k.json" 2> "$out/bench_4k.err"; echo "bench 4k rc=$?"
-fi
-
+summary() {  # the figures RESULTS.md tracks, from the JSONs written so far
 python - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -119,3 +58,76 @@ for f in ("bench_before", "bench_pdl_1k", "bench_1k", "bench_4k"):
           f" ({d['decode_vs_roofline']:.1%}); verify 8 <= 1.10x {'MET' if d['verify_vs_decode']['8'] <= 1.1 else 'not met'}"
           f"; draft step <= 5% {'MET' if draft <= 0.05 else 'not met'} ({draft:.2%})")
 EOF
+}
+bench() { python benchmarks/bench_gpu.py --cuda-graphs --kernels triton "$@"; }
+
+step 60 "bench (shipped configs)" bench > "$out/bench_before.json" 2>> "$log"
+step 60 "bench (PDL on)" bench --pdl on > "$out/bench_pdl_1k.json" 2>> "$log"
+step 60 "bench_pdl (rc 1: outputs differ)" python benchmarks/bench_pdl.py > "$out/pdl.json" 2>> "$log"
+summary | tee -a "$log"
+# PDL stays on for the sweep and the benches after it (and goes into this device's gemv_configs.json entry) only
+# where its outputs were bit-identical and the decode step got faster without the draft step getting slower; the
+# compiled tests with it on run at the end (tests.txt): read them before committing the entry
+pdl=$(python - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+o = Path(sys.argv[1])
+try:
+    p, off, on = (json.loads((o / f).read_text()) for f in ("pdl.json", "bench_before.json", "bench_pdl_1k.json"))
+    exact = all(p["identical"].values()) and all(p["reproducible_without"].values()) and on["pdl"]
+    faster = on["decode_ms"] < 0.995 * off["decode_ms"] and on["draft_step_in_chain_ms"] <= off["draft_step_in_chain_ms"]
+    print("on" if exact and faster else "off")
+except (OSError, ValueError, KeyError, IndexError):
+    print("off")
+EOF
+)
+echo "PDL for the sweep and the benches after it: $pdl" | tee -a "$log"
+if [ "${SWEEP:-1}" = 1 ] && TOOLKIT_PDL=$pdl step 90 "sweep" python benchmarks/bench_gemv.py --sweep \
+        --write-configs toolkit/infer/kernels/gemv_configs.json >> "$log" 2>&1; then
+    python - "$pdl" <<'EOF'
+import json, sys
+import torch
+from pathlib import Path
+from toolkit.infer.kernels.gemv import _device_name
+path = Path("toolkit/infer/kernels/gemv_configs.json")
+table = json.loads(path.read_text())
+table.setdefault(_device_name(torch.device("cuda")), {})["pdl"] = sys.argv[1] == "on"
+path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+EOF
+    cp toolkit/infer/kernels/gemv_configs.json "$out/"
+    export TOOLKIT_PDL=$pdl
+    step 60 "bench 1k (after the sweep)" bench > "$out/bench_1k.json" 2>> "$log"
+fi
+summary | tee -a "$log"
+
+tests=(tests/infer/kernels/test_gemv.py tests/infer/kernels/test_greedy_pick.py tests/infer/kernels/test_sampled_pick.py
+       tests/infer/kernels/test_layer_ops.py tests/infer/kernels/test_tree_attention.py tests/infer/test_gpu.py)
+TOOLKIT_PDL=on step 60 "kernel tests, PDL on" python -m pytest -q -x "${tests[@]}" > "$out/tests.txt" 2>&1
+tail -1 "$out/tests.txt" | tee -a "$log"
+TOOLKIT_PDL=off step 60 "kernel tests, PDL off" python -m pytest -q -x "${tests[@]}" >> "$out/tests.txt" 2>&1
+tail -1 "$out/tests.txt" | tee -a "$log"
+step 60 "bench 4k" bench --context 4096 > "$out/bench_4k.json" 2>> "$log"
+
+step 40 "aot on this device" python - >> "$log" 2>&1 <<'EOF'
+# each kernel the engine's steps compile (kernels/aot.py, offline), then loaded by the driver: its registers and
+# spills as the driver reports them beside cuobjdump's figures, which CI checks without a GPU
+import torch
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.kernels import aot
+from toolkit.infer.kernels.gemv import _device_name
+
+name, cap = _device_name(torch.device("cuda")), torch.cuda.get_device_capability()
+c = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                max_position_embeddings=131072)
+with aot.compiled_for(cap[0] * 10 + cap[1], name) as (launches, label):
+    aot.drive(c, torch.bfloat16, label)
+kernels = {id(k): (fn, step, k) for fn, step, k in launches}
+print(f"{len(kernels)} specializations (kernel: cuobjdump regs / driver regs, local bytes / driver spills, step)")
+for fn, step, k in kernels.values():
+    off = aot.resources(k.asm["cubin"])
+    k._init_handles()  # loads the cubin on this GPU
+    print(f"  {fn.__name__:<20} {off['registers']:>4} / {k.n_regs:<4} {off['local_bytes']:>3} / {k.n_spills:<3} {step}")
+EOF
+summary | tee -a "$log"
+ls "$out" | tee -a "$log"
