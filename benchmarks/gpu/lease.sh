@@ -59,10 +59,10 @@ for f in ("bench_before", "bench_pdl_1k", "bench_1k", "bench_4k"):
           f"; draft step <= 5% {'MET' if draft <= 0.05 else 'not met'} ({draft:.2%})")
 EOF
 }
-bench() { python benchmarks/bench_gpu.py --cuda-graphs --kernels triton "$@"; }
+bench=(python benchmarks/bench_gpu.py --cuda-graphs --kernels triton)  # an array: timeout runs no shell function
 
-step 60 "bench (shipped configs)" bench > "$out/bench_before.json" 2>> "$log"
-step 60 "bench (PDL on)" bench --pdl on > "$out/bench_pdl_1k.json" 2>> "$log"
+step 60 "bench (shipped configs)" "${bench[@]}" > "$out/bench_before.json" 2>> "$log"
+step 60 "bench (PDL on)" "${bench[@]}" --pdl on > "$out/bench_pdl_1k.json" 2>> "$log"
 step 60 "bench_pdl (rc 1: outputs differ)" python benchmarks/bench_pdl.py > "$out/pdl.json" 2>> "$log"
 summary | tee -a "$log"
 # PDL stays on for the sweep and the benches after it (and goes into this device's gemv_configs.json entry) only
@@ -96,7 +96,7 @@ path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 EOF
     cp toolkit/infer/kernels/gemv_configs.json "$out/"
     export TOOLKIT_PDL=$pdl
-    step 60 "bench 1k (after the sweep)" bench > "$out/bench_1k.json" 2>> "$log"
+    step 60 "bench 1k (after the sweep)" "${bench[@]}" > "$out/bench_1k.json" 2>> "$log"
 fi
 summary | tee -a "$log"
 
@@ -106,7 +106,7 @@ TOOLKIT_PDL=on step 60 "kernel tests, PDL on" python -m pytest -q -x "${tests[@]
 tail -1 "$out/tests.txt" | tee -a "$log"
 TOOLKIT_PDL=off step 60 "kernel tests, PDL off" python -m pytest -q -x "${tests[@]}" >> "$out/tests.txt" 2>&1
 tail -1 "$out/tests.txt" | tee -a "$log"
-step 60 "bench 4k" bench --context 4096 > "$out/bench_4k.json" 2>> "$log"
+step 60 "bench 4k" "${bench[@]}" --context 4096 > "$out/bench_4k.json" 2>> "$log"
 
 step 40 "aot on this device" python - >> "$log" 2>&1 <<'EOF'
 # each kernel the engine's steps compile (kernels/aot.py, offline), then loaded by the driver: its registers and

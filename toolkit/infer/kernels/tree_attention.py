@@ -109,7 +109,7 @@ def _num_sms(device: torch.device) -> int:
 
 
 def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor | None = None,
-                   splits: int | None = None, block_s: int = 64) -> torch.Tensor:
+                   splits: int | None = None, block_s: int = 64, num_warps: int = 4) -> torch.Tensor:
     """mask bool or int8 [B, T, S]; lens int [B] (default S): slots at or past lens[b] are not read.
     splits: KV chunks per row block (default: enough programs for ~2 waves on the device)."""
     B, HQ, T, D = q.shape
@@ -140,7 +140,7 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
         q, k, v, m, lens, out, po, pm, pl, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1), out.stride(0), out.stride(1),
         out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), split_len, splits,
-        BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial,
+        BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial, num_warps=num_warps,
         **launch_kw(q.device))
     if partial:
         _merge_kernel[(B * HQ * T,)](po, pm, pl, out, out.stride(0), out.stride(1), out.stride(2), T, D, HQ, splits,
