@@ -1,5 +1,6 @@
 """The GPU benchmark script is ready: it runs end to end on CPU with a tiny config and reports every figure."""
 import json
+import os
 import subprocess
 import sys
 
@@ -184,3 +185,16 @@ def test_bench_pdl_runs_on_cpu_and_compares_both_modes():
     assert set(r["identical"]) == {"logits 1", "logits 8", "chain of 2", "chain of 8"}
     assert all(r["identical"].values()) and all(r["reproducible_without"].values())
     assert set(r["on_vs_off"]) == {"decode_ms", "verify8_ms", "draft_step_in_chain_ms"}
+
+
+def test_bench_attention_splits_runs_under_the_interpreter_and_checks_every_variant():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_attention_splits.py"), "--device", "cpu",
+                           "--dtype", "float32", "--slots", "70", "--cache", "130", "--tokens", "1,3",
+                           "--heads", "4,2,16", "--block-s", "16,32", "--splits", "auto,1,4", "--warps", "4",
+                           "--reps", "1"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(done.stdout)
+    assert r["cache"] == 130 and len(r["rows"]) == 2 * 2 * 3
+    assert all(row["max_abs_err"] <= 1e-4 for row in r["rows"])
+    assert set(r["best"]) == {"S=70 T=1", "S=70 T=3"}

@@ -81,6 +81,25 @@ def test_slots_past_lens_are_never_read(splits):
     assert not got.isnan().any() and (got - want).abs().max() <= 2e-5
 
 
+def test_the_split_follows_the_sequence_not_the_cache():
+    """A CUDA graph attends over the whole cache: the chunks that the programs walk are cut from each sequence's
+    lens, so a 300-slot cache gives the same bits as the same call over the 77 slots in use (chunks of 300 /
+    splits would leave the sequences to the first programs, and sum in other groups)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 8, 1, 32, generator=g).to(device)
+    k = torch.randn(2, 2, 300, 32, generator=g).to(device)
+    v = torch.randn(2, 2, 300, 32, generator=g).to(device)
+    lens = torch.tensor([40, 77], dtype=torch.int32, device=device)
+    mask = torch.arange(300, device=device)[None, None, :] < lens[:, None, None]   # [2, 1, 300]
+    for splits in (3, 8):
+        whole = tree_attention(q, k, v, mask, lens=lens, splits=splits, block_s=16)
+        used = tree_attention(q, k[:, :, :77], v[:, :, :77], mask[..., :77], lens=lens, splits=splits, block_s=16)
+        assert torch.equal(whole, used)
+        assert (whole - reference_attention(q, k, v, mask)).abs().max() <= 2e-5
+    with pytest.raises(ValueError, match="splits must be >= 1"):
+        tree_attention(q, k, v, mask, lens=lens, splits=0)
+
+
 def test_model_with_the_kernel_equals_the_torch_path(tmp_path):
     """A tiny Qwen2 target verifying a draft tree over its KV cache gives the same logits either way."""
     import transformers

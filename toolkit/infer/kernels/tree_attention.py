@@ -5,9 +5,12 @@ q [B, Hq, T, D], k/v [B, Hkv, S, D], mask [B, T, S] (True / nonzero = may attend
   * Grouped-query packing: one program serves all Hq / Hkv query heads of a kv head for its tokens (rows
     r = t * groups + g), so each key/value block is loaded once per kv head, not once per query head, and a
     decode step (T = 1) fills the matrix unit's 16 rows with 4+ heads instead of 1 token.
-  * Split-KV: the slots are cut into `splits` chunks walked by separate programs (a decode step has only
-    B * Hkv row blocks, far fewer than the GPU's multiprocessors); a second kernel merges their partial
-    softmax sums. One split writes the output directly.
+  * Split-KV: a sequence's lens[b] slots are cut into `splits` chunks walked by separate programs (a decode
+    step has only B * Hkv row blocks, far fewer than the GPU's multiprocessors); a second kernel merges their
+    partial softmax sums. One split writes the output directly. The chunks are cut from lens[b] inside the
+    kernel, not from the cache's length: a CUDA graph attends over the whole cache (S slots, fixed at capture),
+    and chunks of S / splits would leave a 1k-token sequence in a 32k-slot cache to one or two programs that
+    walk it serially, while the others find nothing to read.
   * `lens` [B]: slots past lens[b] are never read (CUDA graphs attend over the whole cache; a sequence's
     mask ends long before it).
 On CPU it runs under TRITON_INTERPRET=1 (tests); there tl.dot is wrong for bf16, so inputs are upcast.
@@ -37,7 +40,7 @@ def reference_attention(q, k, v, mask, scale: float | None = None) -> torch.Tens
 @triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr, pl_ptr,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sob, soh, sot,
-                      T, D, HQ, HKV, GROUPS, scale, SPLIT_LEN, NUM_SPLITS,
+                      T, D, HQ, HKV, GROUPS, scale, NUM_SPLITS,
                       BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
                       UPCAST: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr):
     wait_prior(PDL)
@@ -51,8 +54,10 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    lo = split * SPLIT_LEN
-    hi = tl.minimum(lo + SPLIT_LEN, tl.load(len_ptr + b))           # this split's slots, within the sequence
+    seq_len = tl.load(len_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_S) * BLOCK_S  # the sequence cut evenly, whole blocks
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, seq_len)                          # this split's slots, within the sequence
     m_i = tl.full([BLOCK_R], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
@@ -109,9 +114,12 @@ def _num_sms(device: torch.device) -> int:
 
 
 def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor | None = None,
-                   splits: int | None = None, block_s: int = 64, num_warps: int = 4) -> torch.Tensor:
+                   splits: int | None = None, block_s: int = 32, num_warps: int = 4) -> torch.Tensor:
     """mask bool or int8 [B, T, S]; lens int [B] (default S): slots at or past lens[b] are not read.
-    splits: KV chunks per row block (default: enough programs for ~2 waves on the device)."""
+    splits: chunks of each sequence's lens[b] slots (default: enough programs for ~2 waves on the device, at most
+    one per block of block_s slots). The defaults are an H200's fastest for a batch-1 decode / verify step over
+    1k slots (one 32-slot block per program: 10.3 -> 9.1 us a layer with the merge) and within 1% of it over 4k
+    (benchmarks/bench_attention_splits.py, RESULTS.md)."""
     B, HQ, T, D = q.shape
     S, HKV = k.shape[2], k.shape[1]
     if HQ % HKV:
@@ -127,9 +135,9 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     block_r = min(64, max(16, triton.next_power_of_2(T * groups)))
     row_blocks = triton.cdiv(T * groups, block_r)
     if splits is None:
-        splits = max(1, min(triton.cdiv(2 * _num_sms(q.device), B * HKV * row_blocks), triton.cdiv(S, 2 * block_s)))
-    split_len = triton.cdiv(triton.cdiv(S, splits), block_s) * block_s
-    splits = triton.cdiv(S, split_len)
+        splits = max(1, min(triton.cdiv(2 * _num_sms(q.device), B * HKV * row_blocks), triton.cdiv(S, block_s)))
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1; got {splits}")
     out = torch.empty_like(q)
     partial = splits > 1
     po = torch.empty(B * HQ * T * splits * D if partial else 1, dtype=torch.float32, device=q.device)
@@ -139,7 +147,7 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     _attention_kernel[(B * HKV, row_blocks, splits)](
         q, k, v, m, lens, out, po, pm, pl, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1), out.stride(0), out.stride(1),
-        out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), split_len, splits,
+        out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), splits,
         BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial, num_warps=num_warps,
         **launch_kw(q.device))
     if partial:
