@@ -142,6 +142,27 @@ def test_refusals_name_the_problem(tiny_target, prepared, tmp_path, capsys):
     assert "leaves no training rows" in capsys.readouterr().err
 
 
+def test_a_resume_keeps_the_runs_data_batch_optimizer_and_process_count(tiny_target, prepared, tmp_path, capsys):
+    """The optimizer's saved state would restore the old lr over a new one, and another batch shape or number of
+    processes would skip the wrong rows and resume the schedule elsewhere on its curve: refused, each named."""
+    out = tmp_path / "run"
+    assert train(tiny_target, prepared, out, "max_steps=1", "save_every=1") == 0
+    capsys.readouterr()
+    assert train(tiny_target, prepared, out, "max_steps=2", "lr=1e-3", "grad_accum=2", flags=["--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "grad_accum was 1, now 2" in err and "lr was 0.003, now 0.001" in err and "max_steps was" not in err
+    # the checkpoint of a run launched on 2 processes (batch_size 2 x grad_accum 1 x 2 = 4 rows a step)
+    saved = out / "checkpoint-1" / "custom_checkpoint_0.pkl"
+    state = torch.load(saved, weights_only=False)
+    assert state == {"step": 1, "tokens": state["tokens"], "rows_per_step": 2}
+    torch.save({**state, "rows_per_step": 4}, saved)
+    assert train(tiny_target, prepared, out, "max_steps=2", flags=["--resume"]) == 2
+    assert "its steps took 4 rows each" in capsys.readouterr().err
+    torch.save({"step": 1, "tokens": state["tokens"]}, saved)  # a checkpoint from before the count was saved
+    assert train(tiny_target, prepared, out, "max_steps=2", flags=["--resume"]) == 0  # a longer run: allowed
+    assert sorted(losses(out)) == [1, 2]
+
+
 def test_wandb_logs_offline(tiny_target, prepared, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

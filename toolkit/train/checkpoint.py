@@ -14,14 +14,16 @@ import torch
 class Progress:
     """Counters saved with the accelerate state (register_for_checkpointing needs state_dict/load_state_dict)."""
 
-    def __init__(self):
+    def __init__(self, rows_per_step: int = 0):
         self.step, self.tokens = 0, 0
+        self.rows_per_step = self.saved_rows_per_step = rows_per_step  # batch_size x grad_accum x processes
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "tokens": self.tokens}
+        return {"step": self.step, "tokens": self.tokens, "rows_per_step": self.rows_per_step}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
+        self.saved_rows_per_step = int(state.get("rows_per_step", self.rows_per_step))  # older checkpoints: unsaid
 
 
 def latest(output_dir: Path) -> Path | None:
@@ -51,8 +53,7 @@ def save(accelerator, model, template_head, output_dir: Path, step: int, keep: i
     export_draft(accelerator, model, template_head, tmp / "draft", *export_args)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        replace_dir(tmp, final)
         (output_dir / "latest").write_text(final.name + "\n")
         old = sorted((int(p.name.split("-")[1]), p) for p in output_dir.glob("checkpoint-*") if p.is_dir())
         for _, p in old[:-keep]:
@@ -61,13 +62,24 @@ def save(accelerator, model, template_head, output_dir: Path, step: int, keep: i
     return final
 
 
+def replace_dir(new: Path, final: Path) -> None:
+    """Put the complete folder `new` at `final`: the folder there is moved aside and removed only after the
+    rename, so a run killed at any point leaves a whole folder at `final` or (between the two renames) beside it
+    as .NAME.old, never a half-deleted one."""
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def publish_draft(checkpoint: Path, output_dir: Path) -> None:
-    """Copy the final checkpoint's draft to output_dir/draft (atomically, by rename)."""
+    """Copy the final checkpoint's draft to output_dir/draft (a complete copy, then renamed into place)."""
     tmp = output_dir / ".draft.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(checkpoint / "draft", tmp)
-    shutil.rmtree(output_dir / "draft", ignore_errors=True)
-    tmp.rename(output_dir / "draft")
+    replace_dir(tmp, output_dir / "draft")
 
 
 def peak_memory_gb(device: torch.device) -> float:

@@ -106,6 +106,23 @@ class TrainConfig:
         return json.dumps(dataclasses.asdict(self), indent=2)
 
 
+# what a resumed run must keep: the rows it trains on and their order (data, max_len, eval_samples, seed), what a
+# step is (batch_size, grad_accum: the data is skipped by steps done x micro-batches per step), and what the
+# optimizer's saved state restores over the recipe (lr, weight_decay). The length (max_steps, epochs), the
+# schedule's shape, the clock and the logging cadence may change.
+RESUME_FIXED = ("data", "max_len", "eval_samples", "seed", "batch_size", "grad_accum", "lr", "weight_decay")
+
+
+def check_resume(saved: dict, cfg: TrainConfig) -> None:
+    """saved: the run's train_config.json. Refuses a resume that changes a RESUME_FIXED key, naming each."""
+    now = dataclasses.asdict(cfg)
+    diff = [f"{k} was {saved[k]!r}, now {now[k]!r}" for k in RESUME_FIXED if k in saved and saved[k] != now[k]]
+    if diff:
+        raise ValueError(f"cannot resume {cfg.output_dir}: " + "; ".join(diff) + ". A resumed run keeps its data, "
+                         "batch and optimizer settings (it may change max_steps, epochs, max_minutes, the schedule "
+                         "and the logging cadence); start a new output_dir or pass --overwrite.")
+
+
 def _coerce(name: str, kind, text: str):
     """Parse an override's text as YAML, then check it against the field's annotated type."""
     value = yaml.safe_load(text) if isinstance(text, str) else text

@@ -83,7 +83,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.models import fingerprint, resolve_target
     from toolkit.tokenmap.maps import save_vocab_map
     from toolkit.train import checkpoint as ckpt
-    from toolkit.train.config import load_config
+    from toolkit.train.config import check_resume, load_config
     from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches
     from toolkit.train.head import (check_signature, head_signature, pick_vocabulary, serving_notes, start_from,
                                      take_weights, target_tensors)
@@ -171,6 +171,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     signature = head_signature(cfg.head, head, target_fp)
     if args.resume:
         check_signature(out / "run.json", signature)
+        if (out / "train_config.json").is_file():
+            check_resume(json.loads((out / "train_config.json").read_text()), cfg)
     model = DraftTrainable(head, parts["embed_tokens.weight"], cfg.ttt_steps)
     rows_per_step = cfg.batch_size * cfg.grad_accum * acc.num_processes
     total = cfg.max_steps or max(1, int(cfg.epochs * len(train_rows) / rows_per_step))
@@ -180,10 +182,17 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     sched = get_scheduler(cfg.scheduler, opt, int(cfg.warmup_ratio * total) * acc.num_processes,
                           total * acc.num_processes)
     model, opt, sched = acc.prepare(model, opt, sched)
-    progress = ckpt.Progress()
+    progress = ckpt.Progress(rows_per_step)
     acc.register_for_checkpointing(progress)
     if args.resume and (last := ckpt.latest(out)) is not None:
         acc.load_state(str(last))
+        # another number of processes changes what a step is: the data skip would be off, and the schedule, which
+        # accelerate steps once per process, would resume at another point of its curve (0 for 2 -> 1 processes)
+        if progress.saved_rows_per_step != rows_per_step:
+            raise ValueError(f"cannot resume {out}: its steps took {progress.saved_rows_per_step} rows each "
+                             f"(batch_size x grad_accum x processes), this launch's take {rows_per_step} "
+                             f"({cfg.batch_size} x {cfg.grad_accum} x {acc.num_processes}); launch it with the "
+                             "number of processes it was trained with")
         acc.print(f"resumed from {last} at step {progress.step}")
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
