@@ -50,7 +50,7 @@ def test_bad_lines_are_counted_not_fatal(tmp_path):
     assert any("wizard" in b for b in stats.bad_examples)
 
 
-def test_bad_values_are_counted_with_their_place_and_samples_carry_theirs(tmp_path):
+def test_bad_values_are_counted_with_their_place_and_samples_carry_theirs(tmp_path, capsys):
     """A role that is a list or an object, an instance that is not an object: counted as bad with file:line,
     not a TypeError; every sample's place is its line (#j for a record's j-th of several)."""
     f = tmp_path / "x.jsonl"
@@ -63,6 +63,11 @@ def test_bad_values_are_counted_with_their_place_and_samples_carry_theirs(tmp_pa
     places = [p for p, _ in read_places(f, stats)]
     assert places == [f"{f}:4#0", f"{f}:4#1", f"{f}:5"]
     assert stats.bad == 3 and [b.split(": ")[0] for b in stats.bad_examples] == [f"{f}:1", f"{f}:2", f"{f}:3"]
+    stats.warn_bad()  # what prepare-data, regenerate and build-token-map print: one line, the first place and why
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"warning: {f}: 3 bad record(s) skipped, e.g. {f}:1: ")
+    ReadStats(str(f)).warn_bad()  # nothing skipped: nothing said
+    assert capsys.readouterr().err == ""
 
 
 def test_mt_bench_turns_join_into_one_conversation_for_regeneration():

@@ -95,9 +95,7 @@ def main(args: argparse.Namespace) -> int:
                     batch, sources = [], []
             yield from flush(batch, sources)
             totals["bad"] += stats.bad
-            if stats.bad:
-                print(f"warning: {f}: {stats.bad} bad record(s) skipped, e.g. {stats.bad_examples[0]}",
-                      file=sys.stderr)
+            stats.warn_bad()
 
     def flush(batch, sources):
         kept, counts = tokenize(renderer, batch, args.max_len)

@@ -76,9 +76,7 @@ def conversations(files: list[str], num_samples: int, limit: int | None) -> Iter
                     skeleton.append(None)
             for k in range(num_samples):
                 yield f"{Path(f).name}:{i}" + (f"/{k}" if num_samples > 1 else ""), place, skeleton
-        if stats.bad:
-            print(f"warning: {f}: {stats.bad} bad record(s) skipped, e.g. {stats.bad_examples[0]}",
-                  file=sys.stderr)
+        stats.warn_bad()
 
 
 def parse_shard(text: str) -> tuple[int, int]:

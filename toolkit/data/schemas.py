@@ -9,6 +9,7 @@ accepted, since it means the whole file is of a kind we do not read.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Union
@@ -50,6 +51,12 @@ class ReadStats:
         self.bad += 1
         if len(self.bad_examples) < 5:
             self.bad_examples.append(f"{where}: {why}")
+
+    def warn_bad(self, file=None) -> None:
+        """One line on stderr (or `file`) when records were skipped: how many, and the first one's place and why."""
+        if self.bad:
+            print(f"warning: {self.path}: {self.bad} bad record(s) skipped, e.g. {self.bad_examples[0]}",
+                  file=file or sys.stderr)
 
 
 def _text(value: Any, what: str) -> str:

@@ -100,8 +100,7 @@ def _count(args, tok, renderer, vocab_size: int):
     res = count_tokens(args.data, renderer, vocab_size, mode, args.max_tokens, args.batch_size, not args.quiet,
                        args.num_workers, pieces=not args.no_piece_cache)
     for s in res.files:
-        if s.bad:
-            print(f"warning: {s.path}: {s.bad} bad record(s) skipped, e.g. {s.bad_examples[0]}")
+        s.warn_bad()
     if res.skipped_text:
         print(f"note: {res.skipped_text} plain-text samples have no assistant turn and were not counted")
     if res.total == 0:
