@@ -64,6 +64,21 @@ def test_ddp_and_zero_stages_agree(runs):
     assert len(set(tokens.values())) == 1  # both ranks' tokens counted, the same batches everywhere
 
 
+def test_two_ranks_log_what_one_process_accumulating_both_batches_logs(runs, tiny_target, prepared, tmp_path):
+    """Rank r takes batches r, r + 2, ...; one process with grad_accum=2 takes them in pairs: the same rows and the
+    same averaged gradient each step, so the logged loss (every rank's micro-batches, not rank 0's) must agree."""
+    from toolkit.cli import main
+
+    assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(tmp_path / "one"),
+                 "max_steps=4", "batch_size=2", "grad_accum=2", "max_len=96", "log_every=1", "save_every=4",
+                 "eval_samples=2", "eval_max_new_tokens=4", "threads=1", "lr=3e-3", "mixed_precision=no"]) == 0
+    one, ddp = ([r for r in read_metrics(p / "metrics.jsonl") if "loss" in r] for p in (tmp_path / "one", runs["ddp"]))
+    assert [r["tokens"] for r in one] == [r["tokens"] for r in ddp]
+    for a, b in zip(one, ddp):
+        assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (one, ddp)
+        assert all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a["loss_i"], b["loss_i"]))
+
+
 def test_mtp_trains_under_zero3_with_its_frozen_lm_head_and_exports(tiny_target, prepared, tmp_path):
     """The same launcher runs the MTP entry script; its module holds the target's frozen lm_head, which
     ZeRO-3 partitions and gathers for the export like any other weight."""

@@ -284,10 +284,12 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         if logging:
             sums = acc.reduce(torch.stack([window["losses"], window["acc"], window["count"].float()]), "sum")
             tokens = int(acc.reduce(torch.tensor(window["tokens"], device=device), "sum"))
+            # every rank's micro-batches: the mean loss of one process with grad_accum = processes x grad_accum
+            loss_sum, n = acc.reduce(torch.tensor([window["loss"], float(window["n"])], device=device), "sum").tolist()
             n_i = sums[2].clamp_min(1)
             acc_i = (sums[1] / n_i).cpu()
             seconds = time.perf_counter() - t_log
-            rec = {"epoch": epoch, "loss": window["loss"] / window["n"], "loss_i": (sums[0] / n_i).tolist(),
+            rec = {"epoch": epoch, "loss": loss_sum / n, "loss_i": (sums[0] / n_i).tolist(),
                    "acc_i": acc_i.tolist(), "simulated_tau": simulated_tau(acc_i), "lr": lr,
                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
                    "tokens_per_second": tokens / seconds, "tokens": progress.tokens,
