@@ -188,6 +188,33 @@ def test_a_client_leaving_mid_stream_frees_its_slot(server):
         metric(server, "toolkit_accepted_tokens_total") == 0
 
 
+def test_a_client_leaving_a_non_streamed_request_frees_its_slot(server):
+    """Tokens flow all the while (every step posts an update), and the server still notices the client left."""
+    before = metric(server, "toolkit_cancelled_requests_total")
+    body = {"messages": QUESTION, "max_tokens": 900, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/chat/completions", json=body, timeout=1.5)
+    deadline = time.time() + 30
+    while httpx.get(f"{server}/health").json()["running"] and time.time() < deadline:
+        time.sleep(0.1)
+    assert httpx.get(f"{server}/health").json()["running"] == 0
+    assert metric(server, "toolkit_cancelled_requests_total") == before + 1
+
+
+def test_models_retrieve_and_a_fixed_set_of_metric_labels(server):
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.object == "model"
+    r = httpx.get(f"{server}/v1/models/other")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    for i in range(20):  # any path a client makes up is counted under one label, not one each
+        assert httpx.get(f"{server}/v1/made-up-{i}").status_code == 404
+    text = httpx.get(f"{server}/metrics").text
+    endpoints = {line.split('endpoint="')[1].split('"')[0] for line in text.splitlines()
+                 if line.startswith("toolkit_requests_total{")}
+    assert "other" in endpoints and "/v1/models/{id}" in endpoints and not any("made-up" in e for e in endpoints)
+
+
 def test_model_mismatch_is_refused_with_both_names(tiny_draft, smollm2_dir, capsys):
     assert main(["serve", "--draft", str(tiny_draft), "--model", str(smollm2_dir), "--port", "0"]) == 2
     err = capsys.readouterr().err

@@ -102,10 +102,20 @@ def build_app(served: Served) -> FastAPI:
             return JSONResponse({"status": "engine thread stopped"}, status_code=503)
         return {"status": "ok", "running": len(engine.running), "waiting": len(batcher.waiting)}
 
+    def model_card() -> dict:
+        return {"id": served.name, "object": "model", "created": served.created, "owned_by": "toolkit",
+                "max_model_len": engine.max_len}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": served.created,
-                                            "owned_by": "toolkit", "max_model_len": engine.max_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")  # the OpenAI client's models.retrieve (an id may hold slashes)
+    async def model(model_id: str):
+        if model_id != served.name:
+            raise ApiError(404, f"model {model_id!r} is not served here; this server serves {served.name!r}",
+                           "model", "model_not_found")
+        return model_card()
 
     @app.get("/metrics")
     async def prometheus():
@@ -158,12 +168,17 @@ def build_app(served: Served) -> FastAPI:
             return item
 
         if not body.stream:  # decode once at the end (the engine itself stops at stop strings)
-            done = False
+            done, checked = False, time.monotonic()
             try:
                 while not done:
                     try:
                         tokens, done = await asyncio.wait_for(next_update(), timeout=1.0)
                     except asyncio.TimeoutError:
+                        pass
+                    # once a second whether tokens flow or not: every engine step posts an update, so a check
+                    # made only when none came for a second never ran while a left request kept generating
+                    if not done and time.monotonic() - checked >= 1.0:
+                        checked = time.monotonic()
                         if await request.is_disconnected():
                             raise asyncio.CancelledError from None
             except asyncio.CancelledError:  # the client went away: free its row

@@ -8,6 +8,9 @@ from toolkit.serve.metrics import ServerMetrics
 from toolkit.serve.protocol import ApiError
 
 
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+
+
 class Gate:
     def __init__(self, app, max_body_bytes: int, metrics: ServerMetrics):
         self.app, self.limit, self.metrics = app, max_body_bytes, metrics
@@ -15,7 +18,9 @@ class Gate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope["path"] if scope["path"].startswith(("/v1/", "/health", "/metrics")) else "other"
+        # a fixed set of labels: a label per path any client may send would grow /metrics without bound
+        path = scope["path"] if scope["path"] in ROUTES else "/v1/models/{id}" if scope["path"].startswith(
+            "/v1/models/") else "other"
 
         async def counted_send(message):
             if message["type"] == "http.response.start":
