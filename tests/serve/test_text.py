@@ -28,3 +28,53 @@ def test_a_split_multibyte_character_is_held_back(smollm2_tokenizer):
         pieces.append(stream.update(ids[:n], False))
     assert all("\ufffd" not in p for p in pieces)
     assert "".join(pieces) + stream.update(ids, True) == tok.decode(ids)
+
+
+class CountingTokenizer:
+    """A tokenizer that records how many tokens each decode call was given."""
+
+    def __init__(self, tok):
+        self.tok, self.sizes = tok, []
+
+    def decode(self, ids, **kw):
+        self.sizes.append(len(ids))
+        return self.tok.decode(ids, **kw)
+
+
+@pytest.mark.parametrize("which", ["smollm2_tokenizer", "llama3_tokenizer", "qwen2_tokenizer"])
+def test_a_long_stream_is_decoded_a_few_tokens_at_a_time_into_the_full_text(request, which):
+    """Each update decodes only the new tokens in a small window (a 4,000-token stream re-decoded whole each
+    time cost seconds of the event loop), and the deltas still add up to the whole generation's decode: word
+    spaces, multi-byte characters split across tokens, CJK and emoji included."""
+    tok = request.getfixturevalue(which)
+    text = " ".join(["The caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u2603 \u6771\u4eac\u90fd \U0001F600\U0001F468\u200d\U0001F469"
+                     "\u200d\U0001F467 price: $3.50\n\n  indented\tcode()"] * 40)
+    ids = tok(text, add_special_tokens=False).input_ids
+    counting = CountingTokenizer(tok)
+    stream, out = TextStream(counting, ["never here"]), []
+    for n in range(1, len(ids) + 1):
+        out.append(stream.update(ids[:n], n == len(ids)))
+    assert "".join(out) == tok.decode(ids, skip_special_tokens=True)
+    assert len(ids) > 600 and max(counting.sizes) <= 16
+
+
+def test_the_engine_says_why_a_sequence_ended():
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.sequence import Sequence, StopStrings
+
+    class Chars:  # token i decodes to chr(i)
+        def decode(self, ids, **kw):
+            return "".join(chr(i) for i in ids)
+
+    def run(tokens, n, **kw):
+        seq = Sequence([1], SamplingParams(max_new_tokens=n), **kw)
+        for t in tokens:
+            if seq.add(t):
+                break
+        return seq.result.finish, len(seq.result.tokens)
+
+    assert run([65, 66, 67], 3) == ("length", 3)
+    assert run([65, 2, 67], 3, stop_ids=frozenset({2})) == ("stop", 2)
+    # a stop string (here one a tokenizer would call special) completed by the last allowed token is a stop
+    assert run([60, 98, 62], 3, stop_strings=StopStrings(Chars(), ["<b>"])) == ("stop", 3)
+    assert run([65, 66], 5)[0] is None  # still running

@@ -17,6 +17,7 @@ class Result:
     category: str = "all"               # the caller's label (bench groups τ by it)
     turn: int = 1                       # which turn of a multi-turn prompt (bench groups τ by it too)
     from_lookup: int = 0                # accepted draft tokens on nodes only the lookup branch proposed
+    finish: str | None = None           # why it ended: "stop" (a stop id or string) or "length" (max_new_tokens)
 
     @property
     def tau(self) -> float:
@@ -60,6 +61,9 @@ class Sequence:
         """Append a generated token; True (and done) when generation stops here."""
         toks = self.result.tokens
         toks.append(token)
-        self.done = token in self.stop_ids or len(toks) >= self.params.max_new_tokens or (
-            self.stop_strings is not None and self.stop_strings(toks))
+        if token in self.stop_ids or (self.stop_strings is not None and self.stop_strings(toks)):
+            self.result.finish = "stop"  # a stop at the last allowed token is a stop, as in vLLM
+        elif len(toks) >= self.params.max_new_tokens:
+            self.result.finish = "length"
+        self.done = self.result.finish is not None
         return self.done

@@ -151,8 +151,9 @@ def build_app(served: Served) -> FastAPI:
         stream = TextStream(tok, body.stop or [])
 
         def finish_reason() -> str:
-            toks = seq.result.tokens
-            return "stop" if stream.stopped or (toks and toks[-1] in served.stop_ids) else "length"
+            # the engine says why it stopped (its stop strings are matched in text decoded with special tokens,
+            # the stream's without: a stop string that is a special token ends it only there)
+            return "stop" if stream.stopped or seq.result.finish == "stop" else "length"
 
         def choice(text: str | None, reason: str | None, delta: bool) -> dict:
             if not chat:
@@ -161,11 +162,14 @@ def build_app(served: Served) -> FastAPI:
             msg = ({"content": text} if text is not None else {}) if delta else {"role": "assistant", "content": text}
             return {"index": 0, key: msg, "logprobs": None, "finish_reason": reason}
 
-        async def next_update():
+        generated: list[int] = []  # the updates carry new tokens only
+
+        async def next_update() -> tuple[list[int], bool]:
             item = await req.updates.get()
             if item[0] == "error":
                 raise ApiError(500, item[1], None, "engine_error", "server_error")
-            return item
+            generated.extend(item[0])
+            return generated, item[1]
 
         if not body.stream:  # decode once at the end (the engine itself stops at stop strings)
             done, checked = False, time.monotonic()

@@ -24,7 +24,7 @@ log = logging.getLogger("toolkit.serve")
 class Request:
     seq: Sequence
     loop: asyncio.AbstractEventLoop
-    updates: asyncio.Queue = field(default_factory=asyncio.Queue)  # (tokens so far, done) or ("error", message)
+    updates: asyncio.Queue = field(default_factory=asyncio.Queue)  # (new tokens, done) or ("error", message)
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
     sent: int = 0  # tokens published so far
@@ -131,8 +131,10 @@ class Batcher:
                     self.metrics.ttft.observe(now - req.arrived)
                 self.metrics.generation_tokens.inc(len(toks) - req.sent)
                 self.window["tokens"] += len(toks) - req.sent
+                # only the new tokens: a slow reader's queue then holds each token once, not a copy of the whole
+                # generation per step
+                req.publish((toks[req.sent:], req.seq.done))
                 req.sent = len(toks)
-                req.publish((list(toks), req.seq.done))
             if req.seq.done and req.seq.result.verify_steps:
                 self.metrics.tau.observe(req.seq.result.tau)
         self.active = [r for r in self.active if not r.seq.done]
