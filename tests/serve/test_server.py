@@ -107,6 +107,17 @@ BAD = [  # (body, status, param or None); each gets an OpenAI error object
     ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
     ({"messages": QUESTION, "n": 2}, 400, "n"),
     ({"messages": []}, 400, "messages"),
+    # JSON true is neither a count nor a number, "yes" no boolean (each was read as 1 / 1.0 / true)
+    ({"messages": QUESTION, "max_tokens": True}, 400, "max_tokens"),
+    ({"messages": QUESTION, "temperature": True}, 400, "temperature"),
+    ({"messages": QUESTION, "stream": "yes"}, 400, "stream"),
+    ({"messages": QUESTION, "logprobs": 0}, 400, "logprobs"),
+    ({"messages": QUESTION, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"messages": QUESTION, "min_tokens": 4}, 400, "min_tokens"),
+    ({"messages": QUESTION, "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ({"messages": QUESTION, "tool_choice": "required"}, 400, "tool_choice"),
+    ({"messages": QUESTION, "stop_token_ids": [10 ** 9]}, 400, "stop_token_ids"),
+    ({"messages": [{"role": "user"}]}, 400, "messages.0"),
 ]
 
 
@@ -132,7 +143,8 @@ def test_oversized_bodies_and_bad_completions_are_refused_and_the_server_keeps_s
     r = httpx.post(f"{server}/v1/chat/completions", content=chunked())
     assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]["message"]
     for body, param in (({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "a", "echo": True}, "echo"),
-                        ({"prompt": [1, 10**9]}, "prompt"), ({"prompt": ""}, "prompt")):
+                        ({"prompt": [1, 10**9]}, "prompt"), ({"prompt": ""}, "prompt"),
+                        ({"prompt": [True, False]}, "prompt")):
         r = httpx.post(f"{server}/v1/completions", json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     # a seed beyond torch's range was a 500 once; unknown paths and methods answer OpenAI error objects too
@@ -298,3 +310,30 @@ def test_prompt_lookup_branch_serves_plain_greedy_output(serve, tiny_draft, refe
 def test_a_negative_lookup_is_refused(tiny_draft, capsys):
     assert main(["serve", "--draft", str(tiny_draft), "--lookup", "-1", "--port", "0"]) == 2
     assert "--lookup -1" in capsys.readouterr().err
+
+
+def test_stop_token_ids_and_ignore_eos(server, serve, reference, tiny_target, tmp_path):
+    """vLLM's sampling extras that load benchmarks send: stop_token_ids end the answer at their first
+    occurrence, ignore_eos generates max_tokens past the end-of-turn token the model chose."""
+    import shutil
+
+    tok, chat_ref, completion_ref = reference
+    _, toks = chat_ref(QUESTION, 24)
+    stop = toks[3]
+    body = {"messages": QUESTION, "max_tokens": 24, "temperature": 0, "stop_token_ids": [stop]}
+    r = httpx.post(f"{server}/v1/chat/completions", json=body).json()
+    assert r["usage"]["completion_tokens"] == toks.index(stop) + 1 and r["choices"][0]["finish_reason"] == "stop"
+    # the random target never picks its real end-of-turn token: a copy whose tokenizer names a token it does pick
+    _, toks = completion_ref("The three primary colors are", 24)
+    eos = toks[4]
+    target = tmp_path / "target"
+    shutil.copytree(tiny_target, target)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    config["eos_token"] = tok.convert_ids_to_tokens(eos)
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    with serve("--model", str(target), "--no-speculation", "--max-seq-len", "256") as (base, _):
+        body = {"prompt": "The three primary colors are", "max_tokens": 24, "temperature": 0}
+        plain = httpx.post(f"{base}/v1/completions", json=body).json()
+        forced = httpx.post(f"{base}/v1/completions", json={**body, "ignore_eos": True}).json()
+    assert plain["usage"]["completion_tokens"] == toks.index(eos) + 1 and plain["choices"][0]["finish_reason"] == "stop"
+    assert forced["usage"]["completion_tokens"] == 24 and forced["choices"][0]["finish_reason"] == "length"

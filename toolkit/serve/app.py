@@ -94,7 +94,12 @@ def build_app(served: Served) -> FastAPI:
         gen = torch.Generator(device=engine.device)
         gen.manual_seed(body.seed) if body.seed is not None else gen.seed()
         stops = StopStrings(tok, body.stop) if body.stop else None
-        return Sequence(ids, params, served.stop_ids, stops, gen)
+        extra = set(body.stop_token_ids or [])
+        if any(not 0 <= t < engine.target.config.vocab_size for t in extra):
+            raise ApiError(400, f"stop_token_ids must be in 0..{engine.target.config.vocab_size - 1}", "stop_token_ids")
+        # ignore_eos (vLLM's): generate max_tokens whatever the model says, as load benchmarks ask
+        stop_ids = (frozenset() if body.ignore_eos else served.stop_ids) | frozenset(extra)
+        return Sequence(ids, params, stop_ids, stops, gen)
 
     @app.get("/health")
     async def health():

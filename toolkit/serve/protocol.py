@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator, model_validator
 
 ROLES = ("system", "developer", "user", "assistant")  # developer = OpenAI's newer name for system
 
@@ -38,6 +38,12 @@ class Message(BaseModel):
             raise ValueError(f"unsupported role {role!r}; accepted: {', '.join(ROLES)}")
         return role
 
+    @model_validator(mode="after")
+    def has_content(self):
+        if self.content is None and self.role != "assistant":  # only an assistant turn may be empty (tool calls)
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
@@ -45,20 +51,20 @@ class Message(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class Sampling(BaseModel):
     """Fields both endpoints share."""
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(default=0, ge=-1)  # 0 or -1 = off (vLLM's -1 accepted)
+    top_k: StrictInt = Field(default=0, ge=-1)  # 0 or -1 = off (vLLM's -1 accepted)
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=-2 ** 63, le=2 ** 64 - 1)  # what torch.Generator takes
-    n: int = Field(default=1, ge=1)
-    stream: bool = False
+    seed: StrictInt | None = Field(default=None, ge=-2 ** 63, le=2 ** 64 - 1)  # what torch.Generator takes
+    n: StrictInt = Field(default=1, ge=1)
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -67,13 +73,27 @@ class Sampling(BaseModel):
     logit_bias: dict | None = None
     response_format: dict | None = None
     user: str | None = None
+    # vLLM's sampling extras that benchmark clients send: served (ignore_eos, stop_token_ids) or refused
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[StrictInt] | None = None
+    min_tokens: StrictInt = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     @field_validator("temperature", "top_p", "top_k", "n", "stream", "presence_penalty", "frequency_penalty",
-                     mode="before")
+                     "ignore_eos", "min_tokens", "min_p", "repetition_penalty", mode="before")
     @classmethod
     def null_is_default(cls, value, info):
         """OpenAI lets these be null (clients send null for unset fields): null means the default."""
         return cls.model_fields[info.field_name].default if value is None else value
+
+    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p",
+                     "repetition_penalty", mode="before")
+    @classmethod
+    def number_not_bool(cls, value):
+        if isinstance(value, bool):  # JSON true is no number (pydantic would read it as 1.0)
+            raise ValueError("expected a number, got a boolean")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -90,9 +110,17 @@ class Sampling(BaseModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
                 raise ApiError(400, f"{name} is not supported; leave it 0", name)
-        for name in ("logprobs", "top_logprobs", "logit_bias"):
-            if getattr(self, name):
+        # logprobs 0 (completions) asks for the chosen tokens' own: any value but null / false is a request
+        wanted = {"logprobs": self.logprobs is not None and self.logprobs is not False,
+                  "top_logprobs": bool(self.top_logprobs), "logit_bias": bool(self.logit_bias)}
+        for name, asked in wanted.items():
+            if asked:
                 raise ApiError(400, f"{name} is not supported", name)
+        for name, default in (("min_tokens", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(self, name) != default:
+                raise ApiError(400, f"{name} is not supported; leave it {default}", name)
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
         if (self.response_format or {}).get("type", "text") != "text":
             raise ApiError(400, f"response_format {self.response_format.get('type')!r} is not supported (no "
                            "constrained decoding); accepted: text", "response_format")
@@ -103,11 +131,14 @@ class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list | None = None
+    tool_choice: str | dict | None = None
 
     @model_validator(mode="after")
     def chat_supported(self):
         if self.tools:
             raise ApiError(400, "tools are not supported by this server", "tools")
+        if self.tool_choice not in (None, "none", "auto"):  # with no tools, auto is none
+            raise ApiError(400, "tool_choice is not supported by this server (no tools)", "tool_choice")
         if self.max_completion_tokens is not None:  # OpenAI's newer name wins over max_tokens
             self.max_tokens = self.max_completion_tokens
         if self.messages[-1].role == "assistant":
@@ -116,8 +147,8 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str] | list[int]
-    echo: bool = False
+    prompt: str | list[str] | list[StrictInt]
+    echo: StrictBool = False
     suffix: str | None = None
     best_of: int | None = None
 
