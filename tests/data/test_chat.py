@@ -75,6 +75,28 @@ def test_builtin_template_inferred_for_bare_tokenizer_json(llama3_tokenizer, qwe
     assert ChatRenderer(qwen2_tokenizer).template_special_ids() == [151644, 151645]
 
 
+NO_SYSTEM = ("{%- for m in messages %}{%- if m['role'] == 'system' %}{{ raise_exception('System role not "
+             "supported') }}{%- endif %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}"
+             "<|eot_id|>{%- endfor %}{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>"
+             "\n\n{%- endif %}")
+
+
+def test_a_template_that_refuses_a_system_turn_is_probed_without_one(shared):
+    """Gemma's and Mistral v0.1's templates raise on a system turn: the special-token probe renders without one,
+    and a record with a system turn is a bad record (counted), not a crash."""
+    from toolkit.data.schemas import BadRecord
+
+    tok = load_tokenizer(tokenizer=str(shared / "tokenizers/llama3/tokenizer.json"), chat_template="llama3")
+    tok.chat_template = NO_SYSTEM  # the llama3 template's tokens, refusing a system turn
+    renderer = ChatRenderer(tok)
+    assert renderer.template_special_ids() == [128006, 128007, 128009]
+    with pytest.raises(BadRecord, match="refused this conversation: System role not supported"):
+        renderer.render_with_spans([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                    {"role": "assistant", "content": "a"}])
+    text, spans = renderer.render_with_spans([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}])
+    assert [text[a:b] for a, b in spans] == ["a"]
+
+
 def test_tokenizer_without_eos_or_template_is_refused(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 

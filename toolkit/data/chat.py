@@ -125,7 +125,12 @@ class TemplateRenderer:
         self.compiled = _compile_jinja_template(template)
 
     def __call__(self, conv: Conversation, add_generation_prompt: bool = False) -> str:
-        return self.compiled.render(messages=conv, add_generation_prompt=add_generation_prompt, **self.names)
+        from jinja2 import TemplateError
+
+        try:
+            return self.compiled.render(messages=conv, add_generation_prompt=add_generation_prompt, **self.names)
+        except TemplateError as e:  # raise_exception(...) in the template: e.g. no system turn (Gemma, Mistral)
+            raise BadRecord(f"the chat template refused this conversation: {e}") from None
 
     def __getstate__(self):
         return {"template": self.template, "names": self.names}
@@ -198,11 +203,20 @@ class ChatRenderer:
         return mask
 
     def template_special_ids(self) -> list[int]:
-        """EOS plus every special token the template emits around a turn (always kept in token maps)."""
-        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
-                 {"role": "assistant", "content": "a"}]
-        texts = [self.render(probe), self.render(probe[:2], add_generation_prompt=True)]
-        found = {self.tok.eos_token_id}
-        for t in texts:
-            found.update(i for i in self.tok(t, add_special_tokens=False)["input_ids"] if i in self.special)
-        return sorted(found)
+        """EOS plus every special token the template emits around a turn (always kept in token maps). Probed
+        with a system turn and without one: some templates refuse a system turn (Gemma, Mistral v0.1)."""
+        system, user, assistant = ({"role": r, "content": r[0]} for r in ("system", "user", "assistant"))
+        found, rendered, refusals = {self.tok.eos_token_id}, 0, []
+        for conv in ([system, user, assistant], [user, assistant]):
+            for turns, prompt in ((conv, False), (conv[:-1], True)):
+                try:
+                    text = self.render(turns, add_generation_prompt=prompt)
+                except BadRecord as e:
+                    refusals.append(str(e))
+                    continue
+                rendered += 1
+                found.update(i for i in self.tok(text, add_special_tokens=False)["input_ids"] if i in self.special)
+        if not rendered:
+            raise TokenizerError(f"{self.tok.name_or_path}: the chat template renders no user / assistant "
+                                 f"exchange ({refusals[-1]}); pass --chat-template")
+        return sorted(i for i in found if i is not None)

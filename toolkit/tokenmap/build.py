@@ -137,6 +137,8 @@ def build(args: argparse.Namespace) -> dict:
         os.environ["RAYON_NUM_THREADS"] = str(args.num_workers)  # read once, when the thread pool starts
     if args.from_counts and args.data:
         raise TokenMapError("give either --data (count now) or --from-counts (reuse counts), not both")
+    if args.batch_size < 1:  # 0 never filled a batch: the whole corpus went to the tokenizer at once
+        raise TokenMapError(f"--batch-size {args.batch_size}: must be >= 1 samples per tokenizer batch")
     sizes = parse_sizes(args.sizes)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise TokenMapError(f"--out {args.out} is a file; give a folder (made if absent) for the maps")
@@ -146,6 +148,9 @@ def build(args: argparse.Namespace) -> dict:
     check_sizes(sizes, vocab_size)
     renderer = ChatRenderer(tok)
     forced = renderer.template_special_ids()
+    if min(sizes) < len(forced):  # before counting, not after it
+        raise TokenMapError(f"--sizes {min(sizes)} is smaller than the {len(forced)} special tokens every map keeps "
+                            f"(EOS and the chat template's: ids {forced})")
     t1 = time.perf_counter()
     if args.from_counts:
         counts, meta = _from_counts(args, tok, vocab_size)
