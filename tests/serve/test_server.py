@@ -72,6 +72,9 @@ def test_openai_client_chat_completions_and_streaming_equal_plain_greedy(server,
     streamed = client.completions.create(model="tiny", prompt="The three primary colors are", temperature=0,
                                          max_tokens=16, stream=True)
     assert "".join(s.choices[0].text for s in streamed) == want
+    # no max_tokens: the legacy endpoint's 16 (OpenAI's and vLLM's), not the rest of the context
+    c = httpx.post(f"{server}/v1/completions", json={"prompt": "The three primary colors are", "temperature": 0})
+    assert c.json()["choices"][0]["text"] == want and c.json()["usage"]["completion_tokens"] <= 16
 
 
 def test_stop_strings_and_seeds(server, reference):

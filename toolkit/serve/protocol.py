@@ -80,8 +80,8 @@ class Sampling(BaseModel):
     min_p: float = 0.0
     repetition_penalty: float = 1.0
 
-    @field_validator("temperature", "top_p", "top_k", "n", "stream", "presence_penalty", "frequency_penalty",
-                     "ignore_eos", "min_tokens", "min_p", "repetition_penalty", mode="before")
+    @field_validator("max_tokens", "temperature", "top_p", "top_k", "n", "stream", "presence_penalty",
+                     "frequency_penalty", "ignore_eos", "min_tokens", "min_p", "repetition_penalty", mode="before")
     @classmethod
     def null_is_default(cls, value, info):
         """OpenAI lets these be null (clients send null for unset fields): null means the default."""
@@ -147,6 +147,7 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
+    max_tokens: StrictInt | None = Field(default=16, ge=1)  # the legacy endpoint's default (OpenAI, vLLM)
     prompt: str | list[str] | list[StrictInt]
     echo: StrictBool = False
     suffix: str | None = None
