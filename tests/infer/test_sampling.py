@@ -52,7 +52,7 @@ def test_bench_samples_with_a_generator_on_the_engines_device(monkeypatch):
     monkeypatch.setattr(torch, "Generator", FakeGenerator)
     engine = Engine()
     prompts = [{"id": 0, "category": "c", "system": None, "turns": ["hi", "again"]}]
-    results, answers, _ = run_engine(engine, Tok(), prompts, SamplingParams(max_new_tokens=1), seed=3)
+    results, answers, _ = run_engine(engine, Tok(), prompts, SamplingParams(max_new_tokens=1), seed=3, stops={0})
     assert answers == [["x", "x"]] and len(results) == 2
     assert [g.device.type for g in engine.seen] == ["cuda", "cuda"] and engine.seen[0].seed == 3
 

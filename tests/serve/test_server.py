@@ -64,6 +64,11 @@ def test_openai_client_chat_completions_and_streaming_equal_plain_greedy(server,
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
     assert chunks[-1].usage.completion_tokens == len(toks) and not chunks[-1].choices
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json={
+            "messages": QUESTION, "temperature": 0, "max_tokens": 6, "stream": True,
+            "stream_options": {"include_usage": True}}) as resp:
+        raw = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+    assert all("usage" in c and c["usage"] is None for c in raw[:-1]) and raw[-1]["usage"]["completion_tokens"] == 6
     assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
 
     want, _ = completion_ref("The three primary colors are", 16)

@@ -91,6 +91,26 @@ def test_default_model_is_the_embedded_smollm2(shared, tmp_path, smollm2_dir):
     assert meta["target_fingerprint"] == fingerprint(smollm2_dir)
 
 
+def test_every_id_the_model_stops_on_is_kept(shared, tmp_path, smollm2_dir):
+    """A generation config that stops on several ids (Llama-3.1: <|eot_id|>, <|eom_id|>, <|end_of_text|>):
+    each is in every map, or a draft served by SGLang / vLLM could never propose it. Our engine stops on them."""
+    import json
+    import shutil
+
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.loading import stop_ids
+
+    model = tmp_path / "model"
+    shutil.copytree(smollm2_dir, model)
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 17, 23]}))
+    assert stop_ids(load_tokenizer(model=str(model)), model) == {2, 17, 23}
+    assert stop_ids(load_tokenizer(model=str(model))) == {2}  # without the folder: the tokenizer's own
+    done = run_cli("build-token-map", "--model", model, "--data", shared / "data/eval/mt_bench.jsonl", "--sizes",
+                   "8", "--out", tmp_path / "maps", "--quiet", "--num-workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert {1, 2, 17, 23} <= set(torch.load(tmp_path / "maps" / "freq_8.pt", weights_only=True))
+
+
 @pytest.fixture()
 def no_eos_tokenizer(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers

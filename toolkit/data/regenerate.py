@@ -139,7 +139,7 @@ def engine_answerer(args) -> tuple[Callable, int]:
     engine = Engine(target, None, None, max_len, max_batch=args.batch_size)
     params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
     gen = seeded_generator(engine.device, args.seed)  # the target's device: CUDA sampling refuses a CPU one
-    stop = stop_ids(tok)
+    stop = stop_ids(tok, loaded.folder)
 
     def answer_batch(prompts: list[list[dict]]) -> list[str | None]:
         ids = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),

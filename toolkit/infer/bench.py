@@ -70,7 +70,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
 
 
-def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]], float]:
+def run_engine(engine, tok, prompts, params, seed, stops: set[int]) -> tuple[list, list[list[str]], float]:
     """Our engine on every prompt (after a short warm-up); returns results, answers per prompt, wall seconds."""
     from toolkit.infer.sampling import SamplingParams, seeded_generator
 
@@ -80,7 +80,7 @@ def run_engine(engine, tok, prompts, params, seed) -> tuple[list, list[list[str]
     g = seeded_generator(engine.device, seed)  # on the target's device: CUDA sampling refuses a CPU generator
 
     def generate(ids, p):
-        res = engine.generate(ids, params, {tok.eos_token_id}, g)
+        res = engine.generate(ids, params, stops, g)
         res.category, res.turn = str(p["category"]), p["turn"]
         results.append(res)
         return res.tokens
@@ -129,7 +129,7 @@ def parse_sweep(text: str, branch: lookup.LookupConfig | None = None,
 def main(args: argparse.Namespace) -> int:
     from toolkit.infer.engine import Engine
     from toolkit.infer.hf_reference import run_hf
-    from toolkit.infer.loading import load, probe
+    from toolkit.infer.loading import load, probe, stop_ids
     from toolkit.infer.metrics import summarize
     from toolkit.infer.sampling import SamplingParams
 
@@ -150,6 +150,7 @@ def main(args: argparse.Namespace) -> int:
                              "--sample-draft")
     loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels)
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
+    stops = stop_ids(tok, folder)  # the same end-of-turn set for our engine and transformers' generate
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
     prompts = read_prompts(args.prompts, args.limit, parse_shard(args.shard))
     max_len = min(args.max_len, target.config.max_position_embeddings)
@@ -167,7 +168,7 @@ def main(args: argparse.Namespace) -> int:
     agree = probe(head, target, tok, tok.apply_chat_template(
         [{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False, add_generation_prompt=True))
 
-    results, spec_answers, wall = run_engine(make(head, tree), tok, prompts, params, args.seed)
+    results, spec_answers, wall = run_engine(make(head, tree), tok, prompts, params, args.seed, stops)
     report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,
               "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
               "probe_agreement": agree, "shard": args.shard, "sample_draft": sampled(head, tree),
@@ -185,20 +186,20 @@ def main(args: argparse.Namespace) -> int:
         report["per_turn"][str(turn)] = {k: t[k] for k in ("tau", "verify_steps", "tokens")}
     spec_tps = report["speculative"]["tokens_per_second"]
     if args.baseline:
-        base, base_answers, base_wall = run_engine(make(None, None), tok, prompts, params,
-                                                   args.seed)
+        base, base_answers, base_wall = run_engine(make(None, None), tok, prompts, params, args.seed, stops)
         report["baseline"] = summarize(base, base_wall)
         report["speedup_vs_baseline"] = spec_tps / report["baseline"]["tokens_per_second"]
         if params.greedy:
             report["greedy_identical_to_baseline"] = base_answers == spec_answers
     if args.compare_hf:
-        hf_answers, report["hf_generate"] = run_hf(folder, tok, prompts, params, args.seed, device, dtype)
+        hf_answers, report["hf_generate"] = run_hf(folder, tok, prompts, params, args.seed, device, dtype,
+                                                   stops=stops)
         report["speedup_vs_hf"] = spec_tps / report["hf_generate"]["tokens_per_second"]
         if params.greedy:
             report["greedy_identical_to_hf"] = hf_answers == spec_answers
     if args.compare_pld:
         pld_answers, report["prompt_lookup"] = run_hf(folder, tok, prompts, params, args.seed, device, dtype,
-                                                      args.compare_pld)
+                                                      args.compare_pld, stops=stops)
         if "hf_generate" in report:
             report["prompt_lookup"]["speedup_vs_hf"] = (report["prompt_lookup"]["tokens_per_second"]
                                                         / report["hf_generate"]["tokens_per_second"])
@@ -207,7 +208,7 @@ def main(args: argparse.Namespace) -> int:
     if sweep:
         report["sweep"] = []
         for cfg, own in sweep:
-            res, answers, w = run_engine(make(head, cfg, own), tok, prompts, params, args.seed)
+            res, answers, w = run_engine(make(head, cfg, own), tok, prompts, params, args.seed, stops)
             s = summarize(res, w, depth(cfg, own))
             report["sweep"].append({**vars(cfg), "sample_draft": sampled(head, cfg),
                                     "lookup": own.num_tokens if own is not None else 0, **s})

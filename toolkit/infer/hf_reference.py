@@ -15,7 +15,7 @@ from toolkit.infer.prompts import answer_turns, warm_up_ids
 
 
 def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32,
-           prompt_lookup: int = 0) -> tuple[list[list[str]], dict]:
+           prompt_lookup: int = 0, stops: set[int] | None = None) -> tuple[list[list[str]], dict]:
     """Answer every prompt turn by turn; returns the answers and {tokens, wall_seconds, tokens_per_second,
     verify_steps, tau, per_turn: {turn: {tau, verify_steps, tokens}}} (+ prompt_lookup_num_tokens)."""
     from transformers import AutoModelForCausalLM
@@ -38,7 +38,8 @@ def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32
     def generate(ids, p):
         before = len(widths)
         out = model.generate(torch.tensor([ids], device=device), max_new_tokens=params.max_new_tokens,
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, **kw)[0, len(ids):]
+                             eos_token_id=sorted(stops) if stops else tok.eos_token_id,
+                             pad_token_id=tok.eos_token_id, **kw)[0, len(ids):]
         mine = widths[before:]
         prefill = int(bool(mine) and mine[0] <= len(ids))  # a forward over the prompt alone gives one token
         counted.append((p["turn"], len(out), len(out) - prefill, len(mine) - prefill))

@@ -154,11 +154,20 @@ def load_draft(folder: str, target, token_map: str | None):
     return head
 
 
-def stop_ids(tok) -> set[int]:
-    """Token ids that end an assistant turn: the tokenizer's EOS and the known end-of-turn tokens it has."""
+def stop_ids(tok, folder: Path | None = None) -> set[int]:
+    """Token ids that end an assistant turn: the tokenizer's EOS, the known end-of-turn tokens it has, and with
+    the model `folder` the eos_token_id (one id or a list) of its generation_config.json and config.json, on
+    which transformers' generate and vLLM stop too (Llama-3.1: <|eom_id|> and <|end_of_text|> beside
+    <|eot_id|>)."""
     vocab = tok.get_vocab()
     ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    return ids | {vocab[t] for t in ("<|eot_id|>", "<|im_end|>", "<|end|>") if t in vocab}
+    ids |= {vocab[t] for t in ("<|eot_id|>", "<|im_end|>", "<|end|>") if t in vocab}
+    for name in ("generation_config.json", "config.json") if folder is not None else ():
+        path = Path(folder) / name
+        cfg = json.loads(path.read_text()) if path.is_file() else {}
+        eos = cfg.get("eos_token_id", cfg.get("text_config", {}).get("eos_token_id"))
+        ids |= {int(i) for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int)}
+    return ids
 
 
 @torch.no_grad()

@@ -205,10 +205,12 @@ def build_app(served: Served) -> FastAPI:
 
         async def events():
             finished = failed = False
+            # with include_usage every chunk carries "usage": null but the last, which carries the counts (OpenAI)
+            nulls = {"usage": None} if body.stream_options and body.stream_options.include_usage else {}
             try:
                 if chat:
                     yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}])
+                                  "finish_reason": None}], **nulls)
                 while not (finished or failed):
                     try:
                         tokens, done = await next_update()
@@ -219,11 +221,11 @@ def build_app(served: Served) -> FastAPI:
                     delta = stream.update(tokens, done)
                     finished = done or stream.stopped
                     if delta:
-                        yield event([choice(delta, None, True)])
+                        yield event([choice(delta, None, True)], **nulls)
                 if finished:
                     if not seq.done:  # a stop string showed in the text before the engine stopped
                         batcher.cancel(req)
-                    yield event([choice(None, finish_reason(), True)])
+                    yield event([choice(None, finish_reason(), True)], **nulls)
                     if body.stream_options and body.stream_options.include_usage:
                         yield event([], usage=usage(seq, positions))
                 yield "data: [DONE]\n\n"

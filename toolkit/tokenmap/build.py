@@ -148,6 +148,10 @@ def build(args: argparse.Namespace) -> dict:
     check_sizes(sizes, vocab_size)
     renderer = ChatRenderer(tok)
     forced = renderer.template_special_ids()
+    if args.tokenizer is None:  # a model folder: every id its generation config stops on is kept too
+        from toolkit.infer.loading import stop_ids
+
+        forced = sorted(set(forced) | stop_ids(tok, resolve_target(args.model)))
     if min(sizes) < len(forced):  # before counting, not after it
         raise TokenMapError(f"--sizes {min(sizes)} is smaller than the {len(forced)} special tokens every map keeps "
                             f"(EOS and the chat template's: ids {forced})")

@@ -114,6 +114,7 @@ def pick_vocabulary(cfg, tcfg: ModelConfig, folder: Path, data, train_rows: list
     """The head's draft vocabulary -> (target ids, d2t, t2d): EAGLE-1/2 and MTP read the whole target vocabulary;
     EAGLE-3 takes `token_map`, else the `init_from` draft's own, else the FR-Spec rule on the training rows."""
     from toolkit.data.chat import ChatRenderer, load_tokenizer
+    from toolkit.infer.loading import stop_ids
     from toolkit.tokenmap.maps import load_vocab_map, vocab_map
 
     if cfg.head != "eagle3":  # EAGLE-1/2 and MTP read out through the target's whole lm_head
@@ -129,7 +130,8 @@ def pick_vocabulary(cfg, tcfg: ModelConfig, folder: Path, data, train_rows: list
         vocab_ids = (torch.arange(len(start.d2t)) + start.d2t).tolist()
         d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
     else:  # FR-Spec rule on the training data's assistant tokens, the template's special tokens kept
-        forced = ChatRenderer(load_tokenizer(model=str(folder))).template_special_ids()
+        tok = load_tokenizer(model=str(folder))  # the template's special tokens and every stop id are kept
+        forced = sorted(set(ChatRenderer(tok).template_special_ids()) | stop_ids(tok, folder))
         vocab_ids = draft_vocab(data.assistant_tokens(train_rows), cfg.draft_vocab_size, tcfg.vocab_size, forced)
         d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
     if int(t2d.sum()) == 0 or len(t2d) != tcfg.vocab_size:

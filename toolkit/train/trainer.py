@@ -209,8 +209,10 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     export_args = (objective.save, target_hf, cfg.model, target_fp, {"ttt_steps": cfg.ttt_steps,
                                                                       "train_data": cfg.data})
     tracker = Tracker(acc, out, cfg)
-    stop_ids = {int(i) for i in ([target_hf.get("eos_token_id")] if isinstance(target_hf.get("eos_token_id"), int)
-                                 else target_hf.get("eos_token_id") or [])}
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.loading import stop_ids as end_of_turn
+
+    stop_ids = end_of_turn(load_tokenizer(model=str(folder)), folder)  # as toolkit bench and serve stop
 
     evaluator = {}
 
