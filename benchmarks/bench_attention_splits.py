@@ -5,7 +5,8 @@ the step is latency-bound (batch 1, ~1k slots: ~4 MB of K/V per layer, ~1 us of 
     python benchmarks/bench_attention_splits.py --device cpu --dtype float32 --slots 200 --heads 4,2,16 --reps 1
                                                                   # CPU smoke run (TRITON_INTERPRET=1)
 
-For each (slots S in use, new tokens T; --cache: the slots attended, as a graph attends over its whole cache) and each (block_s, splits) it prints one call's median microseconds (graph
+For each (slots S in use, new tokens T; --cache: the slots attended, as a graph attends over its whole cache)
+and each (block_s, splits, warps) it prints one call's median microseconds (graph
 replay, as the engine runs it; the merge kernel included when there are several splits), with "auto" the
 default heuristic's pick ("defaults_us": tree_attention's own defaults), and checks every variant against the
 float32 reference. JSON on stdout.

@@ -127,7 +127,8 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1)  # the most tokens one verify step emits
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
-    app = Gate(build_app(Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher)), args.max_body_bytes, metrics)
+    served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher)
+    app = Gate(build_app(served), args.max_body_bytes, metrics)
     host, port = sock.getsockname()[:2]
     spec = f"draft {args.draft}, tree {vars(tree)}" if head is not None else "no speculation"
     if branch is not None:
