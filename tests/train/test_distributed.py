@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from toolkit.train.tracking import read_metrics
 
@@ -77,6 +78,14 @@ def test_two_ranks_log_what_one_process_accumulating_both_batches_logs(runs, tin
     for a, b in zip(one, ddp):
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (one, ddp)
         assert all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a["loss_i"], b["loss_i"]))
+    # each step's loss divides by the assistant tokens of all four micro-batches, summed over the ranks: without
+    # that all-reduce a rank would divide by its own and the two runs would train different weights
+    from safetensors.torch import load_file
+
+    w_one, w_ddp = (load_file(p / "draft/model.safetensors") for p in (tmp_path / "one", runs["ddp"]))
+    assert w_one.keys() == w_ddp.keys()
+    for k in w_one:
+        assert torch.allclose(w_one[k].float(), w_ddp[k].float(), rtol=1e-4, atol=1e-5), k
 
 
 def test_mtp_trains_under_zero3_with_its_frozen_lm_head_and_exports(tiny_target, prepared, tmp_path):

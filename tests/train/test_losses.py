@@ -62,3 +62,81 @@ def test_a_batch_shorter_than_the_unroll_gives_every_step_an_entry():
     assert losses.shape == accs.shape == counts.shape == (4,)
     assert counts.tolist() == [1, 0, 0, 0] and losses[1:].abs().sum() == 0
     total.backward()
+
+
+def _pair(seed: int, V: int, K: int):
+    """Two micro-batches of different lengths and densities, and the one batch that holds both rows (padded)."""
+    g = torch.Generator().manual_seed(seed)
+    parts = []
+    for L, ones in ((12, range(2, 12)), (7, (3, 5))):  # step 0 counts 10 tokens, then 2
+        parts.append({"mask": torch.zeros(1, L, dtype=torch.long).index_fill_(1, torch.tensor(ones), 1),
+                      "target": torch.randn(1, L, V, generator=g) * 2,
+                      "steps": [torch.randn(1, L, V, generator=g) for _ in range(K)],
+                      "hidden": [torch.randn(1, L, 5, generator=g) for _ in range(K)],
+                      "feats": torch.randn(1, L, 5, generator=g)})
+
+    def pad(x, L=12):
+        return torch.cat([x, torch.zeros(x.shape[0], L - x.shape[1], *x.shape[2:], dtype=x.dtype)], 1)
+
+    both = {k: torch.cat([pad(parts[0][k]), pad(parts[1][k])]) for k in ("mask", "target", "feats")}
+    for k in ("steps", "hidden"):
+        both[k] = [torch.cat([parts[0][k][i], pad(parts[1][k][i])]) for i in range(K)]
+    return parts, both
+
+
+def _grads(loss_fn, batches, norm):
+    """d(loss)/d(step logits, step hidden) of each batch, accumulated the way accelerate does (loss / n)."""
+    out = []
+    for b in batches:
+        steps = [s.clone().requires_grad_() for s in b["steps"]]
+        hidden = [h.clone().requires_grad_() for h in b["hidden"]]
+        (loss_fn(steps, hidden, b, norm) / len(batches)).backward()
+        out.append((torch.stack([s.grad for s in steps]), torch.stack([h.grad if h.grad is not None else h * 0 for h in hidden])))
+    return out
+
+
+def test_accumulated_micro_batches_train_as_the_one_batch_that_holds_them():
+    """Two micro-batches, 10 and 2 counted tokens: with the step-wide denominators (step_counts over both) their
+    accumulated gradient is the gradient of one batch of both rows; a mean of micro-batch means (norm None)
+    weighs each token of the short one 5x as much. Checked for the TTT loss and EAGLE-1/2's regression too."""
+    from types import SimpleNamespace
+
+    from toolkit.train.losses import step_counts
+    from toolkit.train.objectives import OBJECTIVES
+
+    V, K = 9, 3
+    cfg = SimpleNamespace(loss_decay=0.8, regression_weight=1.0, token_weight=0.1)
+    t2d = torch.ones(V, dtype=torch.bool)
+    for name in ("eagle3", "eagle"):
+        def loss_fn(steps, hidden, b, norm):
+            return OBJECTIVES[name].loss(cfg, steps, hidden, b["feats"], b["target"], b["mask"], t2d, norm)[0]
+
+        parts, both = _pair(0, V, K)
+        [(want_s, want_h)] = _grads(loss_fn, [both], None)  # one batch, its own token means
+        assert torch.equal(step_counts(both["mask"], K), step_counts(parts[0]["mask"], K) +
+                           step_counts(parts[1]["mask"], K))
+        norm = (step_counts(parts[0]["mask"], K) + step_counts(parts[1]["mask"], K)) / 2
+        (a_s, a_h), (b_s, b_h) = _grads(loss_fn, parts, norm)
+        assert torch.allclose(a_s, want_s[:, :1], atol=1e-7) and torch.allclose(b_s, want_s[:, 1:, :7], atol=1e-7)
+        if name == "eagle":
+            assert torch.allclose(a_h, want_h[:, :1], atol=1e-7) and torch.allclose(b_h, want_h[:, 1:, :7], atol=1e-7)
+        (a_s, _), (b_s, _) = _grads(loss_fn, parts, None)  # the mean of means: not the one batch's gradient
+        assert not torch.allclose(b_s, want_s[:, 1:, :7], atol=1e-4)
+
+
+def test_the_step_wide_denominator_counts_assistant_tokens_the_draft_vocabulary_lacks():
+    """With a reduced draft vocabulary a row whose target top-1 is outside it adds no loss but still counts in
+    the denominator (it is known before the target runs); per-step logged losses stay this batch's means."""
+    from toolkit.train.losses import step_counts
+
+    parts, _ = _pair(1, 9, 2)
+    b = parts[0]
+    t2d = torch.ones(9, dtype=torch.bool)
+    t2d[b["target"][0, 1].argmax()] = False  # position 2's target (step 0) is out of the vocabulary
+    steps = [s[..., t2d] for s in b["steps"]]
+    total, losses, _, counts = ttt_loss(steps, b["target"], b["mask"], t2d, 0.8, step_counts(b["mask"], 2))
+    plain, plain_losses, _, _ = ttt_loss(steps, b["target"], b["mask"], t2d, 0.8)
+    assert torch.equal(losses, plain_losses)
+    assert counts[0] < step_counts(b["mask"], 2)[0]
+    want = sum(0.8 ** i * losses[i] * counts[i] / step_counts(b["mask"], 2)[i] for i in range(2))
+    assert torch.allclose(total, want) and not torch.allclose(total, plain)

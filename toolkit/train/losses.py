@@ -4,16 +4,29 @@ Step i at row t predicts token t + i + 2. Its target is the target model's distr
 t + i + 1, restricted to the draft vocabulary and renormalized (soft cross-entropy). A row counts when that
 token is an assistant token (loss_mask) and the target's argmax is in the draft vocabulary; step i weighs
 decay ** i. Simulated tau = 1 + sum_k prod_{i <= k} acc_i (the bonus token counts, unlike SpecForge's).
+
+Under gradient accumulation and data parallelism the trainer passes `norm`: step i's loss is then the sum over
+the micro-batch's counted rows divided by norm[i], the assistant tokens step i has in the whole optimizer step
+(every micro-batch of every rank, step_counts) over the number of micro-batches that accelerate / DDP average.
+A mean of per-micro-batch means would weigh a token of a short micro-batch more than one of a long one (the
+gradient accumulation bug transformers fixed with `num_items_in_batch`).
 """
 from __future__ import annotations
 
 import torch
 
 
+def step_counts(loss_mask: torch.Tensor, steps: int) -> torch.Tensor:
+    """[K]: the assistant tokens step i predicts in a batch (loss_mask [B, L]; step i's rows are t + i + 2)."""
+    return torch.stack([loss_mask[:, i + 2:].sum() for i in range(steps)]).float()
+
+
 def ttt_loss(step_logits: list[torch.Tensor], target_logits: torch.Tensor, loss_mask: torch.Tensor,
-             t2d: torch.Tensor, decay: float = 0.8):
-    """step_logits: K x [B, L, N]; target_logits [B, L, V]; loss_mask [B, L]; t2d bool [V].
-    Returns (weighted loss, per-step losses [K], per-step accuracies [K], per-step counted rows [K])."""
+             t2d: torch.Tensor, decay: float = 0.8, norm: torch.Tensor | None = None):
+    """step_logits: K x [B, L, N]; target_logits [B, L, V]; loss_mask [B, L]; t2d bool [V]; norm [K] or None
+    (each step's mean over this batch's own counted rows).
+    Returns (weighted loss, per-step losses [K], per-step accuracies [K], per-step counted rows [K]); the
+    per-step losses are this batch's means whatever norm is (what the trainer logs)."""
     B, L, _ = target_logits.shape
     draft_ids = torch.nonzero(t2d).flatten()                                   # target id of each draft id
     # the target's distribution over the draft vocabulary, computed once for all steps
@@ -39,7 +52,7 @@ def ttt_loss(step_logits: list[torch.Tensor], target_logits: torch.Tensor, loss_
         accs.append(((hit & rows).sum() / count.clamp_min(1)).detach())
         losses.append(loss)
         counts.append(count)
-        total = total + decay ** i * loss
+        total = total + decay ** i * (loss if norm is None else (ce * rows).sum() / norm[i].clamp_min(1e-9))
     return total, torch.stack(losses), torch.stack(accs), torch.stack(counts)
 
 

@@ -46,9 +46,10 @@ class Objective:
         """Step 0's input from a dumped-hidden-states batch (online runs take the target's aux_layers)."""
         return offline_batch["final_hidden"]
 
-    def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d):
-        """-> (weighted loss, per-step token losses [K], per-step accuracies [K], per-step counted rows [K])."""
-        return ttt_loss(step_logits, target_logits, loss_mask, t2d, cfg.loss_decay)
+    def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d, norm=None):
+        """-> (weighted loss, per-step token losses [K], per-step accuracies [K], per-step counted rows [K]);
+        norm [K]: each step's denominator (losses.step_counts over the optimizer step), None: this batch's rows."""
+        return ttt_loss(step_logits, target_logits, loss_mask, t2d, cfg.loss_decay, norm)
 
 
 class Eagle3(Objective):
@@ -81,8 +82,8 @@ class Eagle(Objective):
         torch.manual_seed(cfg.seed)
         return Eagle2Head(draft_config(tcfg, cfg.num_layers), parts["lm_head.weight"].float())
 
-    def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d):
-        token, losses, accs, counts = ttt_loss(step_logits, target_logits, loss_mask, t2d, cfg.loss_decay)
+    def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d, norm=None):
+        token, losses, accs, counts = ttt_loss(step_logits, target_logits, loss_mask, t2d, cfg.loss_decay, norm)
         L = loss_mask.shape[1]
         regression = 0.0
         for i, h in enumerate(step_hidden[:len(losses)]):
@@ -90,7 +91,8 @@ class Eagle(Objective):
             rows = loss_mask[:, i + 2:i + 2 + n].bool()            # the same rows the token loss counts
             # step i at row t predicts the target's hidden state at t + i + 1 (whose lm_head gives token t + i + 2)
             err = F.smooth_l1_loss(h[:, :n].float(), feats[:, i + 1:i + 1 + n].float(), reduction="none").mean(-1)
-            regression = regression + cfg.loss_decay ** i * (err * rows).sum() / rows.sum().clamp_min(1)
+            denominator = rows.sum().clamp_min(1) if norm is None else norm[i].clamp_min(1e-9)
+            regression = regression + cfg.loss_decay ** i * (err * rows).sum() / denominator
         return cfg.regression_weight * regression + cfg.token_weight * token, losses, accs, counts
 
     def save(self, head, folder, *args):

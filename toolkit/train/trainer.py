@@ -87,7 +87,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches
     from toolkit.train.head import (check_signature, head_signature, pick_vocabulary, serving_notes, start_from,
                                      take_weights, target_tensors)
-    from toolkit.train.losses import simulated_tau
+    from toolkit.train.losses import simulated_tau, step_counts
     from toolkit.train.objectives import OBJECTIVES, DraftTrainable
     from toolkit.train.tracking import Tracker
 
@@ -245,9 +245,17 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     t_start = t_log
     model.train()
     while progress.step < total:
+        step_batches = []
         for _ in range(cfg.grad_accum):
             epoch, rows = next(batches)
-            batch = {k: v.to(device) for k, v in collate([source[r] for r in rows]).items()}
+            step_batches.append(collate([source[r] for r in rows]))
+        # Each step's loss is a mean over the assistant tokens of the whole optimizer step (every micro-batch,
+        # every rank), not a mean of micro-batch means: accelerate divides a micro-batch's loss by grad_accum and
+        # DDP averages the ranks, hence the denominators are the counts over their product.
+        counts_step = sum(step_counts(b["loss_mask"], cfg.ttt_steps) for b in step_batches).to(device)
+        norm = acc.reduce(counts_step, "sum") / (cfg.grad_accum * acc.num_processes)
+        for batch in step_batches:
+            batch = {k: v.to(device) for k, v in batch.items()}
             with torch.no_grad():  # the frozen target's features (3 aux layers, or the final normed state)
                 if offline:
                     feats, target_logits = objective.features(batch), batch["final_hidden"].to(dtype) @ lm_w.T
@@ -257,7 +265,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
             with acc.accumulate(model):
                 step_logits, step_hidden = model(feats, batch["input_ids"], batch["valid"])
                 loss, losses, accs, counts = objective.loss(cfg, step_logits, step_hidden, feats, target_logits,
-                                                            batch["loss_mask"], t2d)
+                                                            batch["loss_mask"], t2d, norm)
                 acc.backward(loss)
                 if acc.sync_gradients:
                     grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -286,7 +294,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         if logging:
             sums = acc.reduce(torch.stack([window["losses"], window["acc"], window["count"].float()]), "sum")
             tokens = int(acc.reduce(torch.tensor(window["tokens"], device=device), "sum"))
-            # every rank's micro-batches: the mean loss of one process with grad_accum = processes x grad_accum
+            # every rank's micro-batches: with the step-wide denominators their mean is each step's token mean
             loss_sum, n = acc.reduce(torch.tensor([window["loss"], float(window["n"])], device=device), "sum").tolist()
             n_i = sums[2].clamp_min(1)
             acc_i = (sums[1] / n_i).cpu()
