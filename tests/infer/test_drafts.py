@@ -78,6 +78,14 @@ def test_drafts_that_do_not_fit_the_target_are_refused(tmp_path, override, messa
         load_eagle3(tmp_path, TARGET)
 
 
+def test_a_d2t_past_the_target_vocabulary_is_refused_naming_the_id_and_size(tmp_path):
+    w = write_draft(tmp_path)
+    w["d2t"][-1] += 5  # the last draft id now maps to target id 302 of a 300-id target
+    save_file(w, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="d2t maps a draft id to target id 302, beyond the target's vocab_size 300"):
+        load_eagle3(tmp_path, TARGET)
+
+
 def test_a_consistent_head_with_other_than_three_aux_layers_is_refused(tmp_path):
     write_draft(tmp_path, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3]})
     w = load_file(str(tmp_path / "model.safetensors"))

@@ -74,6 +74,15 @@ def test_both_file_kinds_load_and_misfits_are_refused(target, tmp_path):
         load_eagle2(tmp_path / "wide", target)
 
 
+def test_a_token_map_past_the_target_vocabulary_is_refused_naming_both(target, tmp_path):
+    """A freq_N.pt from a tokenizer larger than the target's embedding: both the id and vocab_size named."""
+    write_eagle1(tmp_path / "d")
+    save_freq(tmp_path / "freq.pt", [1, 2, 49152])
+    with pytest.raises(ValueError, match=r"target id 49152 is beyond the target's vocabulary \(config.json "
+                                         r"vocab_size 49152: ids must be in 0..49151"):
+        load_eagle2(tmp_path / "d", target, tmp_path / "freq.pt")
+
+
 @pytest.mark.parametrize("tree", [TreeConfig(4, 1, 5), TreeConfig(3, 3, 8)], ids=["chain", "tree"])
 def test_greedy_with_an_eagle2_head_and_fr_spec_equals_plain(target, smollm2_tokenizer, tmp_path, tree):
     write_eagle1(tmp_path / "d")

@@ -185,6 +185,16 @@ def test_a_folder_without_mtp_layers_is_refused_clearly(tmp_path):
     assert cfg["num_nextn_predict_layers"] == 0
 
 
+def test_a_token_map_past_the_target_vocabulary_is_refused_naming_both(tmp_path):
+    from toolkit.tokenmap.maps import save_freq
+
+    write_native(tmp_path / "t", "mimo", n_mtp=1)
+    save_freq(tmp_path / "freq.pt", [2, 5, V])
+    with pytest.raises(ValueError, match=rf"target id {V} is beyond the target's vocabulary \(config.json "
+                                         rf"vocab_size {V}: ids must be in 0..{V - 1}"):
+        load_mtp(tmp_path / "t", load_target(tmp_path / "t"), tmp_path / "freq.pt")
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_export_round_trip_in_mimo_layout(tmp_path, family):
     c = ModelConfig.from_hf(hf_config(family))

@@ -143,8 +143,9 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     d2t = w.pop("d2t", torch.zeros(n, dtype=torch.long))  # absent d2t = identity (zeros), never arange
     w.pop("t2d", None)
     w.pop("embed_tokens.weight", None)  # the target's embedding is used
-    if int((torch.arange(len(d2t)) + d2t).max()) >= target.vocab_size:
-        problems.append("d2t maps draft ids beyond the target vocabulary")
+    top = int((torch.arange(len(d2t)) + d2t).max())
+    if top >= target.vocab_size:
+        problems.append(f"d2t maps a draft id to target id {top}, beyond the target's vocab_size {target.vocab_size}")
     if problems:
         raise ValueError(f"draft {folder} does not fit the target: " + "; ".join(problems))
     for note in aux_layer_problems(aux, target.num_layers):  # served right here; elsewhere it would not be

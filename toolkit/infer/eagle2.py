@@ -73,7 +73,7 @@ class Eagle2Head(DraftHead):
 def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None, dtype=torch.float32) -> Eagle2Head:
     """Load an EAGLE-1/2 folder for `target` (a Transformer: its lm_head is shared), with an optional FR-Spec
     freq_N.pt. Misfits are refused with the mismatch named."""
-    from toolkit.tokenmap.maps import load_freq
+    from toolkit.tokenmap.maps import check_ids_fit, load_freq
 
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
@@ -85,9 +85,9 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
     w = {our_layer_key(k): v for k, v in w.items() if not k.startswith("layers.0.input_layernorm")}
     ids = None
     if token_map is not None:
-        ids = torch.tensor(load_freq(token_map))
-        if int(ids.max()) >= target.config.vocab_size:
-            raise ValueError(f"token map {token_map} has ids beyond the target vocabulary")
+        ids = load_freq(token_map)
+        check_ids_fit(ids, target.config.vocab_size, f"token map {token_map}")
+        ids = torch.tensor(ids)
     head = Eagle2Head(c, target.lm_head.weight.detach().float().cpu(), ids, fc_bias=bool(cfg.get("bias", True)))
     load_weights(head, w, folder, ignore=("d2t", "lm_head.weight"))
     return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()

@@ -121,7 +121,7 @@ def find_layout(folder: Path, cfg: dict) -> tuple[str, str, int]:
 def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dtype=torch.float32) -> MTPHead:
     """The first MTP module in `folder` (our draft folder, or a target that ships MTP layers) for `target`
     (a Transformer whose lm_head is shared). Every weight of the module must be found: none is left random."""
-    from toolkit.tokenmap.maps import load_freq
+    from toolkit.tokenmap.maps import check_ids_fit, load_freq
 
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
@@ -155,9 +155,9 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
             del w[k]
     ids = None
     if token_map is not None:
-        ids = torch.tensor(load_freq(token_map))
-        if int(ids.max()) >= tc.vocab_size:
-            raise ValueError(f"token map {token_map} has ids beyond the target vocabulary")
+        ids = load_freq(token_map)
+        check_ids_fit(ids, tc.vocab_size, f"token map {token_map}")
+        ids = torch.tensor(ids)
     head = MTPHead(tc, target.lm_head.weight.detach().float().cpu(), ids)
     load_weights(head, w, f"{folder} (MTP, {layout} layout)", ignore=("d2t", "lm_head.weight"))
     return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()

@@ -20,8 +20,8 @@ from toolkit.data.chat import BUILTIN_TEMPLATES, ChatRenderer, load_tokenizer
 from toolkit.embedded import DEFAULT_MODEL, sha256_file
 from toolkit.models import fingerprint, resolve_target
 from toolkit.tokenmap.count import count_tokens
-from toolkit.tokenmap.maps import (TokenMapError, check_sizes, freq_list, load_counts, save_counts, save_freq,
-                                   save_vocab_map, vocab_map)
+from toolkit.tokenmap.maps import (TokenMapError, check_sizes, fit_counts, freq_list, load_counts, save_counts,
+                                   save_freq, save_vocab_map, vocab_map)
 from toolkit.tokenmap.report import write_coverage
 
 FORMAT_VERSION = "1"
@@ -42,7 +42,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     src.add_argument("--model", default=DEFAULT_MODEL,
                      help="target whose tokenizer and vocabulary size are used: HF folder, hub id or alias")
     src.add_argument("--tokenizer", default=None,
-                     help="a tokenizer.json file or tokenizer folder instead of --model (vocab = its size)")
+                     help="a tokenizer.json file or tokenizer folder instead of --model. V (t2d's length) and the "
+                          "stop ids kept come from the folder's config.json / generation_config.json when it has "
+                          "them, else from the tokenizer alone (its size, EOS and end-of-turn tokens), too short "
+                          "for a target whose config pads the vocabulary (Qwen2.5): give --model then")
     p.add_argument("--chat-template", default=None,
                    help=f"built-in template ({', '.join(BUILTIN_TEMPLATES)}) or a .jinja file; default: the "
                         f"tokenizer's own, else inferred from its special tokens")
@@ -70,13 +73,40 @@ def vocab_hash(tok) -> str:
     return hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in items).encode()).hexdigest()[:16]
 
 
-def target_vocab_size(args, tok) -> int:
-    """V of t2d: the target config's vocab_size (may be padded beyond the tokenizer) or the tokenizer's."""
-    if args.tokenizer is not None:
+def model_folder(args) -> Path | None:
+    """The folder of the target's config.json and generation_config.json: --model's, or a --tokenizer folder
+    holding a config.json (a model folder given as a tokenizer); None for a lone tokenizer."""
+    if args.tokenizer is None:
+        return resolve_target(args.model)
+    path = Path(args.tokenizer).expanduser()
+    return path if (path / "config.json").is_file() else None
+
+
+def target_vocab_size(folder: Path | None, tok) -> int:
+    """V of t2d and of the counts: the target config's vocab_size, the rows of its logits, which may be padded
+    beyond the tokenizer (Qwen2.5: 151936 vs 151665) or fall short of tokens added to it; without a config,
+    the tokenizer's size."""
+    if folder is None:
         return len(tok)
-    cfg = json.loads((resolve_target(args.model) / "config.json").read_text())
-    cfg = cfg.get("text_config", cfg)
-    return max(int(cfg.get("vocab_size", 0)), len(tok))
+    cfg = json.loads((folder / "config.json").read_text())
+    size = cfg.get("text_config", cfg).get("vocab_size")
+    if size is None:
+        print(f"note: {folder}/config.json has no vocab_size; sizing the maps by the tokenizer ({len(tok)})")
+        return len(tok)
+    return int(size)
+
+
+def kept_ids(tok, renderer, folder: Path | None, vocab_size: int) -> list[int]:
+    """Ids every map keeps: EOS, the template's special tokens, the tokenizer's end-of-turn tokens and, with a
+    model folder, every id its generation config stops on; each must be a target id."""
+    from toolkit.infer.loading import stop_ids
+
+    forced = sorted(set(renderer.template_special_ids()) | stop_ids(tok, folder))
+    if forced and forced[-1] >= vocab_size:
+        raise TokenMapError(f"special token id {forced[-1]} (of {forced}) is beyond the target's vocabulary "
+                            f"(config.json vocab_size {vocab_size}; the tokenizer has {len(tok)} ids): the "
+                            f"tokenizer does not belong to this target")
+    return forced
 
 
 def corpus_sha256(path: Path) -> str:
@@ -121,12 +151,17 @@ def _count(args, tok, renderer, vocab_size: int):
 def _from_counts(args, tok, vocab_size: int):
     counts, meta = load_counts(args.from_counts)
     ours = vocab_hash(tok)
-    if meta.get("vocab_hash") != ours or len(counts) != vocab_size:
+    if meta.get("vocab_hash") != ours:
         raise TokenMapError(
             f"--from-counts {args.from_counts} was counted with tokenizer {meta.get('tokenizer')!r} (vocab "
             f"hash {meta.get('vocab_hash')}, V={len(counts)}), but the tokenizer given is {tok.name_or_path!r} "
             f"(vocab hash {ours}, V={vocab_size}); pass the same --model/--tokenizer")
-    return counts, meta
+    if len(counts) == vocab_size:
+        return counts, meta, False
+    # the same tokenizer, another target size (counted with --tokenizer alone, now for a padded --model)
+    print(f"note: {args.from_counts} has {len(counts)} counts; sized to the target's vocabulary ({vocab_size})")
+    counts = fit_counts(counts, vocab_size, f"--from-counts {args.from_counts}")
+    return counts, {**meta, "vocab_size": vocab_size}, True
 
 
 def build(args: argparse.Namespace) -> dict:
@@ -144,22 +179,19 @@ def build(args: argparse.Namespace) -> dict:
         raise TokenMapError(f"--out {args.out} is a file; give a folder (made if absent) for the maps")
     t0 = time.perf_counter()
     tok = load_tokenizer(args.model if args.tokenizer is None else None, args.tokenizer, args.chat_template)
-    vocab_size = target_vocab_size(args, tok)
+    folder = model_folder(args)
+    vocab_size = target_vocab_size(folder, tok)
     check_sizes(sizes, vocab_size)
     renderer = ChatRenderer(tok)
-    forced = renderer.template_special_ids()
-    if args.tokenizer is None:  # a model folder: every id its generation config stops on is kept too
-        from toolkit.infer.loading import stop_ids
-
-        forced = sorted(set(forced) | stop_ids(tok, resolve_target(args.model)))
+    forced = kept_ids(tok, renderer, folder, vocab_size)
     if min(sizes) < len(forced):  # before counting, not after it
         raise TokenMapError(f"--sizes {min(sizes)} is smaller than the {len(forced)} special tokens every map keeps "
-                            f"(EOS and the chat template's: ids {forced})")
+                            f"(EOS, the chat template's and the stop ids: {forced})")
     t1 = time.perf_counter()
     if args.from_counts:
-        counts, meta = _from_counts(args, tok, vocab_size)
+        counts, meta, fitted = _from_counts(args, tok, vocab_size)
     else:
-        counts, meta = _count(args, tok, renderer, vocab_size)
+        (counts, meta), fitted = _count(args, tok, renderer, vocab_size), False
     t2 = time.perf_counter()
 
     out = Path(args.out)
@@ -173,7 +205,7 @@ def build(args: argparse.Namespace) -> dict:
         d2t, t2d = vocab_map(ids, vocab_size)
         save_vocab_map(out / f"vocab_map_{n}.safetensors", d2t, t2d, {**map_meta, "size": str(n)})
     counts_path = out / "token_counts.safetensors"
-    if not args.from_counts:
+    if not args.from_counts or fitted:  # resized counts are saved as the maps use them
         save_counts(counts_path, counts, meta)
     elif not counts_path.exists() or not counts_path.samefile(args.from_counts):
         with atomic_path(counts_path) as tmp:

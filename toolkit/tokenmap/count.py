@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from toolkit.data.chat import ChatRenderer, TemplateRenderer
 from toolkit.data.schemas import BadRecord, ReadStats, read_samples
+from toolkit.tokenmap.maps import TokenMapError
 from toolkit.tokenmap.pieces import PieceCounter
 
 MODES = ("all", "assistant")
@@ -160,9 +161,10 @@ def count_tokens(files: list[str | Path], renderer: ChatRenderer, vocab_size: in
     bar = tqdm(desc="counting", unit="tok", unit_scale=True, disable=not progress, mininterval=0.5)
 
     def add(counts: np.ndarray, errors=()) -> None:
-        if len(counts) > vocab_size:
-            raise ValueError(f"token id {len(counts) - 1} >= vocabulary size {vocab_size}: the tokenizer and "
-                             f"the target's vocabulary disagree")
+        if len(counts) > vocab_size:  # a token added to the tokenizer but not to the target's embedding
+            raise TokenMapError(f"the corpus holds token id {len(counts) - 1}, beyond the target's vocabulary "
+                                f"(config.json vocab_size {vocab_size}; the tokenizer has {len(renderer.tok)} "
+                                f"ids): the tokenizer and the target disagree")
         for f, where, why in errors:
             result.files[f].add_bad(f"{result.files[f].path} {where}", why)
         result.counts += counts

@@ -33,10 +33,53 @@ def check_sizes(sizes: list[int], vocab_size: int) -> None:
                                 f"1..{vocab_size} (the target vocabulary)")
 
 
+def fit_counts(counts: np.ndarray, vocab_size: int, where: str) -> np.ndarray:
+    """The same tokenizer's counts for another V (a --tokenizer run reused for a padded target, whose config's
+    vocab_size exceeds the tokenizer): ids no text ever tokenized to get zeros, or are dropped while zero."""
+    if len(counts) <= vocab_size:
+        return np.concatenate([counts, np.zeros(vocab_size - len(counts), dtype=counts.dtype)])
+    beyond = np.flatnonzero(counts[vocab_size:])
+    if len(beyond):
+        raise TokenMapError(f"{where}: token id {vocab_size + int(beyond[0])} was counted, but the target's "
+                            f"vocabulary has {vocab_size} ids (counts have {len(counts)}): the tokenizer and "
+                            f"the target disagree")
+    return counts[:vocab_size]
+
+
+def check_ids_fit(ids: list[int], vocab_size: int, where: str) -> None:
+    """Target ids of a draft vocabulary must index the target's logits (its config's vocab_size rows)."""
+    top = max(ids, default=-1)
+    if top >= vocab_size:
+        raise TokenMapError(f"{where}: target id {top} is beyond the target's vocabulary (config.json vocab_size "
+                            f"{vocab_size}: ids must be in 0..{vocab_size - 1}); was it made with another "
+                            f"tokenizer or target?")
+
+
+def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, vocab_size: int, where: str) -> None:
+    """A vocab map used with a target: t2d has the target config's vocab_size entries (training indexes it with
+    the target's argmax ids) and marks exactly d2t's ids, which are ascending (training takes them from t2d)."""
+    if len(t2d) != vocab_size:
+        raise TokenMapError(
+            f"{where}: t2d has {len(t2d)} entries, but the target's vocabulary (config.json vocab_size) is "
+            f"{vocab_size}. A map built from a tokenizer alone has the tokenizer's size, which a padded target "
+            f"exceeds (Qwen2.5: 151665 vs 151936); rebuild it with `toolkit build-token-map --model FOLDER` "
+            f"(the target's config.json and tokenizer files suffice; --from-counts reuses its counts)")
+    ids = torch.arange(len(d2t)) + d2t.long()
+    if len(ids) == 0:
+        raise TokenMapError(f"{where}: d2t is empty; a draft vocabulary needs at least one id")
+    check_ids_fit([int(ids.max())], vocab_size, where)
+    if int(ids.min()) < 0 or bool((ids[1:] <= ids[:-1]).any()):
+        raise TokenMapError(f"{where}: d2t must map draft ids to ascending, unique target ids >= 0 "
+                            f"(docs/formats.md section 5)")
+    if int(t2d.sum()) != len(ids) or not bool(t2d[ids].all()):
+        raise TokenMapError(f"{where}: t2d marks {int(t2d.sum())} ids, not the {len(ids)} target ids of d2t")
+
+
 def freq_list(counts: np.ndarray, n: int, forced: list[int] = ()) -> list[int]:
     """The n most frequent ids (ties by id), with every `forced` id included, ordered by count desc, id asc."""
     check_sizes([n], len(counts))
     forced = np.unique(np.asarray(forced, dtype=np.int64))
+    check_ids_fit(forced.tolist(), len(counts), "the special tokens to keep")
     if len(forced) > n:
         raise TokenMapError(f"size {n} is smaller than the {len(forced)} special tokens that must be kept")
     order = np.lexsort((np.arange(len(counts)), -counts))  # count desc, then id asc
@@ -86,7 +129,16 @@ def save_vocab_map(path: Path, d2t: torch.Tensor, t2d: torch.Tensor, metadata: d
 
 
 def load_vocab_map(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
-    t = load_file(str(path))
+    if not Path(path).is_file():
+        raise TokenMapError(f"token map {path}: file not found")
+    try:
+        t = load_file(str(path))
+    except Exception as e:  # safetensors' own error for a file that is not one
+        raise TokenMapError(f"token map {path}: not a safetensors file ({str(e)[:100]}); give a "
+                            f"vocab_map_N.safetensors") from None
+    if "d2t" not in t or "t2d" not in t:
+        raise TokenMapError(f"token map {path}: holds {sorted(t)}, not the d2t and t2d tensors of a "
+                            f"vocab_map_N.safetensors")
     return t["d2t"], t["t2d"]
 
 

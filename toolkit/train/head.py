@@ -53,8 +53,10 @@ def target_layer(folder: str | Path, index: int) -> dict[str, torch.Tensor]:
 
 def draft_vocab(assistant_ids: torch.Tensor, size: int, vocab_size: int, forced: list[int]) -> list[int]:
     """The `size` most frequent assistant-token ids (FR-Spec's rule), the template's special tokens kept."""
-    from toolkit.tokenmap.maps import freq_list
+    from toolkit.tokenmap.maps import check_ids_fit, freq_list
 
+    # an id past the target's vocabulary would lengthen the counts and could be chosen
+    check_ids_fit([int(assistant_ids.max())] if len(assistant_ids) else [], vocab_size, "the training data")
     counts = np.bincount(assistant_ids.numpy(), minlength=vocab_size).astype(np.int64)
     return freq_list(counts, min(size, vocab_size), forced)
 
@@ -115,13 +117,14 @@ def pick_vocabulary(cfg, tcfg: ModelConfig, folder: Path, data, train_rows: list
     EAGLE-3 takes `token_map`, else the `init_from` draft's own, else the FR-Spec rule on the training rows."""
     from toolkit.data.chat import ChatRenderer, load_tokenizer
     from toolkit.infer.loading import stop_ids
-    from toolkit.tokenmap.maps import load_vocab_map, vocab_map
+    from toolkit.tokenmap.maps import check_vocab_map, load_vocab_map, vocab_map
 
     if cfg.head != "eagle3":  # EAGLE-1/2 and MTP read out through the target's whole lm_head
         vocab_ids = list(range(tcfg.vocab_size))
         d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
     elif cfg.token_map:
         d2t, t2d = load_vocab_map(cfg.token_map)
+        check_vocab_map(d2t, t2d, tcfg.vocab_size, f"token_map {cfg.token_map}")
         vocab_ids = (torch.arange(len(d2t)) + d2t).tolist()
         if start is not None and vocab_ids != (torch.arange(len(start.d2t)) + start.d2t).tolist():
             raise ValueError(f"token_map {cfg.token_map}: differs from the draft vocabulary of init_from "
