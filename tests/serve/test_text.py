@@ -18,6 +18,33 @@ def test_deltas_add_up_to_the_full_text_cut_at_the_first_stop(smollm2_tokenizer,
     cuts = [full.find(s) for s in stops if s in full]
     assert "".join(out) == (full[:min(cuts)] if cuts else full)
     assert stream.stopped == bool(cuts)
+    # the tokens through the one that completed the stop string, fed one by one or all at once (a non-streamed
+    # reply): what the engine generates when it stops there itself
+    shows = [any(s in tok.decode(ids[:n], skip_special_tokens=True) for s in stops) for n in range(len(ids) + 1)]
+    upto = shows.index(True) if any(shows) else None
+    whole = TextStream(tok, stops)
+    whole.update(ids, True)
+    assert stream.stop_at == whole.stop_at == upto
+
+
+def test_client_stops_end_the_sequence_where_the_text_shows_the_stop(smollm2_tokenizer):
+    """The engine's check for a served request: the stop string in the text the client gets (special tokens
+    skipped), where the text with them (StopStrings alone) has one between its characters."""
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.sequence import Sequence, StopStrings
+    from toolkit.serve.text import ClientStops
+
+    tok = smollm2_tokenizer
+    ids = tok("Paris is the capital").input_ids
+    ids[1:1] = [tok.convert_tokens_to_ids("<|im_start|>")]  # "Paris<|im_start|> is the capital"
+
+    def stops_at(check) -> int | None:
+        seq = Sequence([1], SamplingParams(max_new_tokens=len(ids) + 1), stop_strings=check)
+        return next((n for n, t in enumerate(ids, 1) if seq.add(t)), None)
+
+    assert stops_at(StopStrings(tok, ["Paris is"])) is None
+    assert stops_at(ClientStops(tok, ["Paris is"])) == 3
+    assert stops_at(ClientStops(tok, ["<|im_start|>"])) == 2  # a special token as a stop string still ends it
 
 
 def test_a_split_multibyte_character_is_held_back(smollm2_tokenizer):

@@ -2,7 +2,8 @@
 server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/models, /health, /metrics.
 
 Each response's `usage` has the standard token counts plus `speculative`: this request's verify steps,
-accepted draft tokens, τ and acceptance by draft position.
+accepted draft tokens, τ and acceptance by draft position. Usage is read only once the engine is through with
+the sequence (its last update says so), never while the engine thread may still add to it.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from fastapi import FastAPI, Request
@@ -18,12 +19,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from toolkit.infer.sequence import Sequence, StopStrings
+from toolkit.infer.sequence import Result, Sequence
 from toolkit.infer.metrics import summarize
 from toolkit.infer.sampling import SamplingParams
 from toolkit.serve.batcher import Batcher
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
-from toolkit.serve.text import TextStream
+from toolkit.serve.text import ClientStops, TextStream
+
+RELEASE_WAIT = 30.0  # seconds a reply cut at a stop string waits for the engine to let its sequence go
 
 
 @dataclass
@@ -35,12 +38,27 @@ class Served:
     created: int = 0
 
 
-def usage(seq: Sequence, positions: int = 0) -> dict:
-    """Token counts and this request's speculation figures; `positions`: the draft tree's depth (0: none)."""
-    s = summarize([seq.result], positions=positions)
-    n_prompt, n_out = len(seq.prompt), len(seq.result.tokens)
+def through(result: Result, n: int) -> Result:
+    """`result` as if generation had stopped at its n-th token, as the engine stops at a stop string: the verify
+    steps that emitted tokens 2..n (the first comes from prefill), the last one's accepted count cut there."""
+    accepted, emitted = [], min(len(result.tokens), 1)
+    for a in result.accepted:
+        if emitted >= n:
+            break
+        accepted.append(min(a, n - emitted - 1))
+        emitted += accepted[-1] + 1
+    return replace(result, tokens=result.tokens[:n], accepted=accepted, verify_steps=len(accepted),
+                   from_lookup=min(result.from_lookup, sum(accepted)))  # per step it is not kept: a bound
+
+
+def usage(seq: Sequence, positions: int = 0, upto: int | None = None) -> dict:
+    """Token counts and this request's speculation figures; `positions`: the draft tree's depth (0: none);
+    `upto`: the tokens through a stop string the reply was cut at (the engine may have generated on)."""
+    result = seq.result if upto is None or upto >= len(seq.result.tokens) else through(seq.result, upto)
+    s = summarize([result], positions=positions)
+    n_prompt, n_out = len(seq.prompt), len(result.tokens)
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-            "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(seq.result.accepted),
+            "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(result.accepted),
                             "tau": s["tau"], "accept_rate_by_position": s["accept_rate_by_position"],
                             "accepted_length_histogram": s["accepted_length_histogram"],
                             "accepted_from_lookup": s["accepted_from_lookup"]}}
@@ -93,7 +111,8 @@ def build_app(served: Served) -> FastAPI:
         params = SamplingParams(body.temperature, body.top_p, max(body.top_k, 0), max_tokens)
         gen = torch.Generator(device=engine.device)
         gen.manual_seed(body.seed) if body.seed is not None else gen.seed()
-        stops = StopStrings(tok, body.stop) if body.stop else None
+        # the engine stops where the client's text shows a stop string, not generating past what the reply cuts
+        stops = ClientStops(tok, body.stop) if body.stop else None
         extra = set(body.stop_token_ids or [])
         if any(not 0 <= t < engine.target.config.vocab_size for t in extra):
             raise ApiError(400, f"stop_token_ids must be in 0..{engine.target.config.vocab_size - 1}", "stop_token_ids")
@@ -170,18 +189,31 @@ def build_app(served: Served) -> FastAPI:
         generated: list[int] = []  # the updates carry new tokens only
 
         async def next_update() -> tuple[list[int], bool]:
-            item = await req.updates.get()
-            if item[0] == "error":
-                raise ApiError(500, item[1], None, "engine_error", "server_error")
-            generated.extend(item[0])
-            return generated, item[1]
+            update = await req.updates.get()
+            if update.error is not None:
+                raise ApiError(500, update.error, None, "engine_error", "server_error")
+            generated.extend(update.tokens)
+            return generated, update.done
 
-        if not body.stream:  # decode once at the end (the engine itself stops at stop strings)
-            done, checked = False, time.monotonic()
+        async def let_go() -> None:
+            """The text showed a stop string before the engine stopped (ClientStops makes that rare): cancel the
+            sequence and wait until the engine has let it go. Usage read at once raced the engine thread, which
+            was still adding tokens and steps; read after, it is final and `usage` cuts it at the stop."""
+            batcher.cancel(req)
+            done = False
             try:
                 while not done:
+                    _, done = await asyncio.wait_for(next_update(), timeout=RELEASE_WAIT)
+            except (ApiError, asyncio.TimeoutError):  # a failed step lets go too; a stuck engine must not hang us
+                pass
+
+        if not body.stream:  # the same incremental text as a stream, so a stop string ends it there too
+            done, parts, checked = False, [], time.monotonic()
+            try:
+                while not (done or stream.stopped):
                     try:
                         tokens, done = await asyncio.wait_for(next_update(), timeout=1.0)
+                        parts.append(stream.update(tokens, done))
                     except asyncio.TimeoutError:
                         pass
                     # once a second whether tokens flow or not: every engine step posts an update, so a check
@@ -194,9 +226,11 @@ def build_app(served: Served) -> FastAPI:
                 batcher.cancel(req)
                 metrics.cancelled.inc()
                 raise
-            text = stream.update(tokens, True)
+            if not done:
+                await let_go()
             return {"id": rid, "object": kind, "created": now, "model": served.name,
-                    "choices": [choice(text, finish_reason(), False)], "usage": usage(seq, positions)}
+                    "choices": [choice("".join(parts), finish_reason(), False)],
+                    "usage": usage(seq, positions, stream.stop_at)}
 
         def event(choices: list, **extra) -> str:
             data = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": now, "model": served.name,
@@ -204,7 +238,7 @@ def build_app(served: Served) -> FastAPI:
             return f"data: {json.dumps(data)}\n\n"
 
         async def events():
-            finished = failed = False
+            finished = failed = done = False
             # with include_usage every chunk carries "usage": null but the last, which carries the counts (OpenAI)
             nulls = {"usage": None} if body.stream_options and body.stream_options.include_usage else {}
             try:
@@ -223,11 +257,11 @@ def build_app(served: Served) -> FastAPI:
                     if delta:
                         yield event([choice(delta, None, True)], **nulls)
                 if finished:
-                    if not seq.done:  # a stop string showed in the text before the engine stopped
-                        batcher.cancel(req)
+                    if not done:  # the update's word, not seq.done: that turns true before the step has ended
+                        await let_go()
                     yield event([choice(None, finish_reason(), True)], **nulls)
                     if body.stream_options and body.stream_options.include_usage:
-                        yield event([], usage=usage(seq, positions))
+                        yield event([], usage=usage(seq, positions, stream.stop_at))
                 yield "data: [DONE]\n\n"
             finally:
                 if not (finished or failed):  # the client went away mid-stream: free its row

@@ -1,6 +1,10 @@
 """Continuous batching: one thread owns the engine and runs step after step; between steps it releases
 cancelled sequences, admits waiting requests into free rows (FIFO) and publishes each request's new tokens
-to its asyncio queue. Requests join and leave the running batch only at step boundaries.
+to its mailbox. Requests join and leave the running batch only at step boundaries.
+
+The engine never waits for a response: a client that reads slowly (or not at all) falls behind while its
+sequence generates on. Its mailbox then holds one update, the steps it has not taken merged, rather than one
+entry per step (which grew with every step until the response caught up or the request ended).
 """
 from __future__ import annotations
 
@@ -20,17 +24,60 @@ from toolkit.serve.protocol import ApiError
 log = logging.getLogger("toolkit.serve")
 
 
+@dataclass
+class Update:
+    tokens: list[int]         # generated since the previous update
+    done: bool = False        # the engine is through with the sequence: its counts are final, no update follows
+    error: str | None = None  # the engine step failed (then nothing else counts)
+
+
+class Mailbox:
+    """One request's updates, on the event loop's thread: those the response has not taken yet are merged into
+    one pending update, so a reader that lags holds one entry however many steps it is behind."""
+
+    def __init__(self):
+        self.pending: Update | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, update: Update) -> None:
+        if self.pending is None or update.error is not None:  # an error ends the request: it replaces the rest
+            self.pending = update
+        elif self.pending.error is None:
+            self.pending.tokens += update.tokens  # the engine thread made these lists and no longer touches them
+            self.pending.done = update.done
+        self.ready.set()
+
+    def qsize(self) -> int:
+        return int(self.pending is not None)
+
+    def get_nowait(self) -> Update:
+        if self.pending is None:
+            raise asyncio.QueueEmpty
+        update, self.pending = self.pending, None
+        return update
+
+    async def get(self) -> Update:
+        while self.pending is None:
+            self.ready.clear()
+            await self.ready.wait()
+        return self.get_nowait()
+
+
 @dataclass(eq=False)
 class Request:
     seq: Sequence
     loop: asyncio.AbstractEventLoop
-    updates: asyncio.Queue = field(default_factory=asyncio.Queue)  # (new tokens, done) or ("error", message)
+    updates: Mailbox = field(default_factory=Mailbox)
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
     sent: int = 0  # tokens published so far
 
-    def publish(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.updates.put_nowait, item)
+    def publish(self, update: Update) -> None:
+        """From the engine thread: the merge runs on the loop's thread, which owns the mailbox."""
+        try:
+            self.loop.call_soon_threadsafe(self.updates.put, update)
+        except RuntimeError:  # the loop has closed (the server stops): no response is left to tell
+            pass
 
 
 class Batcher:
@@ -91,6 +138,7 @@ class Batcher:
                     return
                 for req in [r for r in self.waiting if r.cancelled]:
                     self.waiting.remove(req)
+                    req.publish(Update([], True))
                 admit = []
                 while self.waiting and len(admit) < self.engine.max_batch - len(self.engine.running):
                     admit.append(self.waiting.popleft())
@@ -104,7 +152,7 @@ class Batcher:
                 failed = self.active + [r for r in admit if r not in self.active]
                 log.error("engine step failed; failing %d requests\n%s", len(failed), message)
                 for req in failed:
-                    req.publish(("error", "internal error in the engine step; see the server log"))
+                    req.publish(Update([], True, "internal error in the engine step; see the server log"))
                 self.active, self.engine.running = [], []
             self.metrics.running.set(len(self.engine.running))
             self.window["busy"] += time.perf_counter() - t0
@@ -113,6 +161,8 @@ class Batcher:
         for req in [r for r in self.active if r.cancelled]:
             self.engine.release(req.seq)
             self.active.remove(req)
+            # said, so a response that cancelled at a stop string reads the counts once the engine has let go
+            req.publish(Update([], True))
         before = dict(self.engine.seconds)
         if admit:
             self.engine.admit([r.seq for r in admit])
@@ -131,9 +181,9 @@ class Batcher:
                     self.metrics.ttft.observe(now - req.arrived)
                 self.metrics.generation_tokens.inc(len(toks) - req.sent)
                 self.window["tokens"] += len(toks) - req.sent
-                # only the new tokens: a slow reader's queue then holds each token once, not a copy of the whole
-                # generation per step
-                req.publish((toks[req.sent:], req.seq.done))
+                # only the new tokens: a slow reader's pending update then holds each token once, not a copy of
+                # the whole generation per step
+                req.publish(Update(toks[req.sent:], req.seq.done))
                 req.sent = len(toks)
             if req.seq.done and req.seq.result.verify_steps:
                 self.metrics.tau.observe(req.seq.result.tau)

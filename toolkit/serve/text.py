@@ -7,8 +7,14 @@ event loop's time) while the text stays that of decoding the whole generation at
 word's leading space and a multi-byte character's earlier bytes). Held back until more tokens arrive: a
 trailing U+FFFD (a multi-byte character split across tokens) and a tail that could still become a stop string;
 the stop string itself never goes out.
+
+`ClientStops` is the engine's stop-string check for a served request: it stops the sequence at the very token
+at which the client's text (decoded without special tokens) shows a stop string, so the engine never generates
+past a stop the response cuts at, and the usage it counts is that of the text returned.
 """
 from __future__ import annotations
+
+from toolkit.infer.sequence import StopStrings
 
 
 class TextStream:
@@ -18,31 +24,76 @@ class TextStream:
         self.text = ""                   # the decoded generation so far (up to `read` tokens)
         self.prefix = self.read = 0      # tokens[prefix:read]: the context the next tokens are decoded in
         self.stopped = False             # a stop string was found: the text ends before it
+        self.stop_at: int | None = None  # then: the tokens up to the one that completed it (the engine's count)
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tok.decode(tokens, skip_special_tokens=True)
+
+    def _hit(self, text: str, start: int) -> int | None:
+        """Where the first stop string in text[start:] begins, if any."""
+        return min((i for i in (text.find(s, start) for s in self.stops) if i >= 0), default=None)
+
+    def scan(self, tokens: list[int], done: bool = False) -> str:
+        """Take in `tokens` (the whole generation so far) and return the text, cut before a stop string if one
+        shows (then `stopped` and `stop_at` are set). Nothing is held back here: `update` does that."""
+        if self.stopped:
+            return self.text
+        searched = max(len(self.text) - self.longest + 1, 0)  # a stop may straddle the old end of the text
+        kept, prefix, read = self.text, self.prefix, self.read
+        if len(tokens) > read:
+            before = self._decode(tokens[prefix:read])
+            after = self._decode(tokens[prefix:])
+            # a new character completed (or the last update): keep it and move the window on
+            if len(after) > len(before) and (done or not after.endswith("\ufffd")):
+                self.text += after[len(before):]
+                self.prefix, self.read = read, len(tokens)
+        hit = self._hit(self.text, searched)
+        if hit is None:
+            return self.text
+        self.stopped, self.text = True, self.text[:hit]
+        self.stop_at = self._completing(tokens[prefix:self.read], read - prefix, kept, searched) + prefix
+        return self.text
+
+    def _completing(self, window: list[int], read: int, kept: str, searched: int) -> int:
+        """How many of `window`'s tokens the text needs to show the stop string: through the one that completed
+        it, where the engine would have stopped on its own. The text for window[:read] held none, so it is one
+        of the new ones; a binary search, as one update may bring a whole generation (a non-streamed reply)."""
+        before = self._decode(window[:read])
+        lo, hi = read + 1, len(window)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._hit(kept + self._decode(window[:mid])[len(before):], searched) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        return hi
 
     def update(self, tokens: list[int], done: bool) -> str:
         """The text not sent yet for `tokens` (the whole generation so far); with done, everything that remains
         (minus a stop string)."""
         if self.stopped:
             return ""
-        searched = max(len(self.text) - self.longest + 1, 0)  # a stop may straddle the old end of the text
-        if len(tokens) > self.read:
-            before = self._decode(tokens[self.prefix:self.read])
-            after = self._decode(tokens[self.prefix:])
-            # a new character completed (or the last update): keep it and move the window on
-            if len(after) > len(before) and (done or not after.endswith("\ufffd")):
-                self.text += after[len(before):]
-                self.prefix, self.read = self.read, len(tokens)
-        text = self.text
-        hits = [i for i in (text.find(s, searched) for s in self.stops) if i >= 0]
-        if hits:
-            text, self.stopped = text[:min(hits)], True
-        elif not done:
+        text = self.scan(tokens, done)
+        if not (self.stopped or done):
             text = text.rstrip("\ufffd")
             hold = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
             text = text[:len(text) - hold]
         delta = text[self.sent:] if len(text) > self.sent else ""
         self.sent = max(self.sent, len(text))
         return delta
+
+
+class ClientStops(StopStrings):
+    """A served request's stop strings as the engine checks them after each token: found in the text the client
+    gets (special tokens skipped, as TextStream decodes it) or, as StopStrings finds them, in the text with
+    special tokens (a stop string that is one). The first alone missed a stop string that a special token in the
+    generation splits: the response cut the text there while the engine generated on to max_tokens, and the
+    usage it reported counted those tokens too."""
+
+    def __init__(self, tokenizer, strings: list[str]):
+        super().__init__(tokenizer, strings)
+        self.client = TextStream(tokenizer, strings)
+
+    def __call__(self, tokens: list[int]) -> bool:
+        self.client.scan(tokens)
+        return self.client.stopped or super().__call__(tokens)
