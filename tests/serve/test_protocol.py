@@ -48,6 +48,7 @@ def test_accepted_forms():
     ({"messages": USER, "max_tokens": 0}, "max_tokens"),
     ({"messages": USER, "n": 3}, "n"),
     ({"messages": USER, "stop": [""]}, "stop"),
+    ({"messages": USER, "stop": "x" * 1025}, "stop"),
     ({"messages": USER, "logprobs": True}, "logprobs"),
     ({"messages": USER, "presence_penalty": 0.5}, "presence_penalty"),
     ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator, model_validator
 
 ROLES = ("system", "developer", "user", "assistant")  # developer = OpenAI's newer name for system
+MAX_STOP_CHARS = 1024  # per stop string
 
 
 class ApiError(Exception):
@@ -99,8 +100,10 @@ class Sampling(BaseModel):
     @classmethod
     def stop_strings(cls, stop):
         stops = [stop] if isinstance(stop, str) else (stop or [])
-        if len(stops) > 16 or any(not s for s in stops):
-            raise ValueError("give at most 16 non-empty stop strings")
+        # the stream holds back any tail that could still become a stop string, a check whose cost grows with the
+        # square of the string's length at every update: a 4 MB body must not buy a stop string that stalls it
+        if len(stops) > 16 or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"give at most 16 non-empty stop strings of at most {MAX_STOP_CHARS} characters")
         return stops
 
     @model_validator(mode="after")
