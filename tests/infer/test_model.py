@@ -79,10 +79,10 @@ def test_smollm2_logits_match_transformers(smollm2_dir):
 def test_bad_configs_and_weights_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="gpt2"):
         ModelConfig.from_hf({"model_type": "gpt2"})
-    with pytest.raises(ConfigError, match="yarn"):
+    with pytest.raises(ConfigError, match="yarn"):  # transformers refuses it too (a null factor it derives)
         ModelConfig.from_hf({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
                              "num_hidden_layers": 1, "num_attention_heads": 2,
-                             "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+                             "rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 4}})
     tiny_hf("llama", tmp_path)
     from safetensors.torch import load_file, save_file
 

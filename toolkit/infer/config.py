@@ -4,21 +4,36 @@ or 5.x spelling), validated on construction."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-FAMILIES = {  # model_type -> (q/k/v bias, per-head q/k RMSNorm)
-    "llama": (False, False),
-    "mistral": (False, False),
-    "qwen2": (True, False),
-    "qwen3": (False, True),
-    "mimo": (True, False),  # Xiaomi MiMo: a Qwen2 body plus MTP layers (toolkit/infer/mtp.py)
-    "deepseek_v3": (False, False),  # MLA + MoE (toolkit/infer/deepseek.py), NextN MTP layers
+from toolkit.infer import rope
+from toolkit.infer.config_error import ConfigError
+from toolkit.infer.rope import ROPE_TYPES  # noqa: F401  (importers read the accepted types here)
+
+
+class Family(NamedTuple):
+    """What transformers' modeling and config classes of a model_type fix, or default, for its config.json."""
+    qkv_bias: bool             # q/k/v always biased (Qwen2)
+    qk_norm: bool              # per-head q/k RMSNorm (Qwen3)
+    attention_bias: bool       # honours `attention_bias` (Mistral's and Qwen2's modeling ignore the key)
+    max_positions: int         # the config class's max_position_embeddings default
+    head_dim: int | None = None  # the config class's head_dim default (None: hidden_size // heads)
+    kv_heads: int | None = None  # the config class's num_key_value_heads default (None: the query heads)
+
+
+FAMILIES = {
+    "llama": Family(False, False, True, 2048),
+    "mistral": Family(False, False, False, 131072, kv_heads=8),
+    "qwen2": Family(True, False, False, 32768, kv_heads=32),
+    "qwen3": Family(False, True, True, 32768, head_dim=128, kv_heads=32),
+    "mimo": Family(True, False, False, 32768, kv_heads=32),  # Xiaomi MiMo: a Qwen2 body plus MTP layers (mtp.py)
+    "deepseek_v3": Family(False, False, True, 4096),  # MLA + MoE (toolkit/infer/deepseek.py), NextN MTP layers
 }
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN: both SiLU, the MLP's activation in every family here
 
 
 @dataclass(frozen=True)
@@ -53,10 +68,6 @@ class MoE:
             raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} exceeds the experts of topk_group groups")
 
 
-class ConfigError(ValueError):
-    """A config.json this engine cannot run; the message names the field and what is accepted."""
-
-
 @dataclass
 class ModelConfig:
     model_type: str
@@ -89,20 +100,36 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads "
                               f"{self.num_kv_heads}")
-        kind = self.rope_scaling.get("rope_type", "default")
-        if kind not in ROPE_TYPES:
-            raise ConfigError(f"rope type {kind!r} is not supported; accepted: {ROPE_TYPES}")
-        if kind == "yarn" and "original_max_position_embeddings" not in self.rope_scaling:
-            raise ConfigError("yarn rope scaling needs original_max_position_embeddings")
+        rope.validate(self.rope_scaling, self.head_dim)
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ConfigError(f"sliding_window must be positive or null, got {self.sliding_window}")
 
+    def context_limit(self) -> tuple[int | None, str]:
+        """(the longest context this engine reproduces transformers for, why), or (None, "") for any: a
+        sliding window (the engine attends over the full context, which matches only while every query sees
+        at most `sliding_window` tokens) and rope types whose frequencies change with the length (rope.py)."""
+        limits = [rope.exact_context(self.rope_scaling_or_default, self.max_position_embeddings)]
+        if self.sliding_window is not None:
+            limits.append((self.sliding_window, f"the model's sliding_window {self.sliding_window}: the engine "
+                                                "attends over the full context"))
+        return min(limits, key=lambda lim: float("inf") if lim[0] is None else lim[0])
+
     def check_max_len(self, max_len: int) -> None:
-        """Refuse a context longer than the model's sliding window: the engine attends over the full context,
-        which matches the model only while every query sees at most `sliding_window` tokens."""
-        if self.sliding_window is not None and max_len > self.sliding_window:
-            raise ConfigError(f"max_len {max_len} exceeds the model's sliding_window {self.sliding_window}: the "
-                              f"engine attends over the full context; use --max-len <= {self.sliding_window}")
+        """Refuse an engine context (KV cache length) longer than context_limit."""
+        limit, why = self.context_limit()
+        if limit is not None and max_len > limit:
+            raise ConfigError(f"max_len {max_len} exceeds {why}; use --max-len <= {limit}")
+
+    def check_sequence(self, tokens: int) -> None:
+        """Refuse a forward without a KV cache (training, evaluation) over more tokens than context_limit."""
+        limit, why = self.context_limit()
+        if limit is not None and tokens > limit:
+            raise ConfigError(f"a sequence of {tokens} tokens exceeds {why}; keep sequences to <= {limit} tokens")
+
+    @property
+    def rope_scaling_or_default(self) -> dict:
+        """rope_scaling with its type spelled out (a config built in code may leave it out)."""
+        return {"rope_type": "default", **self.rope_scaling}
 
     @property
     def cache_dims(self) -> tuple[int, int, int]:
@@ -114,30 +141,31 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":
+        """From an HF config.json (its text_config if any), with transformers' defaults for absent keys; a key
+        transformers honours and this engine cannot is refused by name."""
         cfg = cfg.get("text_config", cfg)
         kind = cfg.get("model_type")
         if kind not in FAMILIES:
             raise ConfigError(f"model_type {kind!r} is not supported; accepted: {sorted(FAMILIES)}")
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})  # 5.x, then 4.x spelling
-        theta = rope.pop("rope_theta", cfg.get("rope_theta", 10000.0))
-        rope.setdefault("rope_type", rope.pop("type", "default"))
-        bias, qk_norm = FAMILIES[kind]
-        heads = cfg["num_attention_heads"]
+        _refuse_unsupported(kind, cfg)
+        family, heads = FAMILIES[kind], cfg["num_attention_heads"]
+        max_positions = cfg.get("max_position_embeddings") or family.max_positions
+        theta, rope_params = rope.resolve(cfg, max_positions)
         mla = moe = None
         if kind == "deepseek_v3":
             mla, moe = _deepseek(cfg)
             cfg = {**cfg, "head_dim": mla.qk_rope_head_dim}
+        attention_bias = family.attention_bias and bool(cfg.get("attention_bias", False))
         return cls(
             model_type=kind, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(theta), rope_scaling=rope,
-            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            num_kv_heads=cfg.get("num_key_value_heads") or family.kv_heads or heads,
+            head_dim=cfg.get("head_dim") or family.head_dim or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=rope_params,
+            max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bias or bool(cfg.get("attention_bias", False)), qk_norm=qk_norm,
-            attention_bias=bool(cfg.get("attention_bias", False)), mla=mla, moe=moe,
-            sliding_window=_sliding_window(kind, cfg))
+            qkv_bias=family.qkv_bias or attention_bias, qk_norm=family.qk_norm,
+            attention_bias=attention_bias, mla=mla, moe=moe, sliding_window=_sliding_window(kind, cfg))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
@@ -149,43 +177,34 @@ class ModelConfig:
         return [1, n // 2 - 1, n - 4] if n >= 5 else [0, n // 2, n - 1]
 
     def inv_freq(self) -> torch.Tensor:
-        """RoPE inverse frequencies float32[head_dim // 2], with linear or Llama-3.1 scaling applied."""
-        d = self.head_dim  # float32 arithmetic, exactly as transformers computes it (and trained with it)
-        inv = 1.0 / (self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-        kind, s = self.rope_scaling.get("rope_type", "default"), self.rope_scaling
-        if kind == "linear":
-            inv = inv / s["factor"]
-        elif kind == "yarn":
-            inv = _yarn(d, self.rope_theta, s)
-        elif kind == "llama3":
-            factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
-            old = s.get("original_max_position_embeddings", 8192)
-            wavelen = 2 * math.pi / inv
-            scaled = torch.where(wavelen > old / low, inv / factor, inv)
-            smooth = (old / wavelen - low) / (high - low)
-            smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-            medium = (wavelen >= old / high) & (wavelen <= old / low)
-            inv = torch.where(medium, smoothed, scaled)
-        return inv
+        """RoPE inverse frequencies float32[head_dim // 2], scaled as the rope type says (rope.py)."""
+        return rope.inv_freq(self.head_dim, self.rope_theta, self.rope_scaling_or_default,
+                             self.max_position_embeddings)
 
     def rope_attention_factor(self) -> float:
-        """What cos and sin are multiplied by (yarn's attention factor; 1 otherwise), as transformers does."""
-        s = self.rope_scaling
-        if s.get("rope_type", "default") != "yarn":
-            return 1.0
-        if s.get("attention_factor") is not None:
-            return float(s["attention_factor"])
-        factor = _yarn_factor(s, self.max_position_embeddings)
-        if s.get("mscale") and s.get("mscale_all_dim"):
-            return _mscale(factor, s["mscale"]) / _mscale(factor, s["mscale_all_dim"])
-        return _mscale(factor)
+        """What cos and sin are multiplied by (yarn's and longrope's attention factor; 1 otherwise)."""
+        return rope.attention_factor(self.rope_scaling_or_default, self.max_position_embeddings)
 
     def softmax_mscale(self) -> float:
-        """What DeepSeek's softmax scale is multiplied by: mscale(factor, mscale_all_dim)^2 under yarn, else 1."""
-        s = self.rope_scaling
-        if s.get("rope_type", "default") != "yarn" or not s.get("mscale_all_dim"):
+        """What DeepSeek's softmax scale is multiplied by: mscale(factor, mscale_all_dim)^2 under any scaled
+        rope type with mscale_all_dim (transformers' yarn_apply_mscale), else 1."""
+        s = self.rope_scaling_or_default
+        if s["rope_type"] == "default" or not s.get("mscale_all_dim"):
             return 1.0
-        return _mscale(_yarn_factor(s, self.max_position_embeddings), s["mscale_all_dim"]) ** 2
+        return rope.mscale(rope.scale_factor(s, self.max_position_embeddings), s["mscale_all_dim"]) ** 2
+
+
+def _refuse_unsupported(kind: str, cfg: dict) -> None:
+    """Keys transformers honours that change the math and this engine does not implement."""
+    if cfg.get("quantization_config"):
+        raise ConfigError(f"a quantized checkpoint (quantization_config: "
+                          f"{cfg['quantization_config'].get('quant_method')}) is not supported: dequantize it to "
+                          "bf16 first")
+    act = cfg.get("hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        raise ConfigError(f"hidden_act {act!r} is not supported; accepted: {ACTIVATIONS}")
+    if kind == "llama" and cfg.get("mlp_bias"):  # the one family whose MLP transformers gives biases
+        raise ConfigError("mlp_bias true (biased gate/up/down projections) is not supported; accepted: false")
 
 
 def _sliding_window(kind: str, cfg: dict) -> int | None:
@@ -206,38 +225,7 @@ def _sliding_window(kind: str, cfg: dict) -> int | None:
     return int(window) if slides else None
 
 
-def _mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def _yarn_factor(s: dict, max_positions: int) -> float:
-    return s.get("factor") or max_positions / s["original_max_position_embeddings"]
-
-
-def _yarn(d: int, theta: float, s: dict) -> torch.Tensor:
-    """YaRN: interpolated frequencies below a ramp over the dims, the original ones above (as transformers)."""
-    factor, old = s["factor"], s["original_max_position_embeddings"]
-    fast, slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
-
-    def dim_of(rotations):  # the dim whose wavelength makes `rotations` turns over the original context
-        return d * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-    low, high = dim_of(fast), dim_of(slow)
-    if s.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, d - 1)
-    if low == high:
-        high += 0.001
-    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
-    keep = 1 - ramp  # 1: extrapolate (the original frequency), 0: interpolate (divided by factor)
-    base = theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)  # the same float32 ops as transformers
-    return 1.0 / (factor * base) * (1 - keep) + 1.0 / base * keep
-
-
 def _deepseek(cfg: dict) -> tuple[MLA, MoE]:
-    if cfg.get("quantization_config"):
-        raise ConfigError(f"a quantized DeepSeek checkpoint ({cfg['quantization_config'].get('quant_method')}) "
-                          "is not supported: dequantize it to bf16 first")
     if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
         raise ConfigError("DeepSeek MoE routing: accepted scoring_func sigmoid with topk_method noaux_tc "
                           "(DeepSeek-V3); got " + f"{cfg.get('scoring_func')}/{cfg.get('topk_method')}")

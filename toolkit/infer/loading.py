@@ -16,6 +16,7 @@ from safetensors import safe_open
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.model import Transformer
+from toolkit.infer.weight_files import weight_files
 
 
 def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.dtype]:
@@ -41,15 +42,12 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.d
 
 
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
-    """Build the model from config.json and load every weight from *.safetensors; a missing or unexpected
-    tensor is an error naming it (no weight is ever left random)."""
+    """Build the model from config.json and load every weight from its safetensors files (weight_files); a
+    missing or unexpected tensor is an error naming it (no weight is ever left random)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
-    with torch.device("meta"):
-        model = Transformer(config)
-    expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
     tensors = {}
-    for f in sorted(folder.glob("*.safetensors")):
+    for f in weight_files(folder):
         with safe_open(str(f), "pt", device="cpu") as sf:
             for name in sf.keys():
                 ours = name.removeprefix("model.")
@@ -57,7 +55,10 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
                     continue
                 tensors[ours] = sf.get_tensor(name).to(dtype)
     if config.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
+        config.tie_word_embeddings = tie_embeddings(tensors, folder)
+    with torch.device("meta"):
+        model = Transformer(config)
+    expected = {k for k in model.state_dict() if not (config.tie_word_embeddings and k == "lm_head.weight")}
     missing, unexpected = expected - tensors.keys(), tensors.keys() - expected
     if missing or unexpected:
         raise ValueError(f"{folder}: weights do not match the {config.model_type} config: missing "
@@ -67,6 +68,21 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
         model.lm_head.weight = model.embed_tokens.weight
     model.inv_freq = config.inv_freq().to(device)
     return model.to(device).eval().fuse()
+
+
+def tie_embeddings(tensors: dict[str, torch.Tensor], folder: Path) -> bool:
+    """Whether a tie_word_embeddings checkpoint is tied, as transformers 5 decides (tie_weights): not when it
+    holds both matrices and they differ (the config is wrong: each is kept), else to whichever it holds.
+    Leaves `tensors` with embed_tokens.weight alone when tied."""
+    embed, head = tensors.get("embed_tokens.weight"), tensors.get("lm_head.weight")
+    if embed is not None and head is not None and not torch.equal(embed, head):
+        print(f"{folder}: tie_word_embeddings is true but lm_head.weight and embed_tokens.weight differ; keeping "
+              "both, as transformers does", file=sys.stderr)
+        return False
+    if embed is None and head is not None:
+        tensors["embed_tokens.weight"] = head
+    tensors.pop("lm_head.weight", None)
+    return True
 
 
 def _is_mtp_weight(name: str, num_layers: int) -> bool:

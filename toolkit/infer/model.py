@@ -254,6 +254,8 @@ class Transformer(nn.Module):
         logits_at [B] (a prefill): the one position per row whose logits are wanted; logits are then [B, 1, V]
         (the vocabulary projection is a fifth of a SmolLM2 prefill's FLOPs, and only the last token's is read)."""
         B, T = input_ids.shape
+        if cache is None and self.config.context_limit()[0] is not None:  # the engine checks its cache's length
+            self.config.check_sequence(T if positions is None else int(positions.max()) + 1)
         in_order = positions is None and slots is None  # token t at position t in slot t
         if positions is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)

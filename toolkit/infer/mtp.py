@@ -31,6 +31,7 @@ from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import DraftHead, load_weights, rope_keys, vocab_rows, write_draft_folder
 from toolkit.infer.model import Block, RMSNorm
 from toolkit.infer.row_step import few_rows
+from toolkit.infer.weight_files import weight_files
 
 MIMO = {"token_layernorm": "enorm", "hidden_layernorm": "hnorm", "input_proj": "eh_proj",
         "final_layernorm": "shared_head.norm"}
@@ -99,7 +100,7 @@ def _swap_halves(w: torch.Tensor) -> torch.Tensor:
 def find_layout(folder: Path, cfg: dict) -> tuple[str, str, int]:
     """(layout, weight prefix, number of MTP layers) of the MTP weights in `folder`, or a clear error."""
     names = set()
-    for f in sorted(folder.glob("*.safetensors")):
+    for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             names |= set(sf.keys())
     text = cfg.get("text_config", cfg)
@@ -131,7 +132,7 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
               file=sys.stderr)
     names = MIMO if layout == "mimo" else DEEPSEEK
     w = {}
-    for f in sorted(folder.glob("*.safetensors")):
+    for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
                 if not key.startswith(prefix):

@@ -20,16 +20,21 @@ from toolkit.infer.drafts import Eagle3Head
 def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
     """Only the named target weights (embedding, lm_head), read lazily from the safetensors files; a tied
     lm_head is the embedding."""
+    from toolkit.infer.loading import tie_embeddings
+    from toolkit.infer.weight_files import weight_files
+
     cfg = ModelConfig.from_folder(folder)
+    tied = {"embed_tokens.weight", "lm_head.weight"} if cfg.tie_word_embeddings else set()
     found = {}
-    for f in sorted(Path(folder).glob("*.safetensors")):
+    for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
                 short = key.removeprefix("model.")
-                if short in names:
+                if short in names or short in tied:  # both halves of a tie: the engine's rule needs both
                     found[short] = sf.get_tensor(key)
-    if cfg.tie_word_embeddings and "lm_head.weight" in names:
+    if tied and tie_embeddings(found, Path(folder)):  # as load_target ties them
         found["lm_head.weight"] = found["embed_tokens.weight"]
+    found = {k: v for k, v in found.items() if k in names}
     missing = [n for n in names if n not in found]
     if missing:
         raise ValueError(f"target {folder}: weights {missing} not found")
@@ -40,7 +45,9 @@ def target_layer(folder: str | Path, index: int) -> dict[str, torch.Tensor]:
     """The target's decoder layer `index` as a Block state dict (MTP can start from the last one)."""
     prefix = f"layers.{index}."
     found = {}
-    for f in sorted(Path(folder).glob("*.safetensors")):
+    from toolkit.infer.weight_files import weight_files
+
+    for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
                 short = key.removeprefix("model.")

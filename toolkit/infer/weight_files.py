@@ -1,0 +1,27 @@
+"""Which safetensors files of an HF model folder hold the model, picked as transformers picks them:
+model.safetensors, else the shards model.safetensors.index.json lists. Other *.safetensors beside them are not
+the model's: Mistral's repositories ship consolidated.safetensors (the same weights in Mistral's own naming),
+and a folder may keep leftovers; reading them too loaded every weight twice or failed on their names."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+
+
+def weight_files(folder: str | Path) -> list[Path]:
+    """The model's safetensors files in `folder`; a folder in neither HF layout keeps all its *.safetensors."""
+    folder = Path(folder)
+    if (folder / SINGLE).is_file():
+        return [folder / SINGLE]
+    if (folder / INDEX).is_file():
+        shards = sorted(set(json.loads((folder / INDEX).read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise ValueError(f"{folder / INDEX} lists shards that are not in the folder: {missing[:4]}")
+        return [folder / s for s in shards]
+    found = sorted(folder.glob("*.safetensors"))
+    if not found:
+        raise ValueError(f"{folder}: no {SINGLE}, {INDEX} or other *.safetensors file")
+    return found
