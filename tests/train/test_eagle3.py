@@ -244,3 +244,27 @@ def test_a_resume_from_a_checkpoint_between_log_lines_keeps_the_token_count(tiny
     assert train(tiny_target, prepared, cut, *steps, flags=["--resume"]) == 0
     final = [[r for r in read_metrics(p / "metrics.jsonl") if "loss" in r][-1] for p in (whole, cut)]
     assert final[0]["step"] == final[1]["step"] == 8 and final[0]["tokens"] == final[1]["tokens"] > 0
+
+
+def test_rows_beyond_a_sliding_window_are_refused_before_training(tiny_target, prepared, tmp_path, capsys):
+    """The target runs without a KV cache in training and in dump-hidden-states, attending over the whole row: a
+    Mistral whose sliding_window is shorter than the rows would give wrong features. Refused before the first
+    step, the window named."""
+    import json
+    import shutil
+
+    from toolkit.cli import main
+
+    mistral = tmp_path / "mistral"
+    shutil.copytree(tiny_target, mistral)
+    cfg = json.loads((mistral / "config.json").read_text())
+    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=16)
+    (mistral / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    assert train(mistral, prepared, tmp_path / "run", "max_steps=1") == 2
+    assert "exceeds the model's sliding_window 16" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoint-1").exists()
+    assert main(["dump-hidden-states", "--model", str(mistral), "--data", str(prepared), "--out",
+                 str(tmp_path / "hs")]) == 2
+    assert "exceeds the model's sliding_window 16" in capsys.readouterr().err
+    assert not list(tmp_path.glob("hs/*.safetensors"))

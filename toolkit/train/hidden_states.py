@@ -52,6 +52,8 @@ def main(args: argparse.Namespace) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     run_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     target = load_target(folder, run_dtype, device)
+    # a sliding window or a length-dependent rope: rows beyond it would be dumped wrong, refused before the first
+    target.config.check_sequence(max(data.lengths))
     aux_layers = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else \
         target.config.default_aux_layers()
     if len(aux_layers) != 3 or not all(0 <= i < target.config.num_layers for i in aux_layers):
