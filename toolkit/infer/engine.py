@@ -82,8 +82,8 @@ class Engine:
             budget = int(free_memory_bytes(self.device) * memory_fraction)
             max_len = min(max_len_for_memory(target.config, budget, max_batch, dtype),
                           target.config.max_position_embeddings,
-                          target.config.sliding_window or target.config.max_position_embeddings)
-        target.config.check_max_len(max_len)  # a sliding-window model is exact only within its window
+                          target.config.context_limit()[0] or target.config.max_position_embeddings)
+        target.config.check_max_len(max_len)  # a sliding window or a length-dependent rope is exact only so far
         if max_len < 2:
             raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
         self.max_len, self.max_batch = max_len, max_batch
@@ -154,9 +154,15 @@ class Engine:
                                                      mask=mask)
 
     def check(self, prompt: list[int], params: SamplingParams) -> None:
-        """Refuse what cannot fit: an empty prompt, or prompt + max_new_tokens beyond the cache."""
+        """Refuse what cannot fit: an empty prompt, an id outside the vocabulary, or prompt + max_new_tokens
+        beyond the cache."""
         if not prompt:
             raise ValueError("a prompt is empty")
+        # checked here, not left to the embedding: it would fail mid-admit, on CUDA as a device-side assert that
+        # takes every running request (and the process's CUDA context) down with it
+        vocab, low, high = self.target.config.vocab_size, min(prompt), max(prompt)
+        if low < 0 or high >= vocab:
+            raise ValueError(f"prompt token id {low if low < 0 else high} outside the vocabulary 0..{vocab - 1}")
         if len(prompt) + params.max_new_tokens > self.max_len:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
                              f"the engine's max length {self.max_len}")
@@ -171,9 +177,13 @@ class Engine:
         if self.running:
             raise RuntimeError("generate_batch needs an idle engine; it is serving other sequences")
         seqs = [Sequence(p, params, frozenset(stop_ids), stop_strings, generator) for p in prompts]
-        self.admit(seqs)
-        while self.running:
-            self.step()
+        try:
+            self.admit(seqs)
+            while self.running:
+                self.step()
+        except BaseException:  # Ctrl-C or an error mid-run: left running, they would refuse every later call
+            self.running = []  # the engine was idle, so all of them are this call's; their rows are free again
+            raise
         return [s.result for s in seqs]
 
     @torch.no_grad()
