@@ -329,7 +329,7 @@ def test_stop_token_ids_and_ignore_eos(server, serve, reference, tiny_target, tm
     _, toks = chat_ref(QUESTION, 24)
     stop = toks[3]
     body = {"messages": QUESTION, "max_tokens": 24, "temperature": 0, "stop_token_ids": [stop]}
-    r = httpx.post(f"{server}/v1/chat/completions", json=body).json()
+    r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=120).json()
     assert r["usage"]["completion_tokens"] == toks.index(stop) + 1 and r["choices"][0]["finish_reason"] == "stop"
     # the random target never picks its real end-of-turn token: a copy whose tokenizer names a token it does pick
     _, toks = completion_ref("The three primary colors are", 24)
@@ -341,7 +341,7 @@ def test_stop_token_ids_and_ignore_eos(server, serve, reference, tiny_target, tm
     (target / "tokenizer_config.json").write_text(json.dumps(config))
     with serve("--model", str(target), "--no-speculation", "--max-seq-len", "256") as (base, _):
         body = {"prompt": "The three primary colors are", "max_tokens": 24, "temperature": 0}
-        plain = httpx.post(f"{base}/v1/completions", json=body).json()
-        forced = httpx.post(f"{base}/v1/completions", json={**body, "ignore_eos": True}).json()
+        plain = httpx.post(f"{base}/v1/completions", json=body, timeout=120).json()
+        forced = httpx.post(f"{base}/v1/completions", json={**body, "ignore_eos": True}, timeout=120).json()
     assert plain["usage"]["completion_tokens"] == toks.index(eos) + 1 and plain["choices"][0]["finish_reason"] == "stop"
     assert forced["usage"]["completion_tokens"] == 24 and forced["choices"][0]["finish_reason"] == "length"
