@@ -97,11 +97,16 @@ def main() -> None:
                     help="also time the Engine end to end for N new tokens (0: skip)")
     ap.add_argument("--pdl", choices=["auto", "on", "off"], default=None,
                     help="programmatic dependent launch for --kernels triton (sets TOOLKIT_PDL; kernels/pdl.py)")
+    ap.add_argument("--epilogues", choices=["auto", "on", "off"], default=None,
+                    help="RoPE + cache write and SiLU-mul as GEMV epilogues for --kernels triton (sets "
+                    "TOOLKIT_EPILOGUES; kernels/epilogues.py)")
     ap.add_argument("--profile", action="store_true", help="print the GPU kernel time of one eager decode step by "
                     "kernel, and the host (Python) time of the engine's chain rounds by function")
     args = ap.parse_args()
     if args.pdl:  # read at every launch, so set before anything is captured
         os.environ["TOOLKIT_PDL"] = args.pdl
+    if args.epilogues:
+        os.environ["TOOLKIT_EPILOGUES"] = args.epilogues
     dev, dtype, c = args.device, getattr(torch, args.dtype), CONFIGS[args.config]
     model, head = random_models(c, dev, dtype, args.kernels)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -166,13 +171,15 @@ def main() -> None:
         draft_in_chain = (long - short) / 6
         draft_loop = timed(draft_loop_of(TreeConfig(6, 10, 60)), args.iters, dev)  # an EAGLE-2 tree, 60 tokens
     roofline = weight_bytes / bandwidth
-    from toolkit.infer.kernels.pdl import enabled as pdl_enabled  # imports Triton: only once the steps ran
+    from toolkit.infer.kernels.epilogues import enabled as epilogues_enabled  # imports Triton: only once the
+    from toolkit.infer.kernels.pdl import enabled as pdl_enabled              # steps ran
     predicted = {f"tau={tau}, chain k={k}": round(tau * decode / (verify.get(k + 1, verify[8]) + k * draft_in_chain),
                                                   2)
                  for tau in (2, 3, 4) for k in (3, 7) if k + 1 in verify}
     out = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
            "dtype": args.dtype, "context": ctx, "kernels": args.kernels,
            "cuda_graphs": args.cuda_graphs, "pdl": args.kernels == "triton" and pdl_enabled(torch.device(dev)),
+           "epilogues": args.kernels == "triton" and epilogues_enabled(torch.device(dev)),
            "weight_gb": round(weight_bytes / 1e9, 3),
            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "decode_ms": round(decode * 1e3, 3),
            "decode_tok_s": round(1 / decode, 1), "kernels_per_decode_step": kernels_per_step, "roofline_ms": round(roofline * 1e3, 3),

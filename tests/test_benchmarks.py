@@ -175,16 +175,28 @@ def test_merge_refuses_a_set_with_a_shard_missing_unless_partial_and_a_png_out(t
     assert json.loads((tmp_path / "m.json").read_text())["shards"] == ["0/3", "2/3"]
 
 
-def test_bench_pdl_runs_on_cpu_and_compares_both_modes():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_pdl.py"), "--config", "tiny", "--device", "cpu",
-                           "--dtype", "float32", "--kernels", "torch", "--iters", "1", "--context", "64"],
+def test_bench_switch_runs_on_cpu_and_compares_both_modes():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_switch.py"), "--config", "tiny", "--device",
+                           "cpu", "--dtype", "float32", "--kernels", "torch", "--iters", "1", "--context", "64"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     r = json.loads(done.stdout)
-    assert r["off"]["pdl"] is False and r["on"]["pdl"] is False  # never on a CPU
+    assert r["switch"] == "TOOLKIT_PDL" and r["off"]["pdl"] is False and r["on"]["pdl"] is False  # never on a CPU
     assert set(r["identical"]) == {"logits 1", "logits 8", "chain of 2", "chain of 8"}
     assert all(r["identical"].values()) and all(r["reproducible_without"].values())
     assert set(r["on_vs_off"]) == {"decode_ms", "verify8_ms", "draft_step_in_chain_ms"}
+
+
+def test_bench_switch_takes_the_epilogues_switch():
+    """--switch epilogues sets TOOLKIT_EPILOGUES (on the torch kernels it changes nothing: the plumbing and the
+    report; that the Triton steps give the same bits both ways is tests/infer/kernels/test_epilogues.py's)."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_switch.py"), "--switch", "epilogues",
+                           "--config", "tiny", "--device", "cpu", "--dtype", "float32", "--kernels", "torch",
+                           "--iters", "1", "--context", "64"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(done.stdout)
+    assert r["switch"] == "TOOLKIT_EPILOGUES" and r["on"]["epilogues"] is False  # torch kernels: never on
+    assert all(r["identical"].values()) and all(r["reproducible_without"].values())
 
 
 def test_bench_attention_splits_runs_under_the_interpreter_and_checks_every_variant():

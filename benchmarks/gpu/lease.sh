@@ -6,11 +6,12 @@
 #
 # The device tool returns at most 8 files from $OUT, so the script writes exactly these: log.txt (device, every
 # step's stderr and summary lines, the sweep's table, the registers per kernel as the driver loads them against
-# kernels/aot.py's offline figures); bench_before.json (benchmarks/bench_gpu.py, the shipped GEMV configs, PDL as
-# configured); bench_pdl_1k.json (the same with programmatic dependent launch on: kernels/pdl.py); pdl.json
-# (benchmarks/bench_pdl.py: PDL off / on / off, outputs bit-identical, step times); gemv_configs.json (this device's
-# sweep, run with PDL where it won, its "pdl" entry set accordingly); bench_1k.json and bench_4k.json (after it);
-# tests.txt (the kernel tests compiled, not interpreted, and the CUDA-graph tests, with PDL on and then off).
+# kernels/aot.py's offline figures); bench_before.json (benchmarks/bench_gpu.py, the shipped GEMV configs, PDL and
+# the paired epilogues as configured); epilogues.json and pdl.json (benchmarks/bench_switch.py: TOOLKIT_EPILOGUES,
+# kernels/epilogues.py, and TOOLKIT_PDL, kernels/pdl.py, off / on / off: outputs bit-identical, step times);
+# gemv_configs.json (this device's sweep, run with each switch on where it won, its "pdl" and "epilogues" entries
+# set accordingly); bench_1k.json and bench_4k.json (after it); tests.txt (the kernel tests compiled, not
+# interpreted, and the CUDA-graph tests, with PDL and the epilogues on and then off).
 # Each step runs only while enough of the 570 s budget is left for it (BUDGET=... to change).
 set -uo pipefail
 out=${OUT:?set OUT to the folder for the results}
@@ -38,19 +39,20 @@ summary() {  # the figures RESULTS.md tracks, from the JSONs written so far
 python - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
-try:
-    p = json.loads((Path(sys.argv[1]) / "pdl.json").read_text())
-    print(f"PDL on {p['device']}: identical {p['identical']}, control {p['reproducible_without']}; on / off "
-          f"{p['on_vs_off']}; off {p['off']}")
-except (OSError, ValueError, KeyError) as e:
-    print("pdl.json unreadable:", e)
-for f in ("bench_before", "bench_pdl_1k", "bench_1k", "bench_4k"):
+for name in ("epilogues", "pdl"):
+    try:
+        p = json.loads((Path(sys.argv[1]) / f"{name}.json").read_text())
+        print(f"{p['switch']} on {p['device']}: identical {p['identical']}, control {p['reproducible_without']}; "
+              f"on / off {p['on_vs_off']}; off {p['off']}")
+    except (OSError, ValueError, KeyError) as e:
+        print(f"{name}.json unreadable:", e)
+for f in ("bench_before", "bench_1k", "bench_4k"):
     try:
         d = json.loads((Path(sys.argv[1]) / f"{f}.json").read_text())
     except (OSError, ValueError) as e:
         print(f, "unreadable:", e)
         continue
-    print(f"{f}: {d['device']}, PDL {d.get('pdl')}, decode {d['decode_ms']} ms = {d['decode_vs_roofline']:.1%} of the roofline; verify 8 "
+    print(f"{f}: {d['device']}, PDL {d.get('pdl')}, epilogues {d.get('epilogues')}, decode {d['decode_ms']} ms = {d['decode_vs_roofline']:.1%} of the roofline; verify 8 "
           f"{d['verify_vs_decode']['8']}x; draft step in the chain {d['draft_step_in_chain_ms']} ms = "
           f"{d['draft_in_chain_vs_decode']:.2%}; tree-60 draft loop {d['draft_loop_tree60_ms']} ms")
     draft = d["draft_step_in_chain_ms"] / d["decode_ms"]  # from the ms figures: the JSON's ratio is rounded
@@ -62,36 +64,42 @@ EOF
 bench=(python benchmarks/bench_gpu.py --cuda-graphs --kernels triton)  # an array: timeout runs no shell function
 
 step 60 "bench (shipped configs)" "${bench[@]}" > "$out/bench_before.json" 2>> "$log"
-step 60 "bench (PDL on)" "${bench[@]}" --pdl on > "$out/bench_pdl_1k.json" 2>> "$log"
-step 60 "bench_pdl (rc 1: outputs differ)" python benchmarks/bench_pdl.py > "$out/pdl.json" 2>> "$log"
+step 60 "bench_switch epilogues (rc 1: outputs differ)" python benchmarks/bench_switch.py --switch epilogues \
+    > "$out/epilogues.json" 2>> "$log"
+step 60 "bench_switch pdl (rc 1: outputs differ)" python benchmarks/bench_switch.py --switch pdl > "$out/pdl.json" 2>> "$log"
 summary | tee -a "$log"
-# PDL stays on for the sweep and the benches after it (and goes into this device's gemv_configs.json entry) only
-# where its outputs were bit-identical and the decode step got faster without the draft step getting slower; the
-# compiled tests with it on run at the end (tests.txt): read them before committing the entry
-pdl=$(python - "$out" <<'EOF'
+# a switch stays on for the sweep and the benches after it (and goes into this device's gemv_configs.json entry)
+# only where its outputs were bit-identical and the decode step got faster without the step it must not slow
+# (PDL: the draft step; the epilogues: the verify step of 8) getting slower; the compiled tests with both on run
+# at the end (tests.txt): read them before committing the entry
+decide() {  # decide NAME STEP: on / off from $out/NAME.json
+python - "$out/$1.json" "$1" "$2" <<'EOF'
 import json, sys
-from pathlib import Path
-o = Path(sys.argv[1])
 try:
-    p, off, on = (json.loads((o / f).read_text()) for f in ("pdl.json", "bench_before.json", "bench_pdl_1k.json"))
-    exact = all(p["identical"].values()) and all(p["reproducible_without"].values()) and on["pdl"]
-    faster = on["decode_ms"] < 0.995 * off["decode_ms"] and on["draft_step_in_chain_ms"] <= off["draft_step_in_chain_ms"]
+    p = json.loads(open(sys.argv[1]).read())
+    off, on = p["off"], p["on"]
+    exact = all(p["identical"].values()) and all(p["reproducible_without"].values()) and on[sys.argv[2]]
+    faster = on["decode_ms"] < 0.995 * off["decode_ms"] and on[sys.argv[3]] <= off[sys.argv[3]]
     print("on" if exact and faster else "off")
 except (OSError, ValueError, KeyError, IndexError):
     print("off")
 EOF
-)
-echo "PDL for the sweep and the benches after it: $pdl" | tee -a "$log"
+}
+pdl=$(decide pdl draft_step_in_chain_ms)
+epilogues=$(decide epilogues verify8_ms)
+echo "for the sweep and the benches after it: PDL $pdl, epilogues $epilogues" | tee -a "$log"
+export TOOLKIT_EPILOGUES=$epilogues
 if [ "${SWEEP:-1}" = 1 ] && TOOLKIT_PDL=$pdl step 90 "sweep" python benchmarks/bench_gemv.py --sweep \
         --write-configs toolkit/infer/kernels/gemv_configs.json >> "$log" 2>&1; then
-    python - "$pdl" <<'EOF'
+    python - "$pdl" "$epilogues" <<'EOF'
 import json, sys
 import torch
 from pathlib import Path
 from toolkit.infer.kernels.gemv import _device_name
 path = Path("toolkit/infer/kernels/gemv_configs.json")
 table = json.loads(path.read_text())
-table.setdefault(_device_name(torch.device("cuda")), {})["pdl"] = sys.argv[1] == "on"
+entry = table.setdefault(_device_name(torch.device("cuda")), {})
+entry["pdl"], entry["epilogues"] = sys.argv[1] == "on", sys.argv[2] == "on"
 path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 EOF
     cp toolkit/infer/kernels/gemv_configs.json "$out/"
@@ -100,11 +108,14 @@ EOF
 fi
 summary | tee -a "$log"
 
-tests=(tests/infer/kernels/test_gemv.py tests/infer/kernels/test_greedy_pick.py tests/infer/kernels/test_sampled_pick.py
-       tests/infer/kernels/test_layer_ops.py tests/infer/kernels/test_tree_attention.py tests/infer/test_gpu.py)
-TOOLKIT_PDL=on step 60 "kernel tests, PDL on" python -m pytest -q -x "${tests[@]}" > "$out/tests.txt" 2>&1
+tests=(tests/infer/kernels/test_gemv.py tests/infer/kernels/test_epilogues.py tests/infer/kernels/test_greedy_pick.py
+       tests/infer/kernels/test_sampled_pick.py tests/infer/kernels/test_layer_ops.py
+       tests/infer/kernels/test_tree_attention.py tests/infer/test_gpu.py)
+TOOLKIT_PDL=on TOOLKIT_EPILOGUES=on step 60 "kernel tests, PDL and epilogues on" python -m pytest -q -x "${tests[@]}" \
+    > "$out/tests.txt" 2>&1
 tail -1 "$out/tests.txt" | tee -a "$log"
-TOOLKIT_PDL=off step 60 "kernel tests, PDL off" python -m pytest -q -x "${tests[@]}" >> "$out/tests.txt" 2>&1
+TOOLKIT_PDL=off TOOLKIT_EPILOGUES=off step 60 "kernel tests, both off" python -m pytest -q -x "${tests[@]}" \
+    >> "$out/tests.txt" 2>&1
 tail -1 "$out/tests.txt" | tee -a "$log"
 step 60 "bench 4k" "${bench[@]}" --context 4096 > "$out/bench_4k.json" 2>> "$log"
 

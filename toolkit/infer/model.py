@@ -135,8 +135,13 @@ class Attention(nn.Module):
     def attend_qkv(self, qkv, cos, sin, mask, cache: KVCache, layer: int, slots, kv_len: int):
         """The Triton path after the fused q/k/v GEMM: qkv [B, T, *] -> attention output [B, T, Hq*D] (before
         o_proj)."""
-        B, T, _ = qkv.shape
-        q, k, v = self._rope_write(qkv, cos, sin, cache, layer, slots, kv_len)
+        q, _, _ = self._rope_write(qkv, cos, sin, cache, layer, slots, kv_len)
+        return self.attend_rotated(q, mask, cache, layer, kv_len)
+
+    def attend_rotated(self, q, mask, cache: KVCache, layer: int, kv_len: int):
+        """q [B, Hq, T, D] rotated, the step's k / v already in the cache -> attention output [B, T, Hq*D]."""
+        B, _, T, _ = q.shape
+        k, v = cache.k[layer, :B, :, :kv_len], cache.v[layer, :B, :, :kv_len]
         return self._attend(q, k, v, mask).transpose(1, 2).reshape(B, T, self.c.num_heads * self.c.head_dim)
 
     def qkv_proj(self, x):

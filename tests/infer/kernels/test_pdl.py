@@ -3,7 +3,7 @@ never on CPU, under the interpreter or before sm_90, and "auto" following the de
 kernels' PDL variants, interpreted with the wait as a no-op: every program waits, and a GEMV whose first weight
 tile is loaded ahead gives the same bits. That the kernels compile with it and wait before touching shared data
 is tests/infer/kernels/test_aot.py's check; that their outputs stay exact on a GPU is benchmarks/gpu/lease.sh's
-(the kernel tests rerun with TOOLKIT_PDL=on, and benchmarks/bench_pdl.py)."""
+(the kernel tests rerun with TOOLKIT_PDL=on, and benchmarks/bench_switch.py --switch pdl)."""
 from __future__ import annotations
 
 import os

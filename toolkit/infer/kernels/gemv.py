@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.infer.kernels.epilogues import EPILOGUES, RopeWrite, pair_rows, store_pairs, unfused, unused_args
 from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 PROLOGUES = (None, "norm", "silu", "norm2", "cat2")
@@ -114,10 +115,11 @@ def _part(acc, x_ptr, nw_ptr, w_ptr, col0, width, inv, n, n_ok, swn, swk, w_firs
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk, x2_ptr, nw2_ptr, K1,
+                 cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs,
                  PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAT_BLOCK: tl.constexpr,
-                 PDL: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+                 EPILOGUE: tl.constexpr, PDL: tl.constexpr):
+    n = pair_rows(tl.program_id(0), N, D2, BLOCK_N, EPILOGUE)   # BLOCK_N rows in a run, or paired (epilogues.py)
     n_ok = n < N
     cols = tl.arange(0, BLOCK_K)
     dt = y_ptr.dtype.element_ty
@@ -149,18 +151,25 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
         y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:  # the product rounded, then added as torch adds two tensors of this dtype
         y = y.to(dt).to(tl.float32) + tl.load(r_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + n, y.to(dt), mask=n_ok)
+    if EPILOGUE == 0:
+        tl.store(y_ptr + n, y.to(dt), mask=n_ok)
+    else:  # one x row: m 0, y's row stride unused
+        store_pairs(y[None, :], tl.zeros([1, 1], tl.int32), tl.full([1, 1], 1, tl.int1), tl.program_id(0), y_ptr, 0,
+                    N, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs,
+                    1, BLOCK_N, EPILOGUE)
 
 
 @triton.jit
 def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, sr,
+                 cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
+                 PDL: tl.constexpr):
     """Up to BLOCK_M (16) rows at once on the matrix unit (a verify step's 2-16 tokens, a batch's decode step):
     each W tile is loaded once for all rows, and the loads feed tl.dot, so Triton pipelines them. Prologues run
     before it as their own kernels: folded in, they cost more than they save (an H100 sweep, RESULTS.md)."""
     wait_prior(PDL)
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = pair_rows(tl.program_id(0), N, D2, BLOCK_N, EPILOGUE)
     m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M
     cols = tl.arange(0, BLOCK_K)
@@ -180,7 +189,11 @@ def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, s
         dt = y_ptr.dtype.element_ty
         y = y.to(dt).to(tl.float32) + tl.load(r_ptr + m[:, None] * sr + n[None, :],
                                               mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-    tl.store(y_ptr + m[:, None] * sy + n[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    if EPILOGUE == 0:
+        tl.store(y_ptr + m[:, None] * sy + n[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        store_pairs(y, m[:, None], m_ok[:, None], tl.program_id(0), y_ptr, sy, N, cos_ptr, sin_ptr, slot_ptr, k_ptr,
+                    v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs, BLOCK_M, BLOCK_N, EPILOGUE)
 
 
 MAX_ROWS = 16  # more rows (a prefill) are a GEMM's job
@@ -217,14 +230,26 @@ def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = Non
 
 def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: torch.Tensor | None = None,
          eps: float = 1e-6, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-         config: tuple | None = None, x2: torch.Tensor | None = None,
-         norm_w2: torch.Tensor | None = None) -> torch.Tensor:
+         config: tuple | None = None, x2: torch.Tensor | None = None, norm_w2: torch.Tensor | None = None,
+         epilogue: str | None = None, rope: RopeWrite | None = None) -> torch.Tensor:
     """x [..., K] holding 1..MAX_ROWS rows ([..., 2K] for silu; [..., K1] beside x2 [..., K - K1] for norm2 and
     cat2), w [N, K] -> y [..., N]; residual [..., N]. w must be a weight, which no kernel writes: with PDL its
-    first tile is read before the wait for the kernel before (kernels/pdl.py)."""
+    first tile is read before the wait for the kernel before (kernels/pdl.py). epilogue (kernels/epilogues.py):
+    "silu" -> silu(y[..., :N/2]) * y[..., N/2:]; "rope" (x [B, T, K], rope's tables, slots and cache) -> q
+    [B, Hq, T, D] rotated, k rotated and v written into the cache; neither with a residual."""
     if prologue not in PROLOGUES:
         raise ValueError(f"prologue {prologue!r}; accepted: {PROLOGUES}")
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue {epilogue!r}; accepted: {EPILOGUES}")
     N, K = w.shape
+    if epilogue is not None and residual is not None:
+        raise ValueError(f"a {epilogue} epilogue takes no residual")
+    if epilogue == "silu" and N % 2:
+        raise ValueError(f"a silu epilogue needs an even number of output rows (gate; up); the weight has {N}")
+    if epilogue == "rope":
+        if not isinstance(rope, RopeWrite):
+            raise ValueError("a rope epilogue needs rope=RopeWrite(cos, sin, slots, cache_k, cache_v, Hq, Hkv)")
+        rope.check(tuple(x.shape[:-1]), N)
     K1 = K
     if prologue in ("norm2", "cat2"):
         if x2 is None or x2.shape[:-1] != x.shape[:-1] or x.shape[-1] + x2.shape[-1] != K:
@@ -240,6 +265,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         raise ValueError(f"gemv takes 1..{MAX_ROWS} rows of {width} values; got x of shape {tuple(x.shape)}")
     if prologue == "norm" and (norm_w is None or norm_w.shape != (K,)):
         raise ValueError(f"a norm prologue needs norm_w of shape ({K},)")
+    kind, block_n, block_k, warps, stages = config or gemv_config(N, K, rows, x.device)
+    if epilogue is not None and kind == "torch":  # cuBLAS stores the product; the epilogue's own kernel follows
+        return unfused(gemv(x, w, prologue, norm_w, eps, bias, None, config, x2, norm_w2), epilogue, rope)
     lead = x.shape[:-1]
     x = x.reshape(rows, width)
     if x.stride(-1) != 1:
@@ -247,7 +275,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     if prologue in ("norm2", "cat2"):
         x2 = x2.reshape(rows, K - K1)
         x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
-    y = torch.empty(rows, N, dtype=x.dtype, device=x.device)
+    # the output: y [rows, N]; silu's [rows, N / 2]; rope's q [rows, Hq, D] (as [B, T, Hq, D])
+    out_n = N if epilogue is None else N // 2 if epilogue == "silu" else rope.num_heads * rope.cos.shape[-1]
+    y = torch.empty(rows, out_n, dtype=x.dtype, device=x.device)
     r = y
     if residual is not None:
         if residual.numel() != rows * N:
@@ -255,17 +285,28 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         r = residual.reshape(rows, N)
         if r.stride(-1) != 1:
             r = r.contiguous()
-    kind, block_n, block_k, warps, stages = config or gemv_config(N, K, rows, x.device)
+    ep = EPILOGUES.index(epilogue)
+    ep_args = rope.args() if epilogue == "rope" else unused_args(x)
+    if ep:  # a program owns BLOCK_N / 2 pairs of rows (at least one)
+        block_n = max(block_n, 2)
+    grid = (triton.cdiv(N, max(block_n, 1)),)  # (block_n is 0 for "torch")
+
+    def shaped(y):
+        if epilogue == "rope":
+            B, T = lead
+            return y.view(B, T, rope.num_heads, -1).transpose(1, 2)
+        return y.view(*lead, out_n)
+
     if kind in ("ew", "ew1") and rows == 1:
         stat_block = triton.next_power_of_2(max(K1, K - K1)) if kind == "ew1" and prologue in ("norm", "norm2") else 0
         stat_block = stat_block if stat_block <= MAX_STAT_BLOCK else 0  # too wide for one load: the blocked loop
-        _gemv_kernel[(triton.cdiv(N, block_n),)](
+        _gemv_kernel[grid](
             x, w, y, norm_w if norm_w is not None else x, bias if bias is not None else x, r, N, K, eps,
             w.stride(0), w.stride(1), x2 if x2 is not None else x, norm_w2 if norm_w2 is not None else x, K1,
-            PROLOGUE=PROLOGUES.index(prologue), HAS_BIAS=bias is not None,
+            *ep_args, PROLOGUE=PROLOGUES.index(prologue), HAS_BIAS=bias is not None,
             HAS_RESIDUAL=residual is not None, EVEN_K=K % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
-            STAT_BLOCK=stat_block, num_warps=warps, num_stages=stages, **launch_kw(x.device))
-        return y.view(*lead, N)
+            STAT_BLOCK=stat_block, EPILOGUE=ep, num_warps=warps, num_stages=stages, **launch_kw(x.device))
+        return shaped(y)
     from toolkit.infer.kernels.layer_ops import rms_norm, rms_norm_pair, silu_mul
 
     if prologue == "norm2":  # both norms and the concatenation as one kernel
@@ -276,9 +317,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     if kind == "torch":  # the separate kernels (cuBLAS), where the sweep found them faster for this shape
         y = torch.nn.functional.linear(x, w, bias)
         return (y if residual is None else r + y).view(*lead, N)
-    _rows_kernel[(triton.cdiv(N, block_n),)](
+    _rows_kernel[grid](
         x, w, y, bias if bias is not None else x, r, rows, N, K, x.stride(0), w.stride(0), w.stride(1), y.stride(0),
-        r.stride(0), HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
+        r.stride(0), *ep_args, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         UPCAST=os.environ.get("TRITON_INTERPRET") == "1", BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, num_stages=stages, **launch_kw(x.device))
-    return y.view(*lead, N)
+        EPILOGUE=ep, num_warps=warps, num_stages=stages, **launch_kw(x.device))
+    return shaped(y)

@@ -1,18 +1,22 @@
-"""Programmatic dependent launch (toolkit/infer/kernels/pdl.py) on and off, side by side: it must change when the
-kernels start and never what they compute, so the graphed decode step, a verify step of 8 tokens and a greedy
-draft chain of 8 (random Llama-3.1-8B-shaped bf16 target and EAGLE-3 head, --kernels triton, 1k context) must give
-bit-identical logits and tokens both ways (the GEMVs sum in a fixed order: no split-K, no atomics), and their
-times show what it buys.
+"""A kernel switch on and off, side by side: programmatic dependent launch (TOOLKIT_PDL, kernels/pdl.py) or the
+paired epilogues (TOOLKIT_EPILOGUES, kernels/epilogues.py). Either must change how the kernels run and never what
+they compute: PDL only when they start, the epilogues only where a product goes (each row's sum is the unfused
+kernel's with the same config). So the graphed decode step, a verify step of 8 tokens and a greedy draft chain of
+8 (random Llama-3.1-8B-shaped bf16 target and EAGLE-3 head, --kernels triton, 1k context) must give bit-identical
+logits and tokens both ways (the GEMVs sum in a fixed order: no split-K, no atomics), and their times show what
+the switch buys.
 
-    python benchmarks/bench_pdl.py                     # on a GPU; PDL needs sm_90+ (elsewhere both runs are "off")
-    python benchmarks/bench_pdl.py --config tiny --device cpu --dtype float32 --kernels torch --iters 1 \
-        --context 64                                   # a smoke run of the script (no Triton, no PDL on a CPU)
+    python benchmarks/bench_switch.py --switch pdl        # on a GPU; PDL needs sm_90+ (elsewhere both runs are off)
+    python benchmarks/bench_switch.py --switch epilogues  # on a GPU
+    python benchmarks/bench_switch.py --config tiny --device cpu --dtype float32 --kernels torch --iters 1 \
+        --context 64                                      # a smoke run of the script (no Triton, no PDL on a CPU)
 
-Prints JSON; exits 1 when the outputs differ (PDL off, on, then off again: the last run is the control).
+Prints JSON; exits 1 when the outputs differ (off, on, then off again: the last run is the control).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -24,9 +28,13 @@ from toolkit.infer.graphs import GraphedDraftLoop, eager_capture, graph_target
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.tree import TreeConfig
 
+# --switch: the environment variable it sets, and the module whose enabled(device) says what the kernels do
+SWITCHES = {"pdl": ("TOOLKIT_PDL", "toolkit.infer.kernels.pdl"),
+            "epilogues": ("TOOLKIT_EPILOGUES", "toolkit.infer.kernels.epilogues")}
+
 
 def run(model, head, c, ctx: int, dev: str, dtype, iters: int, capture) -> tuple[dict, dict]:
-    """Outputs and times of the three steps, captured afresh under the current TOOLKIT_PDL."""
+    """Outputs and times of the three steps, captured afresh under the switch's current setting."""
     torch.manual_seed(1)  # the same cache contents and inputs for either mode
     cache = KVCache(c, 1, ctx + 80, dtype, dev)
     cache.k.normal_()
@@ -69,21 +77,23 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--kernels", choices=["torch", "triton"], default="triton")
+    ap.add_argument("--switch", choices=sorted(SWITCHES), default="pdl")
     args = ap.parse_args()
     dev, dtype, c = args.device, getattr(torch, args.dtype), CONFIGS[args.config]
     if dev == "cpu" and args.kernels == "triton":  # interpreted on a CPU: set before Triton is first imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from toolkit.infer.kernels.pdl import enabled as pdl_enabled
+    env, module = SWITCHES[args.switch]
+    enabled = importlib.import_module(module).enabled
     model, head = random_models(c, dev, dtype, args.kernels)
     capture = None if dev == "cuda" else eager_capture
     report, outs = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
-                    "dtype": args.dtype, "kernels": args.kernels, "context": args.context}, {}
+                    "dtype": args.dtype, "kernels": args.kernels, "context": args.context, "switch": env}, {}
     with torch.no_grad():
         for name, mode in (("off", "off"), ("on", "on"), ("off_again", "off")):
-            os.environ["TOOLKIT_PDL"] = mode  # read at every launch; each run captures its own graphs
+            os.environ[env] = mode  # read at every launch; each run captures its own graphs
             outs[name], report[name] = run(model, head, c, args.context, dev, dtype, args.iters, capture)
-            report[name]["pdl"] = pdl_enabled(torch.device(dev))
-    # the control: without PDL twice (were these to differ, the steps would not be deterministic to begin with)
+            report[name][args.switch] = args.kernels == "triton" and enabled(torch.device(dev))
+    # the control: off twice (were these to differ, the steps would not be deterministic to begin with)
     report["reproducible_without"] = {k: same(v, outs["off_again"][k]) for k, v in outs["off"].items()}
     report["identical"] = {k: same(v, outs["on"][k]) for k, v in outs["off"].items()}
     report["on_vs_off"] = {k: round(report["on"][k] / report["off"][k], 3) for k in report["off"] if k.endswith("_ms")}
