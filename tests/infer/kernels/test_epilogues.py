@@ -198,3 +198,41 @@ def test_a_model_decodes_verifies_and_drafts_the_same_with_the_epilogues(tmp_pat
     assert seen.count("rope") == seen.count("silu") == 2 * 5 + 4, seen
     for a, b in zip(off, on):  # the same bits: each row's sum is the unfused kernel's, rounded the same way
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("tree", [(3, 1, 4), (2, 2, 4)], ids=["chain", "tree"])
+def test_the_engine_batches_the_same_tokens_with_the_epilogues(tmp_path, monkeypatch, tree):
+    """Three prompts of different lengths decoded together with speculation on the Triton kernels (batched decode
+    and verify steps: several sequences' rows, slots and RoPE tables in one epilogue): the same tokens and
+    acceptance with TOOLKIT_EPILOGUES on as off."""
+    import transformers
+
+    from toolkit.infer.drafts import random_head
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import load_target
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.tree import TreeConfig
+
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    target = load_target(tmp_path, device=device)
+    target.set_kernels("triton")
+    import toolkit.infer.kernels.gemv as gemv_module
+
+    seen, real = [], gemv_module.gemv
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **k: seen.append((k.get("epilogue"), a[0].shape[:2] if a
+                                                                          else k["x"].shape[:2])) or real(*a, **k))
+    prompts = [[1, 50, 35, 28, 19], [1, 88, 9], [1, 40, 17, 22, 77, 30, 5, 6, 7]]
+    runs = []
+    for mode in ("off", "on"):
+        monkeypatch.setenv("TOOLKIT_EPILOGUES", mode)
+        head = random_head(target.config, seed=1).to(device)
+        engine = Engine(target, head, TreeConfig(*tree), max_len=40, max_batch=4)
+        seen.clear()
+        runs.append(engine.generate_batch(prompts, SamplingParams(max_new_tokens=8)))
+    # the target's batched steps (3 rows) and the head's went through the epilogues
+    assert {shape[0] for ep, shape in seen if ep == "rope"} >= {3} and any(ep == "silu" for ep, _ in seen)
+    assert [r.tokens for r in runs[1]] == [r.tokens for r in runs[0]]
+    assert [r.accepted for r in runs[1]] == [r.accepted for r in runs[0]]
