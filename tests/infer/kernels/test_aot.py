@@ -49,9 +49,8 @@ def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(
                                                                                epilogues):
     out = tmp_path / "aot.json"
     p = subprocess.run([sys.executable, "-m", "toolkit.infer.kernels.aot", "--arch", str(arch), "--device", device,
-                        "--dtype", dtype, "--pdl", pdl, "--json", str(out)],
-                       env={**compiler_env(), "TOOLKIT_EPILOGUES": epilogues}, capture_output=True, text=True,
-                       timeout=1200)
+                        "--dtype", dtype, "--pdl", pdl, "--epilogues", epilogues, "--json", str(out)],
+                       env=compiler_env(), capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     report = json.loads(out.read_text())
     kernels = report["kernels"]
@@ -72,6 +71,7 @@ def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(
     # the paired epilogues (RoPE + cache write in the qkv GEMV), and 3 a step (cos / sin, the mask's bound, readout);
     # a verify step of 8 tokens 10 a layer (two norms, qkv, RoPE, attention, merge, o, gate_up, SiLU-mul, down), 8
     fused = epilogues == "on"
+    assert report["epilogues"] is fused
     assert steps["decode (32 layers)"]["triton"] == (6 if fused else 7) * 32 + 3, steps["decode (32 layers)"]
     assert steps["verify 8 (32 layers)"]["triton"] == (8 if fused else 10) * 32 + 4, steps["verify 8 (32 layers)"]
     assert steps["decode (32 layers)"]["torch_ops"] == {"embedding": 1}

@@ -2,6 +2,7 @@
 
     python -m toolkit.infer.kernels.aot --device "NVIDIA H200"                  # a table (sm_90 for it)
     python -m toolkit.infer.kernels.aot --arch 80 --device "NVIDIA A100-SXM4-80GB" --dtype float16 --json out.json
+    python -m toolkit.infer.kernels.aot --device "NVIDIA H200" --epilogues on   # with kernels/epilogues.py's fusion
 
 TRITON_INTERPRET=1 runs the kernels' Python on CPU, so it checks their numbers but not that they compile: the
 interpreter runs Python, so it takes what the compiler refuses (a loop-carried value that changes type, for one:
@@ -283,13 +284,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pdl", choices=["auto", "on", "off"], default="auto",
                     help="programmatic dependent launch (kernels/pdl.py); auto: as the engine picks it on that "
                     "device (its gemv_configs.json entry)")
+    ap.add_argument("--epilogues", choices=["auto", "on", "off"], default="auto",
+                    help="RoPE + cache write and SiLU-mul as GEMV epilogues (kernels/epilogues.py); auto: as the "
+                    "engine picks it on that device (its gemv_configs.json entry)")
     ap.add_argument("--json", help="also write the table here")
     args = ap.parse_args(argv)
+    os.environ["TOOLKIT_EPILOGUES"] = args.epilogues  # read by row_step at every step
     if args.arch is None:
         if args.device not in ARCH:
             ap.error(f"--arch is needed for {args.device!r} (known devices: {', '.join(ARCH)})")
         args.arch = ARCH[args.device]
     from toolkit.infer.kernels.gemv import tuned_configs
+
+    epilogues = args.epilogues == "on" or (args.epilogues == "auto"
+                                           and bool(tuned_configs(args.device).get("epilogues", False)))
 
     pdl = args.pdl == "on" or (args.pdl == "auto" and args.arch >= 90
                                and bool(tuned_configs(args.device).get("pdl", False)))
@@ -302,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, counts = compile_engine(config, dtype, args.arch, args.device, pdl, context=args.context)
     one = compile_engine(config, dtype, args.arch, args.device, pdl, context=args.context, layers=1)[1]
     print(f"{len(rows)} kernel specializations compiled for sm_{args.arch} ({args.device} configs, {args.dtype}, "
-          f"PDL {'on' if pdl else 'off'}, "
+          f"PDL {'on' if pdl else 'off'}, epilogues {'on' if epilogues else 'off'}, "
           f"Llama-3.1-8B shapes, EAGLE-3 head with a 32k vocabulary, {args.context} context)")
     print(f"{'kernel':<20} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} {'ld/st before wait':>17}  "
           f"constexprs; steps")
@@ -319,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         from toolkit.atomic import write_text
 
         write_text(Path(args.json), json.dumps({"arch": args.arch, "device": args.device, "dtype": args.dtype, "pdl": pdl,
+                                                "epilogues": epilogues,
                                                 "kernels": [asdict(r) for r in rows],
                                                 "launches_per_step": launches}, indent=1) + "\n")
     return 1 if any(r.local_bytes for r in rows) else 0
