@@ -88,8 +88,8 @@ EOF
 pdl=$(decide pdl draft_step_in_chain_ms)
 epilogues=$(decide epilogues verify8_ms)
 echo "for the sweep and the benches after it: PDL $pdl, epilogues $epilogues" | tee -a "$log"
-export TOOLKIT_EPILOGUES=$epilogues
-if [ "${SWEEP:-1}" = 1 ] && TOOLKIT_PDL=$pdl step 90 "sweep" python benchmarks/bench_gemv.py --sweep \
+export TOOLKIT_EPILOGUES=$epilogues TOOLKIT_PDL=$pdl
+if [ "${SWEEP:-1}" = 1 ] && step 90 "sweep" python benchmarks/bench_gemv.py --sweep \
         --write-configs toolkit/infer/kernels/gemv_configs.json >> "$log" 2>&1; then
     python - "$pdl" "$epilogues" <<'EOF'
 import json, sys
@@ -103,7 +103,6 @@ entry["pdl"], entry["epilogues"] = sys.argv[1] == "on", sys.argv[2] == "on"
 path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 EOF
     cp toolkit/infer/kernels/gemv_configs.json "$out/"
-    export TOOLKIT_PDL=$pdl
     step 60 "bench 1k (after the sweep)" "${bench[@]}" > "$out/bench_1k.json" 2>> "$log"
 fi
 summary | tee -a "$log"
