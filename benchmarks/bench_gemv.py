@@ -22,11 +22,26 @@ import torch.nn.functional as F
 from toolkit.infer.kernels.gemv import gemv, gemv_config, reference_gemv
 from toolkit.infer.kernels.layer_ops import rms_norm, silu_mul
 
-# (name, N, K, prologue, residual): Llama-3.1-8B's layer and readout, the EAGLE-3 head's first layer and readout
-SHAPES = [("qkv", 6144, 4096, "norm", False), ("o_proj", 4096, 4096, None, True),
-          ("gate_up", 28672, 4096, "norm", False), ("down", 4096, 14336, "silu", True),
-          ("lm_head", 128256, 4096, None, False), ("draft_qkv", 6144, 8192, "norm2", False),
-          ("draft_lm_head", 32000, 4096, "norm", False)]
+# (name, N, K, prologue, residual, epilogue): Llama-3.1-8B's layer and readout, the EAGLE-3 head's first layer and
+# readout. The epilogue (kernels/epilogues.py) is timed where TOOLKIT_EPILOGUES turns it on for this device, as the
+# engine then runs it: q/k/v with RoPE + cache write, gate/up with SiLU-mul, and down without its SiLU prologue
+SHAPES = [("qkv", 6144, 4096, "norm", False, "rope"), ("o_proj", 4096, 4096, None, True, None),
+          ("gate_up", 28672, 4096, "norm", False, "silu"), ("down", 4096, 14336, "silu", True, None),
+          ("lm_head", 128256, 4096, None, False, None), ("draft_qkv", 6144, 8192, "norm2", False, "rope"),
+          ("draft_lm_head", 32000, 4096, "norm", False, None)]
+HEADS, KV_HEADS, HEAD_DIM, SLOTS = 32, 8, 128, 1088  # the q/k/v epilogue's heads and cache (1k context)
+
+
+def rope_write(M: int, dev, dt):
+    """A RopeWrite for M tokens of one sequence at positions 1024.. (kernels/epilogues.py)."""
+    from toolkit.infer.kernels.epilogues import RopeWrite
+    from toolkit.infer.kernels.layer_ops import rope_cos_sin
+
+    pos = torch.arange(1024, 1024 + M, device=dev)[None]
+    inv = 1.0 / (500000.0 ** (torch.arange(0, HEAD_DIM, 2, device=dev, dtype=torch.float32) / HEAD_DIM))
+    cos, sin = rope_cos_sin(pos, inv, dt)
+    cache = [torch.zeros(1, KV_HEADS, SLOTS, HEAD_DIM, device=dev, dtype=dt) for _ in range(2)]
+    return RopeWrite(cos, sin, pos, *cache, HEADS, KV_HEADS)
 
 
 def graph_time(fn, calls: int) -> float:
@@ -75,8 +90,16 @@ def main() -> None:
     args = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
+    from toolkit.infer.kernels import epilogues
+    from toolkit.infer.kernels.layer_ops import reference_rope_cache_write, reference_silu_mul
+
+    fused_epilogues = epilogues.enabled(torch.device(dev))
     rows_out, best_configs = [], {}
-    for name, N, K, prologue, has_res in SHAPES:
+    for name, N, K, prologue, has_res, epilogue in SHAPES:
+        if not fused_epilogues:
+            epilogue = None
+        elif prologue == "silu":  # gate/up's epilogue computed it
+            prologue = None
         copies = max(1, -(-256 * 2 ** 20 // (N * K * 2)))
         ws = [torch.randn(N, K, device=dev, dtype=dt) / K ** 0.5 for _ in range(copies)]
         k1 = K // 2 if prologue == "norm2" else K  # norm2: EAGLE-3's [embedding, hidden] halves, each normed
@@ -86,8 +109,15 @@ def main() -> None:
             x = torch.randn(1, M, 2 * K if prologue == "silu" else k1, device=dev, dtype=dt)
             x2 = torch.randn(1, M, K - k1, device=dev, dtype=dt) if prologue == "norm2" else None
             res = torch.randn(1, M, N, device=dev, dtype=dt) if has_res else None
+            rope = rope_write(M, dev, dt) if epilogue == "rope" else None
+            ep = {"epilogue": epilogue, "rope": rope}
             want = reference_gemv(x.float(), ws[0].float(), prologue, f32(nw), 1e-5, None, f32(res), f32(x2), f32(nw2))
-            got = gemv(x, ws[0], prologue, nw, 1e-5, None, res, x2=x2, norm_w2=nw2)
+            if epilogue == "silu":
+                want = reference_silu_mul(want)
+            elif epilogue == "rope":
+                want = reference_rope_cache_write(want, rope.cos.float(), rope.sin.float(), rope.slots,
+                                                  rope.cache_k.float(), rope.cache_v.float(), HEADS, KV_HEADS)
+            got = gemv(x, ws[0], prologue, nw, 1e-5, None, res, x2=x2, norm_w2=nw2, **ep)
             err = float((got.float() - want).norm() / want.norm())
 
             def old():  # the engine's kernels before the fused GEMV
@@ -100,9 +130,10 @@ def main() -> None:
             xin = torch.cat([x, x2], -1) if prologue == "norm2" else x[..., :K].contiguous()
             cublas = graph_time(lambda: [F.linear(xin, w) for w in ws], copies)
             before = graph_time(old, copies)
-            fused = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, x2=x2, norm_w2=nw2) for w in ws],
-                               copies)
+            fused = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, x2=x2, norm_w2=nw2, **ep)
+                                        for w in ws], copies)
             row = {"name": name, "N": N, "K": K, "rows": M, "prologue": prologue, "residual": has_res,
+                   "epilogue": epilogue,
                    "rel_err": round(err, 5), "config": gemv_config(N, K, M, x.device),
                    "cublas_us": round(cublas * 1e6, 2), "before_us": round(before * 1e6, 2),
                    "fused_us": round(fused * 1e6, 2), "cublas_gb_s": round(N * K * 2 / cublas / 1e9),
@@ -113,8 +144,8 @@ def main() -> None:
                 for cfg in (ews if M == 1 else DOT) + TORCH:
                     if cfg[2] > max(256, K) or (cfg[0] == "dot" and N // cfg[1] < 64):
                         continue
-                    t = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, config=cfg, x2=x2, norm_w2=nw2)
-                                            for w in ws], copies)
+                    t = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, config=cfg, x2=x2, norm_w2=nw2,
+                                                 **ep) for w in ws], copies)
                     row.setdefault("sweep", {})[str(cfg)] = round(t * 1e6, 2)
                     if best is None or t < best[1]:
                         best = (cfg, t)
