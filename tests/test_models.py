@@ -46,7 +46,18 @@ def test_fingerprint_tracks_config_and_weights(tmp_path):
     second = fingerprint(tmp_path)
     assert second != first
     (tmp_path / "config.json").write_text('{"a": 2}')
-    assert fingerprint(tmp_path) not in (first, second)
+    third = fingerprint(tmp_path)
+    assert third not in (first, second)
+    # a file beside the model's that no loader reads (Mistral's consolidated.safetensors) is not the model
+    save_file({"w": torch.full((4, 4), 3.0)}, str(tmp_path / "consolidated.safetensors"))
+    assert fingerprint(tmp_path) == third
+    # a sharded folder: the shards its index lists
+    (tmp_path / "model.safetensors").rename(tmp_path / "model-00001-of-00001.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text(
+        '{"weight_map": {"w": "model-00001-of-00001.safetensors"}}')
+    sharded = fingerprint(tmp_path)
+    save_file({"w": torch.full((4, 4), 5.0)}, str(tmp_path / "model-00001-of-00001.safetensors"))
+    assert fingerprint(tmp_path) != sharded
 
 
 def test_embedded_folder_is_complete_and_not_converted_twice(smollm2_dir, monkeypatch):

@@ -62,10 +62,18 @@ def _from_hub(repo_id: str) -> Path:
 def fingerprint(folder: Path) -> str:
     """A short stable id of a model folder: sha256 over config.json and, per weight file, its name, size,
     safetensors header (names, dtypes, shapes, offsets) and first/last MiB of data. Cheap on 16 GB models,
-    yet changes when the architecture, shapes or the weights' ends change."""
+    yet changes when the architecture, shapes or the weights' ends change. The weight files are those the model
+    is loaded from (infer/weight_files.py: model.safetensors or the index's shards), so a file beside them that
+    no loader reads (Mistral's consolidated.safetensors, a leftover) leaves the id as it is."""
+    from toolkit.infer.weight_files import weight_files
+
     folder = Path(folder)
     h = hashlib.sha256((folder / "config.json").read_bytes())
-    for f in sorted(folder.glob("*.safetensors")):
+    try:
+        files = weight_files(folder)
+    except ValueError:  # no weights here (yet): the config alone
+        files = []
+    for f in files:
         size = f.stat().st_size
         h.update(f"{f.name}:{size}".encode())
         with open(f, "rb") as fh:
