@@ -7,7 +7,10 @@
 Step 0 takes the topk tokens of the draft's prediction at the root. Each later step runs the draft once on
 the topk frontier nodes of highest cumulative log-prob, and adds their topk children as candidates. At the
 end all candidates are reranked by cumulative log-prob and the best num_draft_tokens - 1 are kept (a child
-never scores above its parent, so the kept set is a tree). Node 0 of the result is the root.
+never scores above its parent, so the kept set is a tree). Node 0 of the result is the root. SGLang multiplies
+probabilities (the same order) and takes torch.topk at each choice; so do we, but the rerank keeps creation order
+among equal scores, where SGLang's torch.topk may keep a child without its equal parent
+(tests/infer/test_tree_sglang.py checks the trees against SGLang's algorithm).
 
 Everything is tensors of fixed shapes, with no host sync (`grow`), so the whole draft loop can be captured as
 one CUDA graph per batch size (graphs.py). B sequences, k = topk, M = k + (num_steps - 1) k^2 candidates,
@@ -182,25 +185,31 @@ def grow_tree(head, embed, forward, prefix, roots, root_out, root_logp, cfg: Tre
         before = (rel < 0)[:, None]                                                  # [B, 1, W] the sequence so far
         in_window = ((rel >= 0) & (rel < E))[:, None]                                # slots of this round's expansions
         window = rel.clamp(0, E - 1)[:, None].expand(B, k, W)                        # ... and which expansion each is
-        anc = torch.zeros(B, k, E, dtype=torch.bool, device=dev)  # the last layer's parents' expanded ancestors
-        out = root_out[:, None].expand(B, k, H)                   # ... and outputs (layer 1: all the root's)
+        out = root_out[:, None].expand(B, k, H).contiguous()      # layer 1's parent output: the root's
     first = 1                                                                        # node id of the layer's first
     for step in range(1, S):
-        pick = layer_score.topk(k).indices                                           # [B, k] within the layer
-        src = pick if step == 1 else pick // k                                       # which parent: k children each
-        seen = anc.gather(1, src[:, :, None].expand(B, k, E)) | own[step - 1]       # [B, k, E]
+        if step == 1:  # as SGLang: all k of the root's children, as they come from the root's top-k (no top-k of
+            # them again: with equal scores that could reorder them, and so the next layer's candidates)
+            seen = own[0].expand(B, k, E)                                            # their own expansions only
+            hid, chosen_ids, chosen_score = out, layer_ids, layer_score
+            nodes.append(torch.arange(1, k + 1, device=dev).expand(B, k))
+        else:  # the top-k of the last layer's k^2, in torch.topk's order (SGLang's fast_topk)
+            pick = layer_score.topk(k).indices                                       # [B, k] within the layer
+            src = pick // k                                                          # which parent: k children each
+            seen = anc.gather(1, src[:, :, None].expand(B, k, E)) | own[step - 1]   # [B, k, E]
+            hid = out.gather(1, src[:, :, None].expand(B, k, H))
+            chosen_ids, chosen_score = layer_ids.gather(1, pick), layer_score.gather(1, pick)
+            nodes.append(pick + first)
         mask = before | (seen.gather(2, window) & in_window)                         # [B, k, W]
-        hid = out.gather(1, src[:, :, None].expand(B, k, H))
-        logp, out = forward(embed(head.to_target(layer_ids.gather(1, pick))), hid, positions[step - 1],
+        logp, out = forward(embed(head.to_target(chosen_ids)), hid, positions[step - 1],
                             slots[step - 1], mask)                                   # [B, k, N], [B, k, H]
         lp, ids = choose(logp, step)                                                 # [B, k, k]
         if gumbel is not None:  # a sampled chain hands its laws to verification
             chain_logp.append(logp[:, 0])
-        layer_score = (layer_score.gather(1, pick)[:, :, None] + lp).flatten(1)      # cumulative, [B, k^2]
+        layer_score = (chosen_score[:, :, None] + lp).flatten(1)                     # cumulative, [B, k^2]
         layer_ids, anc = ids.flatten(1), seen
         scores.append(layer_score)
         draft_ids.append(layer_ids)
-        nodes.append(pick + first)
         first += k if step == 1 else k * k
     M = k + (S - 1) * k * k
     tok = torch.cat([roots[:, None], head.to_target(torch.cat(draft_ids, 1))], 1)   # [B, 1 + M]
