@@ -6,9 +6,10 @@
 #
 # The device tool returns at most 8 files from $OUT, so the script writes exactly these: log.txt (device, every
 # step's stderr and summary lines, the sweep's table, the registers per kernel as the driver loads them against
-# kernels/aot.py's offline figures); bench_before.json (benchmarks/bench_gpu.py, the shipped GEMV configs, PDL and
-# the paired epilogues as configured); epilogues.json and pdl.json (benchmarks/bench_switch.py: TOOLKIT_EPILOGUES,
-# kernels/epilogues.py, and TOOLKIT_PDL, kernels/pdl.py, off / on / off: outputs bit-identical, step times);
+# kernels/aot.py's offline figures, and at the end the decode and draft steps' kernels by GPU time);
+# bench_before.json (benchmarks/bench_gpu.py, the shipped GEMV configs, PDL and the paired epilogues as configured);
+# epilogues.json and pdl.json (benchmarks/bench_switch.py: TOOLKIT_EPILOGUES, kernels/epilogues.py, and TOOLKIT_PDL,
+# kernels/pdl.py, off / on / off: outputs bit-identical, step times);
 # gemv_configs.json (this device's sweep, run with each switch on where it won, its "pdl" and "epilogues" entries
 # set accordingly); bench_1k.json and bench_4k.json (after it); tests.txt (the kernel tests compiled, not
 # interpreted, and the CUDA-graph tests, with PDL and the epilogues on and then off).
@@ -139,5 +140,8 @@ for fn, step, k in kernels.values():
     k._init_handles()  # loads the cubin on this GPU
     print(f"  {fn.__name__:<20} {off['registers']:>4} / {k.n_regs:<4} {off['local_bytes']:>3} / {k.n_spills:<3} {step}")
 EOF
+# last, where time is left: the eager decode and draft steps' kernels by GPU time (torch.profiler), with the
+# switches as decided, for the next kernel to work on; into the log (the bench's JSON follows the tables)
+step 60 "profile" "${bench[@]}" --profile --iters 5 >> "$log" 2>&1
 summary | tee -a "$log"
 ls "$out" | tee -a "$log"
