@@ -61,8 +61,15 @@ def _greedy_pick_kernel(logit_ptr, d2t_ptr, emb_ptr, tok_ptr, out_ptr, N, H, s_l
     _pick_out(d2t_ptr, emb_ptr, tok_ptr, out_ptr, row, best_i, H, s_emb, s_out, BLOCK_H)
 
 
-def greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor | None, block_n: int = 4096,
-                block_h: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+# One program per row walks the whole row, each block a dependent round trip (L2 for the logits just written, DRAM
+# for the embedding row), so a row takes few wide blocks across many warps: 16 warps hold 16,384 fp32 logits at 32
+# a thread (a 32k draft vocabulary in 2 blocks, where 4,096 over 4 warps took 8) and a 4,096-wide bf16 embedding
+# row in one (4 before). kernels/aot.py compiles them without spills.
+PICK_BLOCK_N, PICK_BLOCK_H, PICK_WARPS = 16384, 4096, 16
+
+
+def greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor | None, block_n: int = PICK_BLOCK_N,
+                block_h: int = PICK_BLOCK_H, num_warps: int = PICK_WARPS) -> tuple[torch.Tensor, torch.Tensor | None]:
     """reference_greedy_pick as one kernel, one program per row. logits [R, N] (last dimension contiguous),
     d2t [N] int64, embed_w [V, H] (rows contiguous), or None for the ids alone (a chain's last step)."""
     R, N = logits.shape
@@ -80,5 +87,6 @@ def greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor |
     _greedy_pick_kernel[(R,)](logits, d2t, emb, tok, d2t if out is None else out, N, H, logits.stride(0),
                               emb.stride(0), 0 if out is None else out.stride(0),
                               BLOCK_N=min(block_n, triton.next_power_of_2(N)),
-                              BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))), **launch_kw(logits.device))
+                              BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))), num_warps=num_warps,
+                              **launch_kw(logits.device))
     return tok, out

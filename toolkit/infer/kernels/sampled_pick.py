@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from toolkit.infer.kernels.greedy_pick import _pick_out, _running_argmax
+from toolkit.infer.kernels.greedy_pick import PICK_BLOCK_H, PICK_BLOCK_N, PICK_WARPS, _pick_out, _running_argmax
 from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 
@@ -56,11 +56,11 @@ def _sampled_pick_kernel(logit_ptr, g_ptr, it_ptr, d2t_ptr, emb_ptr, logp_ptr, t
 
 
 def sampled_pick(logits: torch.Tensor, gumbel: torch.Tensor, inv_temp: torch.Tensor, d2t: torch.Tensor,
-                 embed_w: torch.Tensor | None, block_n: int = 4096, block_h: int = 1024
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                 embed_w: torch.Tensor | None, block_n: int = PICK_BLOCK_N // 2, block_h: int = PICK_BLOCK_H,
+                 num_warps: int = PICK_WARPS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """reference_sampled_pick as one kernel, one program per row. logits [R, N] and gumbel [R, N] with contiguous
     rows, inv_temp [R], d2t [N] int64, embed_w [V, H] (rows contiguous), or None for no embedding (a chain's last
-    step)."""
+    step). Blocks of 8,192: pass 2 holds four values a column (greedy_pick's note on the launch)."""
     R, N = logits.shape
     if d2t.shape != (N,):
         raise ValueError(f"sampled_pick: d2t {tuple(d2t.shape)} does not cover the {N} draft ids of the logits")
@@ -80,5 +80,6 @@ def sampled_pick(logits: torch.Tensor, gumbel: torch.Tensor, inv_temp: torch.Ten
     _sampled_pick_kernel[(R,)](logits, gumbel, inv_temp, d2t, emb, logp, tok, d2t if out is None else out, N, H,
                                logits.stride(0), gumbel.stride(0), logp.stride(0), emb.stride(0),
                                0 if out is None else out.stride(0), BLOCK_N=min(block_n, triton.next_power_of_2(N)),
-                               BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))), **launch_kw(logits.device))
+                               BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))), num_warps=num_warps,
+                               **launch_kw(logits.device))
     return logp, tok, out
