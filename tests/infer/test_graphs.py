@@ -39,7 +39,9 @@ def test_inputs_are_padded_into_the_smallest_bucket():
     assert torch.equal(doubled, 2 * x) and torch.equal(attended, torch.full((2, 3), 6))
     _, slots, m = seen[-1]                                     # what the (2, 4) graph computed on
     assert slots[:, 3].tolist() == [9, 9]                      # the pad token writes to the scratch slot ...
-    assert m[:, 3].nonzero()[:, 1].tolist() == [9, 9]          # ... and attends to it alone
+    assert m[:, 3].nonzero()[:, 1].tolist() == [0, 0]          # ... and attends to slot 0 alone, so that ...
+    from toolkit.infer.kernels.tree_attention import reference_mask_lens
+    assert reference_mask_lens(m).tolist() == [6, 6]           # ... the rows' attention bounds stay their own
     assert not m[:, :3, 6:].any()                              # real tokens: the mask is zero-padded on the right
     # a smaller call into the same bucket leaves nothing of the bigger one behind
     g(x=x[:1, :1], slots=torch.tensor([[4]]), mask=torch.ones(1, 1, 2, dtype=torch.bool))

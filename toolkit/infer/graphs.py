@@ -5,9 +5,13 @@ A graph replays fixed shapes and fixed memory, so each bucket owns static input 
 inputs into the leading corner of the smallest bucket that holds them, replays, and returns the outputs'
 leading [B, T] corner. The forward attends over the whole KV cache (kv_len = every slot, so no shape depends
 on the sequence length) with the caller's mask zero-padded on the right. Padding entries (rows past B,
-tokens past T) write their key/value to a scratch slot that no real mask includes and attend to that slot
-alone (an all-masked row would be NaN, and a NaN value in the cache poisons every query that multiplies it
-by a zero weight).
+tokens past T) write their key/value to a scratch slot (the cache's last) that no real mask includes, and attend
+to slot 0 alone: never nothing (an all-masked row would be NaN, and a NaN value in the cache poisons every query
+that multiplies it by a zero weight), and not the scratch slot either: the Triton attention reads each row's
+slots up to the last one any of its tokens sees (tree_attention's `lens`), so a padding entry that saw the last
+slot made its row read the whole cache (a verify padded to a wider bucket, a batch of 3 in the bucket of 4: in
+an engine with a 32k-slot cache, 32k slots per layer for that row instead of its sequence's). Slot 0 is the
+sequence's first token for a real row, and a free row's own for a padding row (running sequence i is in row i).
 
 `capture` is torch.cuda.graph on a GPU; `eager_capture` runs the same buffers without a graph, so the
 bucketing, padding and scratch-slot logic is tested on CPU (tests/infer/test_graphs.py) and the CUDA-only
@@ -108,8 +112,8 @@ class GraphedForward:
         mask = static["mask"]
         mask.zero_()
         mask[:B, :T, :S] = inputs["mask"]
-        mask[B:, :, self.scratch] = True
-        mask[:, T:, self.scratch] = True
+        mask[B:, :, 0] = True  # padding attends slot 0: the rows' attention bounds stay their sequences'
+        mask[:, T:, 0] = True
         replay()
         return tuple(o[:B, :T].clone() for o in out)  # the buffers are overwritten by the next replay
 
