@@ -129,13 +129,17 @@ def test_model_with_the_kernel_equals_the_torch_path(tmp_path):
     assert (outs[0] - outs[1]).abs().max() <= 1e-4
 
 
-@pytest.mark.parametrize("T, S", [(1, 7), (3, 1500), (5, 2048)])
-def test_mask_lens_equals_its_reference(T, S):
-    """One past the last slot each row's tokens may see; rows that see nothing give 0; S over one block."""
+@pytest.mark.parametrize("T, S, tile", [(1, 7, 16384), (3, 1500, 16384), (5, 2048, 16384), (5, 2048, 256),
+                                        (20, 300, 256), (8, 40000, 16384)])
+def test_mask_lens_equals_its_reference(T, S, tile):
+    """One past the last slot each row's tokens may see; rows that see nothing give 0; tiles that do not divide
+    the tokens or the slots, more tokens than a tile's 16 rows, a mask wider than a tile."""
     g = torch.Generator().manual_seed(T)
     mask = torch.rand(4, T, S, generator=g) < 0.01
     mask[1] = False                                    # sees nothing
     mask[2, -1, -1] = True                             # the very last slot
+    mask[3] = False
+    mask[3, 0, S // 3] = True                          # the first token alone, mid-way
     mask = mask.to(device)
-    assert torch.equal(mask_lens(mask), reference_mask_lens(mask))
-    assert torch.equal(mask_lens(mask.to(torch.int8)), reference_mask_lens(mask))
+    assert torch.equal(mask_lens(mask, tile), reference_mask_lens(mask))
+    assert torch.equal(mask_lens(mask.to(torch.int8), tile), reference_mask_lens(mask))

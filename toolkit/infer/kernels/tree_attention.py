@@ -164,25 +164,38 @@ def reference_mask_lens(mask: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _mask_lens_kernel(m_ptr, out_ptr, T, S, smb, smt, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+def _mask_lens_kernel(m_ptr, out_ptr, T, S, smb, smt, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
+                      PDL: tl.constexpr):
     wait_prior(PDL)
     b = tl.program_id(0)
-    best = tl.zeros([BLOCK_S], tl.int32)
-    for t in range(0, T):
+    tt, ss = tl.arange(0, BLOCK_T), tl.arange(0, BLOCK_S)
+    best = tl.zeros([BLOCK_T, BLOCK_S], tl.int32)
+    for t0 in range(0, T, BLOCK_T):                            # a tile of tokens x slots a load
+        t = t0 + tt
         for s0 in range(0, S, BLOCK_S):
-            s = s0 + tl.arange(0, BLOCK_S)
-            seen = tl.load(m_ptr + b * smb + t * smt + s, mask=s < S, other=0) != 0
-            best = tl.maximum(best, tl.where(seen, s + 1, 0))
-    tl.store(out_ptr + b, tl.max(best, 0))
+            s = s0 + ss
+            seen = tl.load(m_ptr + b * smb + t[:, None] * smt + s[None, :], mask=(t < T)[:, None] & (s < S)[None, :],
+                           other=0) != 0
+            best = tl.maximum(best, tl.where(seen, s[None, :] + 1, 0))
+    tl.store(out_ptr + b, tl.max(tl.max(best, 1), 0))
 
 
-def mask_lens(mask: torch.Tensor) -> torch.Tensor:
+# A row's mask is read by one program, block after block, each load a round trip. Under CUDA graphs the mask spans
+# the whole cache (graphs.py), so a verify step of 8 tokens in an engine with 32k slots walked 8 x 32 blocks of
+# 1,024 slots: tiles of 16,384 mask bytes over 16 warps walk it in 16.
+LENS_TILE, LENS_WARPS = 16384, 16
+
+
+def mask_lens(mask: torch.Tensor, tile: int = LENS_TILE, num_warps: int = LENS_WARPS) -> torch.Tensor:
     """reference_mask_lens as one kernel (it was five: arange, any, mul, amax, cast) for an int8 / bool mask
-    [B, T, S] with a contiguous last dimension."""
+    [B, T, S] with a contiguous last dimension: one program per row, tiles of up to `tile` (tokens x slots)."""
     B, T, S = mask.shape
     if mask.stride(-1) != 1:
         raise ValueError("mask_lens needs a contiguous last dimension")
     m = mask.view(torch.int8) if mask.dtype == torch.bool else mask
     out = torch.empty(B, dtype=torch.int32, device=mask.device)
-    _mask_lens_kernel[(B,)](m, out, T, S, m.stride(0), m.stride(1), BLOCK_S=1024, **launch_kw(mask.device))
+    block_t = min(triton.next_power_of_2(max(T, 1)), 16)
+    block_s = min(max(tile // block_t, 16), triton.next_power_of_2(max(S, 1)))
+    _mask_lens_kernel[(B,)](m, out, T, S, m.stride(0), m.stride(1), BLOCK_T=block_t, BLOCK_S=block_s,
+                            num_warps=num_warps, **launch_kw(mask.device))
     return out
