@@ -88,6 +88,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--cache-slots", type=int, default=0, metavar="S",
+                    help="KV cache slots per sequence (default: the context + 80). An engine sizes its cache for its "
+                    "longest request, and its graphs attend over all of it (graphs.py): e.g. 32768")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--kernels", choices=["torch", "triton"], default="torch",
                     help="triton: fused attention / norm / RoPE + cache write / SiLU-mul kernels (model.set_kernels)")
@@ -114,7 +117,10 @@ def main() -> None:
     copy_s = timed(lambda: buf.clone(), args.iters, dev)
     bandwidth = 2 * buf.numel() / copy_s  # read + write
     ctx = args.context
-    cache = KVCache(c, 1, ctx + 80, dtype, dev)
+    slots = args.cache_slots or ctx + 80
+    if slots < ctx + 80:
+        ap.error(f"--cache-slots {slots}: the steps need the context + 80 = {ctx + 80}")
+    cache = KVCache(c, 1, slots, dtype, dev)
     cache.k.normal_()
     cache.v.normal_()
     capture = None if dev == "cuda" else eager_capture
@@ -139,7 +145,7 @@ def main() -> None:
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14), flush=True)
         decode = timed(step(1), args.iters, dev)
         verify = {n: timed(step(n), args.iters, dev) for n in (2, 4, 8, 16, 32, 64)}
-        dcache = head.new_cache(ctx + 80, dtype, dev)
+        dcache = head.new_cache(slots, dtype, dev)
         emb = torch.randn(1, 1, c.hidden_size, device=dev, dtype=dtype)
         hid = torch.randn(1, 1, c.hidden_size, device=dev, dtype=dtype)
         pos = torch.tensor([[ctx]], device=dev)
@@ -177,7 +183,7 @@ def main() -> None:
                                                   2)
                  for tau in (2, 3, 4) for k in (3, 7) if k + 1 in verify}
     out = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
-           "dtype": args.dtype, "context": ctx, "kernels": args.kernels,
+           "dtype": args.dtype, "context": ctx, "cache_slots": slots, "kernels": args.kernels,
            "cuda_graphs": args.cuda_graphs, "pdl": args.kernels == "triton" and pdl_enabled(torch.device(dev)),
            "epilogues": args.kernels == "triton" and epilogues_enabled(torch.device(dev)),
            "weight_gb": round(weight_bytes / 1e9, 3),

@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 
 
-@pytest.mark.parametrize("graphs", [[], ["--cuda-graphs"]], ids=["eager", "graphs"])
+@pytest.mark.parametrize("graphs", [[], ["--cuda-graphs", "--cache-slots", "1000"]], ids=["eager", "graphs"])
 def test_bench_gpu_runs_on_cpu_with_a_tiny_config(graphs):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_gpu.py"), "--config", "tiny", "--device",
                            "cpu", "--dtype", "float32", "--iters", "2", "--context", "256", *graphs],
@@ -16,6 +16,7 @@ def test_bench_gpu_runs_on_cpu_with_a_tiny_config(graphs):
     assert done.returncode == 0, done.stderr[-2000:]
     r = json.loads(done.stdout)
     assert r["cuda_graphs"] == bool(graphs) and r["pdl"] is False
+    assert r["cache_slots"] == (1000 if graphs else 256 + 80)  # an engine-sized cache the graphs attend over
     assert r["decode_ms"] > 0 and 0 < r["decode_vs_roofline"]
     assert set(r["verify_ms"]) == {"2", "4", "8", "16", "32", "64"}
     assert r["draft_step_ms"] > 0 and len(r["predicted_bs1_speedup"]) == 6
