@@ -164,23 +164,17 @@ def _steps(model, head, monkeypatch, mode):
     return out + [cache.k, cache.v, dcache.k, dcache.v]
 
 
-def test_a_model_decodes_verifies_and_drafts_the_same_with_the_epilogues(tmp_path, monkeypatch):
+def test_a_model_decodes_verifies_and_drafts_the_same_with_the_epilogues(tiny_llama, monkeypatch):
     """A tiny Llama target (q/k/v and gate/up through the paired epilogues in every layer) and an EAGLE-3 head (its
     midlayer through them too): with TOOLKIT_EPILOGUES=on the same logits, hidden states and caches as with it off,
     and the epilogues really run."""
-    import transformers
-
     import toolkit.infer.kernels.gemv as gemv_module
     from toolkit.infer.config import ModelConfig
     from toolkit.infer.drafts import random_head
     from toolkit.infer.loading import load_target
     from toolkit.infer.prepare import fuse_projections
 
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
-    model = load_target(tmp_path, device=device)
+    model = load_target(tiny_llama, device=device)
     model.set_kernels("triton")
     c = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=6,
                     num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=256)
@@ -201,23 +195,17 @@ def test_a_model_decodes_verifies_and_drafts_the_same_with_the_epilogues(tmp_pat
 
 
 @pytest.mark.parametrize("tree", [(3, 1, 4), (2, 2, 4)], ids=["chain", "tree"])
-def test_the_engine_batches_the_same_tokens_with_the_epilogues(tmp_path, monkeypatch, tree):
+def test_the_engine_batches_the_same_tokens_with_the_epilogues(tiny_llama, monkeypatch, tree):
     """Three prompts of different lengths decoded together with speculation on the Triton kernels (batched decode
     and verify steps: several sequences' rows, slots and RoPE tables in one epilogue): the same tokens and
     acceptance with TOOLKIT_EPILOGUES on as off."""
-    import transformers
-
     from toolkit.infer.drafts import random_head
     from toolkit.infer.engine import Engine
     from toolkit.infer.loading import load_target
     from toolkit.infer.sampling import SamplingParams
     from toolkit.infer.tree import TreeConfig
 
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
-    target = load_target(tmp_path, device=device)
+    target = load_target(tiny_llama, device=device)
     target.set_kernels("triton")
     import toolkit.infer.kernels.gemv as gemv_module
 

@@ -89,25 +89,14 @@ def test_bad_input_is_refused():
         gemv(rand(16), w, "gelu")
 
 
-def _tiny_target(tmp_path, num_layers=2):
-    import transformers
-
-    from toolkit.infer.loading import load_target
-
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=num_layers,
-                                   num_attention_heads=4, num_key_value_heads=2)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
-    return load_target(tmp_path, device=device)
-
-
-def test_batch_one_decode_steps_run_the_gemv_layer_and_equal_the_torch_path(tmp_path, monkeypatch):
+def test_batch_one_decode_steps_run_the_gemv_layer_and_equal_the_torch_path(tiny_llama, monkeypatch):
     """One sequence decoding token by token (model.row_step: norms, SiLU-mul and residual adds folded into the
     GEMVs) gives the torch path's logits, aux hidden states and KV cache; the GEMV kernel really runs."""
     import toolkit.infer.kernels.gemv as gemv_module
     from toolkit.infer.kv_cache import KVCache
+    from toolkit.infer.loading import load_target
 
-    model = _tiny_target(tmp_path)
+    model = load_target(tiny_llama, device=device)
     calls = []
     real = gemv_module.gemv
     monkeypatch.setattr(gemv_module, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k))

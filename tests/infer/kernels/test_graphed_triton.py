@@ -15,12 +15,10 @@ device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
 @pytest.mark.parametrize("tree", [None, (3, 2, 6)], ids=["lookup-alone", "tree+lookup"])
-def test_padding_keeps_the_attention_within_the_sequences(tmp_path, monkeypatch, tree):
+def test_padding_keeps_the_attention_within_the_sequences(tiny_llama, monkeypatch, tree):
     """Three prompts (a batch padded to the bucket of 4) with a lookup branch (rounds of several widths padded to
     the widest bucket): the same tokens as the eager engine on the same kernels, and no attention call of a
     replayed step reads past the longest real sequence's slots."""
-    import transformers
-
     import toolkit.infer.kernels.tree_attention as ta
     from toolkit.infer.drafts import random_head
     from toolkit.infer.engine import Engine
@@ -30,11 +28,7 @@ def test_padding_keeps_the_attention_within_the_sequences(tmp_path, monkeypatch,
     from toolkit.infer.sampling import SamplingParams
     from toolkit.infer.tree import TreeConfig
 
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2)
-    torch.manual_seed(0)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
-    target = load_target(tmp_path, device=device)
+    target = load_target(tiny_llama, device=device)
     target.set_kernels("triton")
     prompts = [[1, 50, 35, 28, 19] * 3, [1, 88, 9] * 3, [1, 40, 17, 22, 77, 30, 5, 6, 7] * 2]
     params, lookup, max_len = SamplingParams(max_new_tokens=10), LookupConfig(4), 96
