@@ -140,3 +140,18 @@ def tiny_draft(tiny_target, tmp_path_factory) -> Path:
 def random_draft():
     """`save_random_draft(target folder, out, recorded target name)`."""
     return save_random_draft
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A random 2-layer Llama (vocab 97, hidden 64) small enough for the interpreted Triton kernels, written once
+    per test module (load it with load_target)."""
+    import torch
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    return folder
