@@ -178,13 +178,14 @@ def main() -> None:
         draft_loop = timed(draft_loop_of(TreeConfig(6, 10, 60)), args.iters, dev)  # an EAGLE-2 tree, 60 tokens
     roofline = weight_bytes / bandwidth
     from toolkit.infer.kernels.epilogues import enabled as epilogues_enabled  # imports Triton: only once the
-    from toolkit.infer.kernels.pdl import enabled as pdl_enabled              # steps ran
+    from toolkit.infer.kernels.pdl import enabled as pdl_enabled, max_rows    # steps ran
     predicted = {f"tau={tau}, chain k={k}": round(tau * decode / (verify.get(k + 1, verify[8]) + k * draft_in_chain),
                                                   2)
                  for tau in (2, 3, 4) for k in (3, 7) if k + 1 in verify}
     out = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
            "dtype": args.dtype, "context": ctx, "cache_slots": slots, "kernels": args.kernels,
            "cuda_graphs": args.cuda_graphs, "pdl": args.kernels == "triton" and pdl_enabled(torch.device(dev)),
+           "pdl_max_rows": max_rows(torch.device(dev)),
            "epilogues": args.kernels == "triton" and epilogues_enabled(torch.device(dev)),
            "weight_gb": round(weight_bytes / 1e9, 3),
            "copy_bandwidth_gb_s": round(bandwidth / 1e9, 1), "decode_ms": round(decode * 1e3, 3),

@@ -56,6 +56,24 @@ def test_never_where_it_cannot_run(compiled, monkeypatch):
     assert not pdl.enabled(CUDA)
 
 
+def test_a_row_limit_keeps_pdl_to_the_launches_over_few_rows(compiled, monkeypatch):
+    """TOOLKIT_PDL_MAX_ROWS, else the device entry's "pdl_max_rows": launches over more token rows go without."""
+    monkeypatch.setenv("TOOLKIT_PDL", "on")
+    on, off = {"PDL": True, "launch_pdl": True}, {"PDL": False}
+    assert [pdl.launch_kw(CUDA, rows) for rows in (1, 8, 64)] == [on, on, on]  # no limit by default
+    monkeypatch.setenv("TOOLKIT_PDL_MAX_ROWS", "1")
+    assert [pdl.launch_kw(CUDA, rows) for rows in (1, 2, 8)] == [on, off, off]
+    monkeypatch.delenv("TOOLKIT_PDL_MAX_ROWS")
+    monkeypatch.setattr(gemv, "tuned_configs", lambda name: {"pdl": True, "pdl_max_rows": 4})
+    assert [pdl.launch_kw(CUDA, rows) for rows in (1, 4, 5)] == [on, on, off]
+    monkeypatch.setenv("TOOLKIT_PDL", "off")
+    assert pdl.launch_kw(CUDA, 1) == off  # the limit never turns PDL on
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv("TOOLKIT_PDL_MAX_ROWS", bad)
+        with pytest.raises(ValueError, match=f"pdl_max_rows='{bad}'; accepted: a whole number of rows >= 1"):
+            pdl.max_rows(CUDA)
+
+
 def test_a_bad_mode_is_refused_with_the_accepted_ones(compiled, monkeypatch):
     monkeypatch.setenv("TOOLKIT_PDL", "yes")
     with pytest.raises(ValueError, match="TOOLKIT_PDL='yes'; accepted: auto, on, off"):

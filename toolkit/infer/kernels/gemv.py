@@ -321,5 +321,5 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         x, w, y, bias if bias is not None else x, r, rows, N, K, x.stride(0), w.stride(0), w.stride(1), y.stride(0),
         r.stride(0), *ep_args, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         UPCAST=os.environ.get("TRITON_INTERPRET") == "1", BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
-        EPILOGUE=ep, num_warps=warps, num_stages=stages, **launch_kw(x.device))
+        EPILOGUE=ep, num_warps=warps, num_stages=stages, **launch_kw(x.device, rows))
     return shaped(y)

@@ -88,5 +88,5 @@ def greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor |
                               emb.stride(0), 0 if out is None else out.stride(0),
                               BLOCK_N=min(block_n, triton.next_power_of_2(N)),
                               BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))), num_warps=num_warps,
-                              **launch_kw(logits.device))
+                              **launch_kw(logits.device, R))
     return tok, out

@@ -72,7 +72,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tenso
         raise ValueError("rms_norm needs a contiguous last dimension")
     _rms_norm_kernel[(x2.shape[0],)](x2, r2, w, y, h, N, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
                                      HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N),
-                                     **launch_kw(x.device))
+                                     **launch_kw(x.device, x2.shape[0]))
     y = y.view(x.shape) if out is None else out
     return y if residual is None else (h.view(x.shape), y)
 
@@ -108,7 +108,7 @@ def rms_norm_pair(x: torch.Tensor, w: torch.Tensor, x2: torch.Tensor, w2: torch.
     y = torch.empty(a.shape[0], N1 + N2, dtype=x.dtype, device=x.device)
     _rms_norm_pair_kernel[(a.shape[0], 2)](a, b, w, w2, y, N1, N2, eps, eps if eps2 is None else eps2, a.stride(0),
                                            b.stride(0), y.stride(0), BLOCK=triton.next_power_of_2(max(N1, N2)),
-                                           **launch_kw(x.device))
+                                           **launch_kw(x.device, a.shape[0]))
     return y.view(*x.shape[:-1], N1 + N2)
 
 
@@ -136,7 +136,7 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
         raise ValueError("silu_mul needs a contiguous last dimension")
     out = torch.empty(gu.shape[0], I2 // 2, dtype=gu.dtype, device=gu.device)
     _silu_mul_kernel[(gu.shape[0], triton.cdiv(I2 // 2, block))](gu, out, I2 // 2, gu.stride(0), out.stride(0),
-                                                                 BLOCK=block, **launch_kw(gu.device))
+                                                                 BLOCK=block, **launch_kw(gu.device, gu.shape[0]))
     return out.view(*gate_up.shape[:-1], I2 // 2)
 
 
@@ -195,7 +195,7 @@ def rope_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sl
     _rope_cache_kernel[(B * T, num_heads + num_kv_heads)](
         qkv, cos, sin, slots, q, cache_k, cache_v, T, num_heads, num_kv_heads, D, qkv.stride(1), slots.stride(0),
         cache_k.stride(0), cache_k.stride(1), cache_k.stride(2), cache_v.stride(0), cache_v.stride(1),
-        cache_v.stride(2), BLOCK_D=triton.next_power_of_2(D), **launch_kw(qkv.device))
+        cache_v.stride(2), BLOCK_D=triton.next_power_of_2(D), **launch_kw(qkv.device, B * T))
     return q.transpose(1, 2)
 
 
@@ -221,5 +221,5 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype, factor:
     cos = torch.empty(B, 1, T, 2 * half, dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
     _cos_sin_kernel[(B * T,)](positions.contiguous(), inv_freq, cos, sin, factor, HALF=half,
-                              BLOCK=triton.next_power_of_2(2 * half), **launch_kw(positions.device))
+                              BLOCK=triton.next_power_of_2(2 * half), **launch_kw(positions.device, B * T))
     return cos, sin

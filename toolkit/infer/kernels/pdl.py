@@ -21,6 +21,11 @@ in the compiled PTX that nothing but a GEMV's weight loads comes before the wait
 TOOLKIT_PDL picks it: "off", "on" (wherever the device supports it: CUDA, compute capability >= 9), or "auto"
 (default): on where the device's entry in gemv_configs.json says `"pdl": true`, which a measurement on that
 device sets (benchmarks/gpu/lease.sh times both). Off on CPU and under TRITON_INTERPRET=1.
+
+TOOLKIT_PDL_MAX_ROWS=N (or the entry's "pdl_max_rows") keeps it to launches over at most N token rows: on an H200
+PDL made the batch-1 decode step 4.8% faster and the verify step of 8 tokens 6.8% slower (RESULTS.md), so the
+one-row launches of decode and draft steps can take it while the verify step's row kernels do not. A launch
+without PDL beside ones with it is exact: it neither starts early nor lets the next kernel start before it ends.
 """
 from __future__ import annotations
 
@@ -55,10 +60,32 @@ def enabled(device: torch.device) -> bool:
     return bool(tuned_configs(_device_name(device)).get("pdl", False))
 
 
-def launch_kw(device: torch.device) -> dict:
+def max_rows(device: torch.device) -> int | None:
+    """The most token rows a launch with PDL may cover (TOOLKIT_PDL_MAX_ROWS, else the device's "pdl_max_rows" in
+    gemv_configs.json); None: any number."""
+    raw = os.environ.get("TOOLKIT_PDL_MAX_ROWS")
+    if raw is None:
+        from toolkit.infer.kernels.gemv import _device_name, tuned_configs
+
+        raw = tuned_configs(_device_name(device)).get("pdl_max_rows")
+        if raw is None:
+            return None
+    try:
+        limit = int(raw)
+    except (TypeError, ValueError):
+        limit = 0
+    if limit < 1 or str(raw).strip() != str(limit):
+        raise ValueError(f"TOOLKIT_PDL_MAX_ROWS / pdl_max_rows={raw!r}; accepted: a whole number of rows >= 1")
+    return limit
+
+
+def launch_kw(device: torch.device, rows: int = 1) -> dict:
     """The keyword arguments every launch in this package adds: the kernel's PDL constexpr, and Triton's launch
-    flag where it is on."""
-    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}
+    flag where it is on for a launch over `rows` token rows (max_rows)."""
+    if not enabled(device):
+        return {"PDL": False}
+    limit = max_rows(device)
+    return {"PDL": True, "launch_pdl": True} if limit is None or rows <= limit else {"PDL": False}
 
 
 @triton.jit

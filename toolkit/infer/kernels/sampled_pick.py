@@ -81,5 +81,5 @@ def sampled_pick(logits: torch.Tensor, gumbel: torch.Tensor, inv_temp: torch.Ten
                                logits.stride(0), gumbel.stride(0), logp.stride(0), emb.stride(0),
                                0 if out is None else out.stride(0), BLOCK_N=min(block_n, triton.next_power_of_2(N)),
                                BLOCK_H=min(block_h, triton.next_power_of_2(max(H, 1))), num_warps=num_warps,
-                               **launch_kw(logits.device))
+                               **launch_kw(logits.device, R))
     return logp, tok, out

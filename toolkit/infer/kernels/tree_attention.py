@@ -149,11 +149,11 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1), out.stride(0), out.stride(1),
         out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), splits,
         BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial, num_warps=num_warps,
-        **launch_kw(q.device))
+        **launch_kw(q.device, B * T))
     if partial:
         _merge_kernel[(B * HQ * T,)](po, pm, pl, out, out.stride(0), out.stride(1), out.stride(2), T, D, HQ, splits,
                                      BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
-                                     **launch_kw(q.device))
+                                     **launch_kw(q.device, B * T))
     return out
 
 
@@ -197,5 +197,5 @@ def mask_lens(mask: torch.Tensor, tile: int = LENS_TILE, num_warps: int = LENS_W
     block_t = min(triton.next_power_of_2(max(T, 1)), 16)
     block_s = min(max(tile // block_t, 16), triton.next_power_of_2(max(S, 1)))
     _mask_lens_kernel[(B,)](m, out, T, S, m.stride(0), m.stride(1), BLOCK_T=block_t, BLOCK_S=block_s,
-                            num_warps=num_warps, **launch_kw(mask.device))
+                            num_warps=num_warps, **launch_kw(mask.device, B * T))
     return out
