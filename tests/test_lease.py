@@ -27,32 +27,45 @@ STUB = """#!/usr/bin/env bash
 # python here, for lease.sh: the benches print canned JSON, pytest a summary; anything else is the real python
 case "$1" in
   benchmarks/bench_gpu.py) cat "$FAKE/bench.json" ;;
-  benchmarks/bench_switch.py) cat "$FAKE/$3.json" ;;
+  benchmarks/bench_switch.py) f="$FAKE/$3.json"; [ "$3$TOOLKIT_PDL_MAX_ROWS" = pdl16 ] && f="$FAKE/pdl16.json"; cat "$f" ;;
   -m) echo "3 passed in 1.00s" ;;
   *) exec {python} "$@" ;;
 esac
 """
 
 
-@pytest.mark.parametrize("epi_on, epi_identical, pdl_on, want", [
-    ({"decode_ms": 4.17, "verify8_ms": 4.55}, True, {"decode_ms": 4.26}, "PDL off, epilogues on"),
-    ({"decode_ms": 4.17, "verify8_ms": 4.55}, False, {"decode_ms": 4.20, "draft_step_in_chain_ms": 0.21},
-     "PDL on, epilogues off"),  # outputs that differ keep a switch off, however fast
-    ({"decode_ms": 4.17, "verify8_ms": 4.80}, True, {"decode_ms": 4.20, "draft_step_in_chain_ms": 0.22},
-     "PDL off, epilogues off"),  # faster decode but a slower verify (epilogues) / draft step (PDL)
-    ({"decode_ms": 4.17, "verify8_ms": 4.55}, True, {"decode_ms": 3.90, "verify8_ms": 5.33},
-     "PDL off, epilogues on"),  # PDL's faster decode with a slower verify step (the H200's, on every launch)
-    ({"decode_ms": 4.17, "verify8_ms": 4.55}, True, {"decode_ms": 3.90, "verify8_ms": 4.72},
-     "PDL on, epilogues on"),  # within the 0.5% noise on the verify step
+EPI = {"decode_ms": 4.17, "verify8_ms": 4.55}
+
+
+@pytest.mark.parametrize("epi_on, epi_identical, pdl_on, pdl16_on, want", [
+    (EPI, True, {"decode_ms": 4.26}, None, "PDL off (rows <= 1), epilogues on"),
+    (EPI, False, {"decode_ms": 4.20, "draft_step_in_chain_ms": 0.21}, None,
+     "PDL on (rows <= 1), epilogues off"),  # outputs that differ keep a switch off, however fast
+    ({"decode_ms": 4.17, "verify8_ms": 4.80}, True, {"decode_ms": 4.20, "draft_step_in_chain_ms": 0.22}, None,
+     "PDL off (rows <= 1), epilogues off"),  # faster decode but a slower verify (epilogues) / draft step (PDL)
+    (EPI, True, {"decode_ms": 3.90, "verify8_ms": 5.33}, None,
+     "PDL off (rows <= 1), epilogues on"),  # PDL's faster decode with a slower verify step (the H200's, every launch)
+    (EPI, True, {"decode_ms": 3.90, "verify8_ms": 4.72}, None,
+     "PDL on (rows <= 1), epilogues on"),  # within the 0.5% noise on the verify step
+    (EPI, True, {"decode_ms": 3.90}, {"decode_ms": 3.90, "verify8_ms": 4.30},
+     "PDL on (rows <= 16), epilogues on"),  # on the verify step's launches too, where that made it faster
+    (EPI, True, {"decode_ms": 3.90}, {"decode_ms": 3.90, "verify8_ms": 5.00},
+     "PDL on (rows <= 1), epilogues on"),  # and not where it made it slower
+    (EPI, True, {"decode_ms": 3.90}, {"decode_ms": 3.90, "verify8_ms": 4.30, "differ": True},
+     "PDL on (rows <= 1), epilogues on"),  # faster, but its outputs differed
+    (EPI, True, {"decode_ms": 4.30}, {"decode_ms": 3.90, "verify8_ms": 4.60},
+     "PDL on (rows <= 16), epilogues on"),  # off on one row, on up to 16
 ])
 def test_the_lease_script_decides_each_switch_and_returns_at_most_8_files(tmp_path, epi_on, epi_identical, pdl_on,
-                                                                          want):
+                                                                          pdl16_on, want):
     fake, out, bin_dir = tmp_path / "fake", tmp_path / "out", tmp_path / "bin"
     for d in (fake, bin_dir):
         d.mkdir()
     (fake / "bench.json").write_text(json.dumps(BENCH))
     (fake / "epilogues.json").write_text(json.dumps(switch("TOOLKIT_EPILOGUES", "epilogues", epi_on, epi_identical)))
     (fake / "pdl.json").write_text(json.dumps(switch("TOOLKIT_PDL", "pdl", pdl_on)))
+    pdl16_on = dict(pdl16_on or {"decode_ms": 4.30})
+    (fake / "pdl16.json").write_text(json.dumps(switch("TOOLKIT_PDL", "pdl", pdl16_on, not pdl16_on.pop("differ", 0))))
     (bin_dir / "python").write_text(STUB.replace("{python}", sys.executable))
     (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'NVIDIA H200, 143771 MiB, 580.159.04'\n")
     for f in bin_dir.iterdir():
@@ -65,7 +78,7 @@ def test_the_lease_script_decides_each_switch_and_returns_at_most_8_files(tmp_pa
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8 and {"log.txt", "bench_before.json", "epilogues.json", "pdl.json", "tests.txt",
+    assert len(files) <= 8 and {"log.txt", "bench_before.json", "epilogues.json", "pdl.json", "pdl_rows16.json",
                                 "bench_4k.json"} <= set(files), files
     log = (out / "log.txt").read_text()
     assert f"for the sweep and the benches after it: {want}" in log, log[-3000:]

@@ -8,11 +8,12 @@
 # step's stderr and summary lines, the sweep's table, the registers per kernel as the driver loads them against
 # kernels/aot.py's offline figures, and at the end the decode and draft steps' kernels by GPU time);
 # bench_before.json (benchmarks/bench_gpu.py, the shipped GEMV configs, PDL and the paired epilogues as configured);
-# epilogues.json and pdl.json (benchmarks/bench_switch.py: TOOLKIT_EPILOGUES, kernels/epilogues.py, and TOOLKIT_PDL,
-# kernels/pdl.py, off / on / off: outputs bit-identical, step times);
-# gemv_configs.json (this device's sweep, run with each switch on where it won, its "pdl" and "epilogues" entries
-# set accordingly); bench_1k.json and bench_4k.json (after it); tests.txt (the kernel tests compiled, not
-# interpreted, and the CUDA-graph tests, with PDL and the epilogues on and then off).
+# epilogues.json, pdl.json and pdl_rows16.json (benchmarks/bench_switch.py: TOOLKIT_EPILOGUES, kernels/epilogues.py,
+# and TOOLKIT_PDL, kernels/pdl.py, on the one-row launches and on every launch of up to 16 rows, off / on / off:
+# outputs bit-identical, step times); gemv_configs.json (this device's sweep, run with each switch on where it won,
+# its "pdl", "pdl_max_rows" and "epilogues" entries set accordingly); bench_1k.json and bench_4k.json (after it).
+# The kernel tests compiled, not interpreted, and the CUDA-graph tests, with PDL and the epilogues on and then off,
+# go into the log.
 # Each step runs only while enough of the 570 s budget is left for it (BUDGET=... to change).
 set -uo pipefail
 out=${OUT:?set OUT to the folder for the results}
@@ -40,7 +41,7 @@ summary() {  # the figures RESULTS.md tracks, from the JSONs written so far
 python - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
-for name in ("epilogues", "pdl"):
+for name in ("epilogues", "pdl", "pdl_rows16"):
     try:
         p = json.loads((Path(sys.argv[1]) / f"{name}.json").read_text())
         print(f"{p['switch']} on {p['device']}: identical {p['identical']}, control {p['reproducible_without']}; "
@@ -67,18 +68,20 @@ bench=(python benchmarks/bench_gpu.py --cuda-graphs --kernels triton)  # an arra
 step 60 "bench (shipped configs)" "${bench[@]}" > "$out/bench_before.json" 2>> "$log"
 step 60 "bench_switch epilogues (rc 1: outputs differ)" python benchmarks/bench_switch.py --switch epilogues \
     > "$out/epilogues.json" 2>> "$log"
-# PDL on the launches over at most PDL_MAX_ROWS token rows (kernels/pdl.py): on an H200, PDL on the verify step's
-# row GEMVs made it 14% slower while the one-row launches made decode 11% faster (RESULTS.md, 2026-11-27)
-export TOOLKIT_PDL_MAX_ROWS=${PDL_MAX_ROWS:-1}
-step 60 "bench_switch pdl, rows <= $TOOLKIT_PDL_MAX_ROWS (rc 1: outputs differ)" python benchmarks/bench_switch.py \
+# PDL on the launches over at most 1 token row, then 16 (every launch of a verify step; kernels/pdl.py): on an
+# H200, PDL on the verify step's row GEMVs made it 14% slower, when they loaded nothing before the wait, while the
+# one-row launches made decode 11% faster (RESULTS.md, 2026-11-27); they now load their first W tile ahead too
+TOOLKIT_PDL_MAX_ROWS=1 step 60 "bench_switch pdl, rows <= 1 (rc 1: outputs differ)" python benchmarks/bench_switch.py \
     --switch pdl > "$out/pdl.json" 2>> "$log"
+TOOLKIT_PDL_MAX_ROWS=16 step 60 "bench_switch pdl, rows <= 16 (rc 1: outputs differ)" python \
+    benchmarks/bench_switch.py --switch pdl > "$out/pdl_rows16.json" 2>> "$log"
 summary | tee -a "$log"
 # a switch stays on for the sweep and the benches after it (and goes into this device's gemv_configs.json entry)
 # only where its outputs were bit-identical and the decode step got faster without the steps it must not slow
 # (PDL: the draft step and the verify step of 8; the epilogues: the verify step of 8) getting slower; the compiled
 # tests with both on run at the end (tests.txt): read them before committing the entry
-decide() {  # decide NAME STEP...: on / off from $out/NAME.json
-python - "$out/$1.json" "$@" <<'EOF'
+decide() {  # decide FILE SWITCH STEP...: on / off from $out/FILE.json
+python - "$out/$1.json" "${@:2}" <<'EOF'
 import json, sys
 try:
     p = json.loads(open(sys.argv[1]).read())
@@ -91,10 +94,21 @@ except (OSError, ValueError, KeyError, IndexError):
     print("off")
 EOF
 }
-pdl=$(decide pdl draft_step_in_chain_ms verify8_ms)
-epilogues=$(decide epilogues verify8_ms)
-echo "for the sweep and the benches after it: PDL $pdl, epilogues $epilogues" | tee -a "$log"
-export TOOLKIT_EPILOGUES=$epilogues TOOLKIT_PDL=$pdl
+pdl=$(decide pdl pdl draft_step_in_chain_ms verify8_ms)
+pdl16=$(decide pdl_rows16 pdl draft_step_in_chain_ms verify8_ms)
+faster16() {  # PDL on up to 16 rows gave a faster verify step of 8 than on one row
+python - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+one, all16 = (json.loads((Path(sys.argv[1]) / f).read_text())["on"] for f in ("pdl.json", "pdl_rows16.json"))
+sys.exit(0 if all16["verify8_ms"] < one["verify8_ms"] else 1)
+EOF
+}
+rows=1
+if [ "$pdl16" = on ] && { [ "$pdl" = off ] || faster16; }; then pdl=on rows=16; fi
+epilogues=$(decide epilogues epilogues verify8_ms)
+echo "for the sweep and the benches after it: PDL $pdl (rows <= $rows), epilogues $epilogues" | tee -a "$log"
+export TOOLKIT_EPILOGUES=$epilogues TOOLKIT_PDL=$pdl TOOLKIT_PDL_MAX_ROWS=$rows
 if [ "${SWEEP:-1}" = 1 ] && step 90 "sweep" python benchmarks/bench_gemv.py --sweep \
         --write-configs toolkit/infer/kernels/gemv_configs.json >> "$log" 2>&1; then
     python - "$pdl" "$epilogues" "$TOOLKIT_PDL_MAX_ROWS" <<'EOF'
@@ -116,12 +130,11 @@ summary | tee -a "$log"
 tests=(tests/infer/kernels/test_gemv.py tests/infer/kernels/test_epilogues.py tests/infer/kernels/test_greedy_pick.py
        tests/infer/kernels/test_sampled_pick.py tests/infer/kernels/test_layer_ops.py
        tests/infer/kernels/test_tree_attention.py tests/infer/test_gpu.py)
-TOOLKIT_PDL=on TOOLKIT_EPILOGUES=on step 60 "kernel tests, PDL and epilogues on" python -m pytest -q -x "${tests[@]}" \
-    > "$out/tests.txt" 2>&1
-tail -1 "$out/tests.txt" | tee -a "$log"
-TOOLKIT_PDL=off TOOLKIT_EPILOGUES=off step 60 "kernel tests, both off" python -m pytest -q -x "${tests[@]}" \
-    >> "$out/tests.txt" 2>&1
-tail -1 "$out/tests.txt" | tee -a "$log"
+TOOLKIT_PDL=on TOOLKIT_PDL_MAX_ROWS=16 TOOLKIT_EPILOGUES=on step 60 "kernel tests, PDL and epilogues on" python -m \
+    pytest -q -x "${tests[@]}" >> "$log" 2>&1
+tail -1 "$log" >&3
+TOOLKIT_PDL=off TOOLKIT_EPILOGUES=off step 60 "kernel tests, both off" python -m pytest -q -x "${tests[@]}" >> "$log" 2>&1
+tail -1 "$log" >&3
 step 60 "bench 4k" "${bench[@]}" --context 4096 > "$out/bench_4k.json" 2>> "$log"
 
 step 40 "aot on this device" python - >> "$log" 2>&1 <<'EOF'

@@ -138,7 +138,8 @@ def before_wait(ptx: str) -> tuple[int, int]:
     pre, found, _ = ptx.partition("griddepcontrol.wait")
     if not found:
         return -1, -1
-    return (len(re.findall(r"\bld\.global", pre)), len(re.findall(r"\b(?:st|atom|red)\.global", pre)))
+    loads = r"\bld\.global|\bcp\.async\.(?:ca|cg)\.shared\.global|\bcp\.async\.bulk"  # the async copies too
+    return len(re.findall(loads, pre)), len(re.findall(r"\b(?:st|atom|red)\.global", pre))
 
 
 def _heads(c, model, dtype, draft_vocab: int) -> dict:
@@ -309,8 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     rows, counts = compile_engine(config, dtype, args.arch, args.device, pdl, context=args.context)
     one = compile_engine(config, dtype, args.arch, args.device, pdl, context=args.context, layers=1)[1]
+    from toolkit.infer.kernels.pdl import max_rows
+
+    with compiled_for(args.arch, args.device, pdl):  # read as the engine reads it on that device
+        limit = max_rows(torch.device("meta")) if pdl else None
     print(f"{len(rows)} kernel specializations compiled for sm_{args.arch} ({args.device} configs, {args.dtype}, "
-          f"PDL {'on' if pdl else 'off'}, epilogues {'on' if epilogues else 'off'}, "
+          f"PDL {'off' if not pdl else 'on' if limit is None else f'on launches of <= {limit} rows'}, "
+          f"epilogues {'on' if epilogues else 'off'}, "
           f"Llama-3.1-8B shapes, EAGLE-3 head with a 32k vocabulary, {args.context} context)")
     print(f"{'kernel':<20} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} {'ld/st before wait':>17}  "
           f"constexprs; steps")
@@ -327,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         from toolkit.atomic import write_text
 
         write_text(Path(args.json), json.dumps({"arch": args.arch, "device": args.device, "dtype": args.dtype, "pdl": pdl,
-                                                "epilogues": epilogues,
+                                                "pdl_max_rows": limit, "epilogues": epilogues,
                                                 "kernels": [asdict(r) for r in rows],
                                                 "launches_per_step": launches}, indent=1) + "\n")
     return 1 if any(r.local_bytes for r in rows) else 0

@@ -160,6 +160,15 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
 
 
 @triton.jit
+def _rows_dot(acc, xk, w, UPCAST: tl.constexpr):
+    """acc + xk @ w^T on the matrix unit. UPCAST: the interpreter's bf16 tl.dot is wrong, so fp32 operands (exact
+    products of the same values); else the dtype's own (fp32: "ieee", no tf32)."""
+    if UPCAST:
+        return acc + tl.dot(xk.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+    return acc + tl.dot(xk, tl.trans(w), input_precision="ieee")
+
+
+@triton.jit
 def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, sr,
                  cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr,
@@ -167,21 +176,25 @@ def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, s
                  PDL: tl.constexpr):
     """Up to BLOCK_M (16) rows at once on the matrix unit (a verify step's 2-16 tokens, a batch's decode step):
     each W tile is loaded once for all rows, and the loads feed tl.dot, so Triton pipelines them. Prologues run
-    before it as their own kernels: folded in, they cost more than they save (an H100 sweep, RESULTS.md)."""
-    wait_prior(PDL)
+    before it as their own kernels: folded in, they cost more than they save (an H100 sweep, RESULTS.md). With
+    PDL the first W tile is loaded before the wait, as _gemv_kernel's (kernels/pdl.py), and its product is the
+    loop's first step, peeled: the same sums in the same order."""
     n = pair_rows(tl.program_id(0), N, D2, BLOCK_N, EPILOGUE)
     m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M
     cols = tl.arange(0, BLOCK_K)
+    w_first = tl.load(w_ptr + n[:, None] * swn + cols[None, :] * swk, mask=n_ok[:, None] & (cols < K)[None, :],
+                      other=0.0) if PDL else None
+    wait_prior(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if PDL:
+        xk = tl.load(x_ptr + m[:, None] * sx + cols[None, :], mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
+        acc = _rows_dot(acc, xk, w_first, UPCAST)
+    for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
         k = k0 + cols
         xk = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
         w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
-        if UPCAST:  # the interpreter's bf16 tl.dot is wrong: fp32 operands (exact products of the same values)
-            acc += tl.dot(xk.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:
-            acc += tl.dot(xk, tl.trans(w), input_precision="ieee")   # fp32: no tf32
+        acc = _rows_dot(acc, xk, w, UPCAST)
     y = acc
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
