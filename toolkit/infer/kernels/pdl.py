@@ -23,9 +23,11 @@ TOOLKIT_PDL picks it: "off", "on" (wherever the device supports it: CUDA, comput
 device sets (benchmarks/gpu/lease.sh times both). Off on CPU and under TRITON_INTERPRET=1.
 
 TOOLKIT_PDL_MAX_ROWS=N (or the entry's "pdl_max_rows") keeps it to launches over at most N token rows: on an H200
-PDL made the batch-1 decode step 4.8% faster and the verify step of 8 tokens 6.8% slower (RESULTS.md), so the
-one-row launches of decode and draft steps can take it while the verify step's row kernels do not. A launch
-without PDL beside ones with it is exact: it neither starts early nor lets the next kernel start before it ends.
+PDL on every launch made the batch-1 decode step 4.8% faster and the verify step of 8 tokens 6.8% slower, and on
+the one-row launches alone decode 11% and the draft step 12% faster with the verify step unchanged (RESULTS.md,
+2026-11-27), when the verify step's row GEMV loaded nothing before its wait (it now loads its first tile too:
+lease.sh measures both limits). A launch without PDL beside ones with it is exact: it neither starts early nor
+lets the next kernel start before it ends.
 """
 from __future__ import annotations
 
