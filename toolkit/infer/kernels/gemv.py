@@ -92,7 +92,7 @@ def _x_tile(x_ptr, nw_ptr, k, width, inv, PROLOGUE: tl.constexpr, EVEN: tl.const
 
 @triton.jit
 def _w_tile(w_ptr, n, n_ok, k, width, swn, swk, EVEN: tl.constexpr):
-    """W[n, k] (columns past `width` as zeros unless EVEN: none are)."""
+    """W[n, k] (columns past `width` as zeros unless EVEN: none are); the rows kernel reads x's rows with it too."""
     if EVEN:
         return tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None], other=0.0)
     return tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < width)[None, :], other=0.0)
@@ -183,17 +183,14 @@ def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, s
     m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M
     cols = tl.arange(0, BLOCK_K)
-    w_first = tl.load(w_ptr + n[:, None] * swn + cols[None, :] * swk, mask=n_ok[:, None] & (cols < K)[None, :],
-                      other=0.0) if PDL else None
+    w_first = _w_tile(w_ptr, n, n_ok, cols, K, swn, swk, False) if PDL else None
     wait_prior(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if PDL:
-        xk = tl.load(x_ptr + m[:, None] * sx + cols[None, :], mask=m_ok[:, None] & (cols < K)[None, :], other=0.0)
-        acc = _rows_dot(acc, xk, w_first, UPCAST)
+        acc = _rows_dot(acc, _w_tile(x_ptr, m, m_ok, cols, K, sx, 1, False), w_first, UPCAST)
     for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
-        k = k0 + cols
-        xk = tl.load(x_ptr + m[:, None] * sx + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
-        w = tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+        k = k0 + cols  # x's rows are a tile like W's: [BLOCK_M, BLOCK_K]
+        xk, w = _w_tile(x_ptr, m, m_ok, k, K, sx, 1, False), _w_tile(w_ptr, n, n_ok, k, K, swn, swk, False)
         acc = _rows_dot(acc, xk, w, UPCAST)
     y = acc
     if HAS_BIAS:
