@@ -22,12 +22,13 @@ import torch.nn.functional as F
 from toolkit.infer.kernels.gemv import gemv, gemv_config, reference_gemv
 from toolkit.infer.kernels.layer_ops import rms_norm, silu_mul
 
-# (name, N, K, prologue, residual, epilogue): Llama-3.1-8B's layer and readout, the EAGLE-3 head's first layer and
-# readout. The epilogue (kernels/epilogues.py) is timed where TOOLKIT_EPILOGUES turns it on for this device, as the
-# engine then runs it: q/k/v with RoPE + cache write, gate/up with SiLU-mul, and down without its SiLU prologue
+# (name, N, K, prologue, residual, epilogue): Llama-3.1-8B's layer and readout (the final norm its prologue, as
+# model.py runs it), the EAGLE-3 head's first layer and readout. The epilogue (kernels/epilogues.py) is timed where
+# TOOLKIT_EPILOGUES turns it on for this device, as the engine then runs it: q/k/v with RoPE + cache write, gate/up
+# with SiLU-mul, and down without its SiLU prologue
 SHAPES = [("qkv", 6144, 4096, "norm", False, "rope"), ("o_proj", 4096, 4096, None, True, None),
           ("gate_up", 28672, 4096, "norm", False, "silu"), ("down", 4096, 14336, "silu", True, None),
-          ("lm_head", 128256, 4096, None, False, None), ("draft_qkv", 6144, 8192, "norm2", False, "rope"),
+          ("lm_head", 128256, 4096, "norm", False, None), ("draft_qkv", 6144, 8192, "norm2", False, "rope"),
           ("draft_lm_head", 32000, 4096, "norm", False, None)]
 HEADS, KV_HEADS, HEAD_DIM, SLOTS = 32, 8, 128, 1088  # the q/k/v epilogue's heads and cache (1k context)
 
@@ -73,6 +74,7 @@ EW = [("ew", bn, bk, w, 1) for bn in (1, 2, 4, 8, 16) for bk in (256, 512, 1024)
       if bn * bk <= 64 * 32 * w]
 EW1 = [("ew1",) + cfg[1:] for cfg in EW]  # a norm's statistic from one load of the row
 DOT = [("dot", bn, bk, 4, st) for bn in (16, 32, 64) for bk in (128, 256) for st in (3, 4)]
+DOTN = [("dotn",) + cfg[1:] for cfg in DOT]  # the same with an RMSNorm prologue folded in (no norm kernel first)
 TORCH = [("torch", 0, 0, 0, 0)]  # the prologue's kernel, then cuBLAS (and the residual add)
 
 
@@ -141,8 +143,9 @@ def main() -> None:
             if args.sweep:
                 best = None
                 ews = EW + EW1 if prologue in ("norm", "norm2") else EW
-                for cfg in (ews if M == 1 else DOT) + TORCH:
-                    if cfg[2] > max(256, K) or (cfg[0] == "dot" and N // cfg[1] < 64):
+                dots = DOT + DOTN if prologue == "norm" else DOT
+                for cfg in (ews if M == 1 else dots) + TORCH:
+                    if cfg[2] > max(256, K) or (cfg[0] in ("dot", "dotn") and N // cfg[1] < 64):
                         continue
                     t = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, config=cfg, x2=x2, norm_w2=nw2,
                                                  **ep) for w in ws], copies)

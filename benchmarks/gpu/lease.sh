@@ -11,7 +11,9 @@
 # epilogues.json, pdl.json and pdl_rows16.json (benchmarks/bench_switch.py: TOOLKIT_EPILOGUES, kernels/epilogues.py,
 # and TOOLKIT_PDL, kernels/pdl.py, on the one-row launches and on every launch of up to 16 rows, off / on / off:
 # outputs bit-identical, step times); gemv_configs.json (this device's sweep, run with each switch on where it won,
-# its "pdl", "pdl_max_rows" and "epilogues" entries set accordingly); bench_1k.json and bench_4k.json (after it).
+# its "pdl", "pdl_max_rows" and "epilogues" entries set accordingly; its candidates for several rows include "dotn",
+# the RMSNorm folded into the rows kernel: a verify step of 8 then launches no norm kernels, 195 launches as a
+# decode step against 260); bench_1k.json and bench_4k.json (after it).
 # The kernel tests compiled, not interpreted, and the CUDA-graph tests, with PDL and the epilogues on and then off,
 # go into the log.
 # Each step runs only while enough of the 570 s budget is left for it (BUDGET=... to change).

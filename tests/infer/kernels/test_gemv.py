@@ -28,8 +28,9 @@ def rand(*shape, dtype=torch.float32, seed=0):
 @pytest.mark.parametrize("extras", ["", "bias+residual"])
 @pytest.mark.parametrize("rows, config", [(1, ("ew", 8, 64, 4, 1)), (1, ("ew1", 8, 64, 4, 1)),
                                           (1, ("dot", 16, 64, 4, 2)), (5, ("dot", 32, 32, 4, 2)), (16, None),
-                                          (3, ("torch", 0, 0, 0, 0))],
-                         ids=["ew", "ew1", "dot1", "dot5", "dot16", "torch3"])
+                                          (3, ("torch", 0, 0, 0, 0)), (5, ("dotn", 32, 32, 4, 2)),
+                                          (16, ("dotn", 16, 128, 4, 3))],
+                         ids=["ew", "ew1", "dot1", "dot5", "dot16", "torch3", "dotn5", "dotn16"])
 def test_gemv_equals_the_torch_path(dtype, prologue, n, k, extras, rows, config):
     x = rand(1, rows, 2 * k if prologue == "silu" else k, dtype=dtype, seed=1)
     w = rand(n, k, dtype=dtype, seed=2) / k ** 0.5
@@ -68,6 +69,58 @@ def test_the_two_tensor_prologues_equal_the_torch_path(dtype, prologue, k1, k2, 
     if prologue == "norm2":
         with pytest.raises(ValueError, match="norm_w2 of shape"):
             gemv(x, w, "norm2", nw, 1e-5, x2=x2, norm_w2=nw2[1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1.0, 300.0])
+def test_a_dotn_config_folds_the_norm_into_the_rows_kernel(monkeypatch, dtype, scale):
+    """"dotn": the RMSNorm's statistic summed from the x tiles the rows kernel loads, applied to the products at
+    the end: no norm kernel runs, and the numbers are the torch path's for rows of any scale (the factor is
+    1 / RMS, so x's scale cancels); "dot" runs the norm's own kernel."""
+    from toolkit.infer.kernels import layer_ops
+
+    norms, real = [], layer_ops.rms_norm
+    monkeypatch.setattr(layer_ops, "rms_norm", lambda *a, **k: norms.append(1) or real(*a, **k))
+    x = rand(1, 7, 200, dtype=dtype, seed=1) * scale
+    w, nw = rand(70, 200, dtype=dtype, seed=2) / 200 ** 0.5, rand(200, dtype=dtype, seed=3)
+    want = reference_gemv(x, w, "norm", nw, 1e-5)
+    for kind, runs in (("dotn", 0), ("dot", 1)):
+        norms.clear()
+        y = gemv(x, w, "norm", nw, 1e-5, config=(kind, 16, 64, 4, 2))
+        assert len(norms) == runs, kind
+        assert (y.float() - want.float()).norm() / want.float().norm() <= TOL[dtype], kind
+    y = gemv(x[:, :1], w, "norm", nw, 1e-5, config=("dotn", 16, 64, 4, 2))  # one row through the rows kernel
+    assert (y.float() - want[:, :1].float()).norm() / want[:, :1].float().norm() <= TOL[dtype]
+
+
+def test_a_verify_step_with_the_norms_folded_equals_the_torch_path(tiny_llama, monkeypatch):
+    """A target model's step of 6 tokens (a verify step) on row_step's path with every several-row GEMV a
+    "dotn" config (both norms of a layer and the readout's folded into the rows kernel) gives the torch path's
+    logits and KV cache, and no norm kernel runs."""
+    import toolkit.infer.kernels.gemv as gemv_module
+    from toolkit.infer.kernels import layer_ops
+    from toolkit.infer.kv_cache import KVCache
+    from toolkit.infer.loading import load_target
+
+    model = load_target(tiny_llama, device=device)
+    picked = []
+    monkeypatch.setattr(gemv_module, "gemv_config",
+                        lambda n, k, rows=1, device=None: picked.append(rows) or ("dotn", 16, 64, 4, 2))
+    prompt, step = torch.randint(0, 97, (1, 9), device=device), torch.randint(0, 97, (1, 6), device=device)
+    outs = []
+    for kernels in ("torch", "triton"):
+        model.set_kernels(kernels)
+        cache = KVCache(model.config, 1, 24, device=device)
+        with torch.no_grad():
+            model(prompt, cache=cache)
+            norms, real = [], layer_ops.rms_norm
+            monkeypatch.setattr(layer_ops, "rms_norm", lambda *a, **k: norms.append(1) or real(*a, **k))
+            logits = model(step, torch.arange(9, 15, device=device)[None], cache=cache)[0]
+            monkeypatch.setattr(layer_ops, "rms_norm", real)
+        outs.append((logits, cache.k.clone(), cache.v.clone()))
+    assert not norms and picked.count(6) == 2 * 4 + 1, picked  # 2 layers x 4 GEMVs + the readout, 6 rows each
+    for want, got in zip(*outs):
+        assert (want - got).abs().max() <= 1e-4
 
 
 def test_either_weight_layout_and_the_default_config():

@@ -1,6 +1,6 @@
 """Projections of steps of 1-16 tokens (decode, verify and draft steps) as Triton kernels beside their torch
 reference: one row as a GEMV with the layer's small steps folded in (_gemv_kernel), 2-16 rows on the matrix unit
-(_rows_kernel, its prologue run first as its own kernel).
+(_rows_kernel, its prologue run first as its own kernel, or an RMSNorm folded in: "dotn").
 
     y = epilogue(W @ prologue(x))        x one row [K] (or [2K] for silu), W [N, K] (any strides), y [N]
 prologue:  none | "norm": RMSNorm(x) * norm_w, rounded as model.RMSNorm rounds it
@@ -169,16 +169,31 @@ def _rows_dot(acc, xk, w, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, sr,
+def _rows_x(x_ptr, nw_ptr, m, m_ok, k, K, sx, ss, NORM: tl.constexpr):
+    """x's rows at columns k, a tile like W's ([BLOCK_M, BLOCK_K]), and the rows' running sums of squares. NORM:
+    times the norm's weights nw[k], rounded to x's dtype; the 1 / RMS factor waits for the whole row (_rows_kernel)."""
+    xk = _w_tile(x_ptr, m, m_ok, k, K, sx, 1, False)
+    if NORM:
+        xf = xk.to(tl.float32)
+        ss += tl.sum(xf * xf, 1)
+        xk = (xf * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]).to(xk.dtype)
+    return xk, ss
+
+
+@triton.jit
+def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, nw_ptr, M, N, K, eps, sx, swn, swk, sy, sr,
                  cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs,
-                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr, NORM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
                  PDL: tl.constexpr):
     """Up to BLOCK_M (16) rows at once on the matrix unit (a verify step's 2-16 tokens, a batch's decode step):
-    each W tile is loaded once for all rows, and the loads feed tl.dot, so Triton pipelines them. Prologues run
-    before it as their own kernels: folded in, they cost more than they save (an H100 sweep, RESULTS.md). With
-    PDL the first W tile is loaded before the wait, as _gemv_kernel's (kernels/pdl.py), and its product is the
-    loop's first step, peeled: the same sums in the same order."""
+    each W tile is loaded once for all rows, and the loads feed tl.dot, so Triton pipelines them. With PDL the
+    first W tile is loaded before the wait, as _gemv_kernel's (kernels/pdl.py), and its product is the loop's
+    first step, peeled: the same sums in the same order. Prologues run before it as their own kernels ("dot"),
+    except, in "dotn" configs, the RMSNorm: RMSNorm(x) W^T = (1 / RMS(x)) * ((x * nw) W^T) row by row, so the
+    statistic is summed from the x tiles the loop loads anyway and applied to the products at the end; no pass
+    over x before the weights stream (an earlier fold of the prologues, the SiLU-mul's too, made the verify step
+    1.9x a decode step on an H100: RESULTS.md). It rounds x * nw once where model.RMSNorm rounds twice."""
     n = pair_rows(tl.program_id(0), N, D2, BLOCK_N, EPILOGUE)
     m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M
@@ -186,13 +201,17 @@ def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, M, N, K, sx, swn, swk, sy, s
     w_first = _w_tile(w_ptr, n, n_ok, cols, K, swn, swk, False) if PDL else None
     wait_prior(PDL)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    ss = tl.zeros([BLOCK_M], tl.float32)
     if PDL:
-        acc = _rows_dot(acc, _w_tile(x_ptr, m, m_ok, cols, K, sx, 1, False), w_first, UPCAST)
+        xk, ss = _rows_x(x_ptr, nw_ptr, m, m_ok, cols, K, sx, ss, NORM)
+        acc = _rows_dot(acc, xk, w_first, UPCAST)
     for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
-        k = k0 + cols  # x's rows are a tile like W's: [BLOCK_M, BLOCK_K]
-        xk, w = _w_tile(x_ptr, m, m_ok, k, K, sx, 1, False), _w_tile(w_ptr, n, n_ok, k, K, swn, swk, False)
-        acc = _rows_dot(acc, xk, w, UPCAST)
+        k = k0 + cols
+        xk, ss = _rows_x(x_ptr, nw_ptr, m, m_ok, k, K, sx, ss, NORM)
+        acc = _rows_dot(acc, xk, _w_tile(w_ptr, n, n_ok, k, K, swn, swk, False), UPCAST)
     y = acc
+    if NORM:  # [BLOCK_M, BLOCK_N] * [BLOCK_M, 1]
+        y = y * (1.0 / tl.sqrt(ss / K + eps))[:, None]
     if HAS_BIAS:
         y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_RESIDUAL:
@@ -226,8 +245,8 @@ def _device_name(device: torch.device) -> str:
 def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = None) -> tuple:
     """(kind, BLOCK_N, BLOCK_K, num_warps, num_stages); kind "ew" (one row, element-wise products; "ew1" the
     same with a norm's statistic from one load of the row instead of BLOCK_K values a load), "dot"
-    (_rows_kernel) or "torch" (cuBLAS after the prologue's kernel): the device's tuned entry for this shape if
-    there is one, else a rule from an H100 sweep."""
+    (_rows_kernel; "dotn" the same with a norm prologue folded in) or "torch" (cuBLAS after the prologue's
+    kernel): the device's tuned entry for this shape if there is one, else a rule from an H100 sweep."""
     hit = tuned_configs(_device_name(device or torch.device("cpu"))).get(f"{n}x{k}x{1 if rows == 1 else 'many'}")
     if hit:
         return tuple(hit)
@@ -323,13 +342,15 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         x = rms_norm_pair(x, norm_w, x2, norm_w2, eps)
     if prologue == "cat2":
         x = torch.cat([x, x2], -1)
-    x = rms_norm(x, norm_w, eps) if prologue == "norm" else silu_mul(x) if prologue == "silu" else x
+    fold_norm = kind == "dotn" and prologue == "norm"  # else the norm is its own kernel, as for "dot"
+    x = rms_norm(x, norm_w, eps) if prologue == "norm" and not fold_norm else silu_mul(x) if prologue == "silu" else x
     if kind == "torch":  # the separate kernels (cuBLAS), where the sweep found them faster for this shape
         y = torch.nn.functional.linear(x, w, bias)
         return (y if residual is None else r + y).view(*lead, N)
     _rows_kernel[grid](
-        x, w, y, bias if bias is not None else x, r, rows, N, K, x.stride(0), w.stride(0), w.stride(1), y.stride(0),
-        r.stride(0), *ep_args, HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        UPCAST=os.environ.get("TRITON_INTERPRET") == "1", BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
-        EPILOGUE=ep, num_warps=warps, num_stages=stages, **launch_kw(x.device, rows))
+        x, w, y, bias if bias is not None else x, r, norm_w if fold_norm else x, rows, N, K, eps, x.stride(0),
+        w.stride(0), w.stride(1), y.stride(0), r.stride(0), *ep_args, HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None, UPCAST=os.environ.get("TRITON_INTERPRET") == "1", NORM=fold_norm,
+        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, EPILOGUE=ep, num_warps=warps, num_stages=stages,
+        **launch_kw(x.device, rows))
     return shaped(y)
