@@ -84,10 +84,15 @@ def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(
     # a target decode step: 7 kernels a layer (qkv, RoPE + cache write, attention, merge, o, gate_up, down), 6 with
     # the paired epilogues (RoPE + cache write in the qkv GEMV), and 3 a step (cos / sin, the mask's bound, readout);
     # a verify step of 8 tokens 10 a layer (two norms, qkv, RoPE, attention, merge, o, gate_up, SiLU-mul, down), 8
+    # with the epilogues, and 4 a step (the readout's norm too);
     fused = epilogues == "on"
     assert report["epilogues"] is fused
     assert steps["decode (32 layers)"]["triton"] == (6 if fused else 7) * 32 + 3, steps["decode (32 layers)"]
-    assert steps["verify 8 (32 layers)"]["triton"] == (8 if fused else 10) * 32 + 4, steps["verify 8 (32 layers)"]
+    # less one a layer for each norm the entry folds into the rows kernel ("dotn": qkv's, gate_up's), one the readout's
+    entry = tuned_configs(device)
+    folded = [entry.get(f"{n}x4096xmany", [""])[0] == "dotn" for n in (6144, 28672, 128256)]
+    assert steps["verify 8 (32 layers)"]["triton"] == ((8 if fused else 10) - sum(folded[:2])) * 32 + 4 - folded[2], \
+        steps["verify 8 (32 layers)"]
     assert steps["decode (32 layers)"]["torch_ops"] == {"embedding": 1}
     for head in ("eagle3", "eagle2", "mtp"):
         step = steps[f"{head} draft step in a greedy chain"]
@@ -101,6 +106,35 @@ def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(
     assert sum(n for op, n in sampled.items() if op != "mm") <= 10, sampled
     # a 6 x 10 tree's bookkeeping: the round's fixed parts made once, ~20 small ops a step (it was 218 in all)
     assert steps["eagle3 tree 6 x 10 -> 60"]["torch"] <= 150, steps["eagle3 tree 6 x 10 -> 60"]
+
+
+FOLDED = """
+import json, sys, torch
+from toolkit.infer.config import ModelConfig
+from toolkit.infer.kernels import aot, gemv
+
+entry = {k: ["dotn"] + v[1:] if k.endswith("many") else v for k, v in gemv.tuned_configs("NVIDIA H200").items()}
+gemv.tuned_configs = lambda name: entry  # the H200's configs, every several-row one with the norm folded in
+c = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                max_position_embeddings=131072)
+rows, counts = aot.compile_engine(c, torch.bfloat16, 90, "NVIDIA H200", bool(entry.get("pdl")))
+json.dump({"kernels": [r.__dict__ for r in rows], "counts": counts}, sys.stdout)
+"""
+
+
+def test_the_rows_kernel_with_the_norm_folded_in_compiles_and_a_verify_step_launches_as_decode():
+    """"dotn" configs (kernels/gemv.py): with the H200's tiles, the rows kernels that fold the norm compile without
+    spills, and a verify step of 8 launches no more kernels than a decode step (its two norms a layer and the
+    readout's gone); the interpreter's tests (test_gemv.py) check their numbers."""
+    p = subprocess.run([sys.executable, "-c", FOLDED], env={**compiler_env(), "TOOLKIT_EPILOGUES": "on"},
+                       capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    report = json.loads(p.stdout)
+    folded = [k for k in report["kernels"] if k["kernel"] == "_rows_kernel" and k["constexprs"]["NORM"]]
+    assert folded and all(k["local_bytes"] == 0 and k["registers"] <= 255 for k in folded), folded
+    counts = report["counts"]
+    assert counts["verify 8"]["triton"] == counts["decode"]["triton"], counts
 
 
 BAD_KERNEL = '''
