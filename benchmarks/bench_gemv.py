@@ -74,7 +74,10 @@ EW = [("ew", bn, bk, w, 1) for bn in (1, 2, 4, 8, 16) for bk in (256, 512, 1024)
       if bn * bk <= 64 * 32 * w]
 EW1 = [("ew1",) + cfg[1:] for cfg in EW]  # a norm's statistic from one load of the row
 DOT = [("dot", bn, bk, 4, st) for bn in (16, 32, 64) for bk in (128, 256) for st in (3, 4)]
-DOTN = [("dotn",) + cfg[1:] for cfg in DOT]  # the same with an RMSNorm prologue folded in (no norm kernel first)
+# W as the MMA's first operand: 64-row tiles run on sm_90's wgmma (fewer registers, the buffers in shared memory)
+DOTS = [("dots", bn, bk, 4, st) for bn, bk in ((64, 128), (64, 256), (128, 64), (128, 128)) for st in (3, 4)]
+# either with an RMSNorm prologue folded in (no norm kernel first): tried where the shape has one
+DOTN = [("dotn",) + cfg[1:] for cfg in DOT] + [("dotsn",) + cfg[1:] for cfg in DOTS]
 TORCH = [("torch", 0, 0, 0, 0)]  # the prologue's kernel, then cuBLAS (and the residual add)
 
 
@@ -143,9 +146,9 @@ def main() -> None:
             if args.sweep:
                 best = None
                 ews = EW + EW1 if prologue in ("norm", "norm2") else EW
-                dots = DOT + DOTN if prologue == "norm" else DOT
+                dots = DOT + DOTS + (DOTN if prologue == "norm" else [])
                 for cfg in (ews if M == 1 else dots) + TORCH:
-                    if cfg[2] > max(256, K) or (cfg[0] in ("dot", "dotn") and N // cfg[1] < 64):
+                    if cfg[2] > max(256, K) or (cfg[0].startswith("dot") and N // cfg[1] < 64):
                         continue
                     t = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, config=cfg, x2=x2, norm_w2=nw2,
                                                  **ep) for w in ws], copies)

@@ -13,7 +13,8 @@
 # outputs bit-identical, step times); gemv_configs.json (this device's sweep, run with each switch on where it won,
 # its "pdl", "pdl_max_rows" and "epilogues" entries set accordingly; its candidates for several rows include "dotn",
 # the RMSNorm folded into the rows kernel: a verify step of 8 then launches no norm kernels, 195 launches as a
-# decode step against 260); bench_1k.json and bench_4k.json (after it).
+# decode step against 260, and "dots" / "dotsn", W as the MMA's first operand: wgmma on sm_90); bench_1k.json and
+# bench_4k.json (after it).
 # The kernel tests compiled, not interpreted, and the CUDA-graph tests, with PDL and the epilogues on and then off,
 # go into the log.
 # Each step runs only while enough of the 570 s budget is left for it (BUDGET=... to change).

@@ -113,7 +113,8 @@ import json, sys, torch
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.kernels import aot, gemv
 
-entry = {k: ["dotn"] + v[1:] if k.endswith("many") else v for k, v in gemv.tuned_configs("NVIDIA H200").items()}
+kind = sys.argv[1]
+entry = {k: [kind] + v[1:] if k.endswith("many") else v for k, v in gemv.tuned_configs("NVIDIA H200").items()}
 gemv.tuned_configs = lambda name: entry  # the H200's configs, every several-row one with the norm folded in
 c = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                 num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
@@ -123,16 +124,22 @@ json.dump({"kernels": [r.__dict__ for r in rows], "counts": counts}, sys.stdout)
 """
 
 
-def test_the_rows_kernel_with_the_norm_folded_in_compiles_and_a_verify_step_launches_as_decode():
-    """"dotn" configs (kernels/gemv.py): with the H200's tiles, the rows kernels that fold the norm compile without
-    spills, and a verify step of 8 launches no more kernels than a decode step (its two norms a layer and the
+@pytest.mark.parametrize("kind", ["dotn", "dotsn"])
+def test_the_rows_kernel_with_the_norm_folded_in_compiles_and_a_verify_step_launches_as_decode(kind):
+    """"dotn" / "dotsn" configs (kernels/gemv.py): with the H200's tiles, the rows kernels that fold the norm
+    compile without spills, on sm_90's wgmma where the operands are swapped and a program has 64 rows of W (mma.sync
+    otherwise), and a verify step of 8 launches no more kernels than a decode step (its two norms a layer and the
     readout's gone); the interpreter's tests (test_gemv.py) check their numbers."""
-    p = subprocess.run([sys.executable, "-c", FOLDED], env={**compiler_env(), "TOOLKIT_EPILOGUES": "on"},
+    p = subprocess.run([sys.executable, "-c", FOLDED, kind], env={**compiler_env(), "TOOLKIT_EPILOGUES": "on"},
                        capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]
     report = json.loads(p.stdout)
-    folded = [k for k in report["kernels"] if k["kernel"] == "_rows_kernel" and k["constexprs"]["NORM"]]
-    assert folded and all(k["local_bytes"] == 0 and k["registers"] <= 255 for k in folded), folded
+    rows = [k for k in report["kernels"] if k["kernel"] == "_rows_kernel"]
+    folded = [k for k in rows if k["constexprs"]["NORM"]]
+    assert folded and all(k["local_bytes"] == 0 and k["registers"] <= 255 for k in rows), rows
+    for k in rows:
+        swapped = kind == "dotsn" and k["constexprs"]["BLOCK_N"] >= 64
+        assert k["constexprs"]["SWAP"] == (kind == "dotsn") and k["mma"] == ("wgmma" if swapped else "mma"), k
     counts = report["counts"]
     assert counts["verify 8"]["triton"] == counts["decode"]["triton"], counts
 

@@ -21,8 +21,9 @@ device = "cpu" if interpreting else "cuda"
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 CONFIGS = [(1, 1, ("ew", 8, 64, 4, 1)), (1, 1, ("ew1", 1, 64, 4, 1)), (1, 1, ("dot", 16, 64, 4, 2)),
-           (1, 5, ("dot", 32, 32, 4, 2)), (2, 8, None), (1, 3, ("torch", 0, 0, 0, 0)), (2, 4, ("dotn", 16, 64, 4, 2))]
-IDS = ["ew", "ew1-one-row-a-program", "dot1", "dot5", "dot16-rule", "torch3", "dotn8-norm-folded"]
+           (1, 5, ("dot", 32, 32, 4, 2)), (2, 8, None), (1, 3, ("torch", 0, 0, 0, 0)), (2, 4, ("dotn", 16, 64, 4, 2)),
+           (1, 6, ("dotsn", 64, 64, 4, 2))]
+IDS = ["ew", "ew1-one-row-a-program", "dot1", "dot5", "dot16-rule", "torch3", "dotn8-norm-folded", "dotsn6-swapped"]
 
 
 def rand(*shape, dtype=torch.float32, seed=0):

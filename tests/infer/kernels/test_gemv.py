@@ -29,8 +29,9 @@ def rand(*shape, dtype=torch.float32, seed=0):
 @pytest.mark.parametrize("rows, config", [(1, ("ew", 8, 64, 4, 1)), (1, ("ew1", 8, 64, 4, 1)),
                                           (1, ("dot", 16, 64, 4, 2)), (5, ("dot", 32, 32, 4, 2)), (16, None),
                                           (3, ("torch", 0, 0, 0, 0)), (5, ("dotn", 32, 32, 4, 2)),
-                                          (16, ("dotn", 16, 128, 4, 3))],
-                         ids=["ew", "ew1", "dot1", "dot5", "dot16", "torch3", "dotn5", "dotn16"])
+                                          (16, ("dotn", 16, 128, 4, 3)), (7, ("dots", 64, 64, 4, 2)),
+                                          (2, ("dotsn", 64, 128, 4, 3))],
+                         ids=["ew", "ew1", "dot1", "dot5", "dot16", "torch3", "dotn5", "dotn16", "dots7", "dotsn2"])
 def test_gemv_equals_the_torch_path(dtype, prologue, n, k, extras, rows, config):
     x = rand(1, rows, 2 * k if prologue == "silu" else k, dtype=dtype, seed=1)
     w = rand(n, k, dtype=dtype, seed=2) / k ** 0.5
@@ -74,9 +75,9 @@ def test_the_two_tensor_prologues_equal_the_torch_path(dtype, prologue, k1, k2, 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scale", [1.0, 300.0])
 def test_a_dotn_config_folds_the_norm_into_the_rows_kernel(monkeypatch, dtype, scale):
-    """"dotn": the RMSNorm's statistic summed from the x tiles the rows kernel loads, applied to the products at
-    the end: no norm kernel runs, and the numbers are the torch path's for rows of any scale (the factor is
-    1 / RMS, so x's scale cancels); "dot" runs the norm's own kernel."""
+    """"dotn" / "dotsn": the RMSNorm's statistic summed from the x tiles the rows kernel loads, applied to the
+    products at the end: no norm kernel runs, and the numbers are the torch path's for rows of any scale (the
+    factor is 1 / RMS, so x's scale cancels); "dot" / "dots" run the norm's own kernel."""
     from toolkit.infer.kernels import layer_ops
 
     norms, real = [], layer_ops.rms_norm
@@ -84,7 +85,7 @@ def test_a_dotn_config_folds_the_norm_into_the_rows_kernel(monkeypatch, dtype, s
     x = rand(1, 7, 200, dtype=dtype, seed=1) * scale
     w, nw = rand(70, 200, dtype=dtype, seed=2) / 200 ** 0.5, rand(200, dtype=dtype, seed=3)
     want = reference_gemv(x, w, "norm", nw, 1e-5)
-    for kind, runs in (("dotn", 0), ("dot", 1)):
+    for kind, runs in (("dotn", 0), ("dotsn", 0), ("dot", 1), ("dots", 1)):
         norms.clear()
         y = gemv(x, w, "norm", nw, 1e-5, config=(kind, 16, 64, 4, 2))
         assert len(norms) == runs, kind
@@ -140,6 +141,8 @@ def test_bad_input_is_refused():
         gemv(rand(16), w, "norm")
     with pytest.raises(ValueError, match="accepted"):
         gemv(rand(16), w, "gelu")
+    with pytest.raises(ValueError, match="kind 'dotx'; accepted"):
+        gemv(rand(16), w, config=("dotx", 16, 64, 4, 2))
 
 
 def test_batch_one_decode_steps_run_the_gemv_layer_and_equal_the_torch_path(tiny_llama, monkeypatch):

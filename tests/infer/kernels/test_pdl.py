@@ -106,7 +106,8 @@ GEMV_CASES = [(None, 70, 200, ("ew", 8, 64, 4, 1)), (None, 33, 256, ("ew", 1, 64
               ("norm2", 40, (64, 64), ("ew1", 4, 64, 4, 1)), ("cat2", 40, (70, 130), ("ew", 8, 64, 4, 1)),
               ("cat2", 40, (32, 32), ("ew", 2, 64, 4, 1)), ("norm", 48, 200, ("dot", 16, 64, 4, 2)),
               (None, 40, 50, ("dot", 16, 64, 4, 2)), (None, 64, 256, ("dot", 32, 128, 4, 3)),
-              ("norm", 48, 200, ("dotn", 16, 64, 4, 2)), ("norm", 64, 256, ("dotn", 32, 128, 4, 3))]
+              ("norm", 48, 200, ("dotn", 16, 64, 4, 2)), ("norm", 64, 256, ("dotn", 32, 128, 4, 3)),
+              (None, 70, 200, ("dots", 64, 64, 4, 2)), ("norm", 130, 256, ("dotsn", 64, 128, 4, 3))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -121,7 +122,7 @@ def test_a_gemv_with_its_first_tile_loaded_ahead_gives_the_same_bits(interpreted
     nw = _rand(k1, seed=3, dtype=dtype) if prologue in ("norm", "norm2") else None
     nw2 = _rand(k2, seed=7, dtype=dtype) if prologue == "norm2" else None
     bias, residual = _rand(n, seed=4, dtype=dtype), _rand(1, 1, n, seed=5, dtype=dtype)
-    if config[0] in ("dot", "dotn"):  # several rows: the matrix-unit kernel, its first tile ahead (K < BLOCK_K: one)
+    if config[0].startswith("dot"):  # several rows: the matrix-unit kernel, its first tile ahead (K < BLOCK_K: one)
         x, residual = _rand(1, 3, k1, seed=1, dtype=dtype), _rand(1, 3, n, seed=5, dtype=dtype)
     call = dict(prologue=prologue, norm_w=nw, eps=1e-5, bias=bias, residual=residual, config=config, x2=x2,
                 norm_w2=nw2)

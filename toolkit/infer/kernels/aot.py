@@ -14,7 +14,8 @@ decode step for 1 and 4 sequences, verify steps of 8, 16 and 64 tokens, a prefil
 so what compiles is exactly the set of
 specializations a GPU run of that model would make (shapes, dtypes, constexprs, the device's tuned GEMV configs
 from gemv_configs.json and its SM count). `resources` reads each cubin's registers, local memory (spills) and
-static shared memory with the cuobjdump Triton ships. Meta tensors all sit at address 0, so pointer arguments
+static shared memory with the cuobjdump Triton ships; the compiled kernel's metadata gives its dynamic shared
+memory (Triton's pipeline buffers), its PTX the matrix instruction it uses. Meta tensors all sit at address 0, so pointer arguments
 are specialized as 16-byte aligned, as the engine's allocations are on a GPU.
 """
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Compiled:
     pdl: bool            # launched with programmatic dependent launch (kernels/pdl.py)
     loads_before_wait: int   # global loads / stores in the PTX before its PDL wait (-1: no wait); only a GEMV's
     stores_before_wait: int  # first weight tile may come before it
+    dynamic_shared_bytes: int = 0  # Triton's pipeline buffers per program (the launch's dynamic shared memory)
+    mma: str = ""        # the matrix instruction in its PTX: "wgmma" (sm_90's), "mma" (mma.sync) or "" (none)
 
 
 class _Target:
@@ -238,10 +241,12 @@ def compile_engine(config, dtype=torch.bfloat16, arch: int = 90, device_name: st
         if id(kernel) not in by_kernel:
             names = fn.arg_names
             const = {names[k[0]]: v for k, v in kernel.src.constants.items() if len(k) == 1}
+            ptx = kernel.asm["ptx"]
             by_kernel[id(kernel)] = Compiled(fn.__name__, [], const, kernel.metadata.num_warps,
                                              **resources(kernel.asm["cubin"]), pdl=bool(kernel.metadata.launch_pdl),
-                                             **dict(zip(("loads_before_wait", "stores_before_wait"),
-                                                        before_wait(kernel.asm["ptx"]))))
+                                             **dict(zip(("loads_before_wait", "stores_before_wait"), before_wait(ptx))),
+                                             dynamic_shared_bytes=kernel.metadata.shared,
+                                             mma="wgmma" if "wgmma." in ptx else "mma" if "mma.sync" in ptx else "")
         if step not in by_kernel[id(kernel)].steps:
             by_kernel[id(kernel)].steps.append(step)
     return list(by_kernel.values()), counts
@@ -318,12 +323,12 @@ def main(argv: list[str] | None = None) -> int:
           f"PDL {'off' if not pdl else 'on' if limit is None else f'on launches of <= {limit} rows'}, "
           f"epilogues {'on' if epilogues else 'off'}, "
           f"Llama-3.1-8B shapes, EAGLE-3 head with a 32k vocabulary, {args.context} context)")
-    print(f"{'kernel':<20} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} {'ld/st before wait':>17}  "
-          f"constexprs; steps")
+    print(f"{'kernel':<20} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} {'dyn smem B':>10} {'mma':>5} "
+          f"{'ld/st before wait':>17}  constexprs; steps")
     for r in rows:
         wait = f"{r.loads_before_wait}/{r.stores_before_wait}" if r.pdl else "-"
-        print(f"{r.kernel:<20} {r.num_warps:>5} {r.registers:>5} {r.local_bytes:>7} {r.shared_bytes:>7} {wait:>17}  "
-              f"{r.constexprs}; {', '.join(r.steps)}")
+        print(f"{r.kernel:<20} {r.num_warps:>5} {r.registers:>5} {r.local_bytes:>7} {r.shared_bytes:>7} "
+              f"{r.dynamic_shared_bytes:>10} {r.mma or '-':>5} {wait:>17}  {r.constexprs}; {', '.join(r.steps)}")
     launches = per_step(counts, one, config.num_layers)
     print("\nlaunches per step (Triton kernels + torch ops that launch >= 1 kernel each):")
     for step, c in launches.items():

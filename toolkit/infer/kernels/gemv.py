@@ -1,6 +1,6 @@
 """Projections of steps of 1-16 tokens (decode, verify and draft steps) as Triton kernels beside their torch
 reference: one row as a GEMV with the layer's small steps folded in (_gemv_kernel), 2-16 rows on the matrix unit
-(_rows_kernel, its prologue run first as its own kernel, or an RMSNorm folded in: "dotn").
+(_rows_kernel, its prologue run first as its own kernel, or an RMSNorm folded in: "dotn" / "dotsn").
 
     y = epilogue(W @ prologue(x))        x one row [K] (or [2K] for silu), W [N, K] (any strides), y [N]
 prologue:  none | "norm": RMSNorm(x) * norm_w, rounded as model.RMSNorm rounds it
@@ -35,6 +35,7 @@ from toolkit.infer.kernels.epilogues import EPILOGUES, RopeWrite, pair_rows, sto
 from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 PROLOGUES = (None, "norm", "silu", "norm2", "cat2")
+KINDS = ("ew", "ew1", "dot", "dotn", "dots", "dotsn", "torch")  # gemv_config's
 
 
 def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=None, residual=None, x2=None,
@@ -160,12 +161,18 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
 
 
 @triton.jit
-def _rows_dot(acc, xk, w, UPCAST: tl.constexpr):
-    """acc + xk @ w^T on the matrix unit. UPCAST: the interpreter's bf16 tl.dot is wrong, so fp32 operands (exact
-    products of the same values); else the dtype's own (fp32: "ieee", no tf32)."""
+def _rows_dot(acc, xk, w, UPCAST: tl.constexpr, SWAP: tl.constexpr):
+    """acc + xk @ w^T on the matrix unit (acc [BLOCK_M, BLOCK_N]), or with SWAP acc^T + w @ xk^T (acc [BLOCK_N,
+    BLOCK_M]): W's tile is then the MMA's A operand, whose 64+ rows Hopper's wgmma needs where x's 16 rows are too
+    few. UPCAST: the interpreter's bf16 tl.dot is wrong, so fp32 operands (exact products of the same values);
+    else the dtype's own (fp32: "ieee", no tf32)."""
     if UPCAST:
-        return acc + tl.dot(xk.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-    return acc + tl.dot(xk, tl.trans(w), input_precision="ieee")
+        xk, w = xk.to(tl.float32), w.to(tl.float32)
+    if SWAP:
+        acc += tl.dot(w, tl.trans(xk), input_precision="ieee")
+    else:
+        acc += tl.dot(xk, tl.trans(w), input_precision="ieee")
+    return acc
 
 
 @triton.jit
@@ -184,13 +191,15 @@ def _rows_x(x_ptr, nw_ptr, m, m_ok, k, K, sx, ss, NORM: tl.constexpr):
 def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, nw_ptr, M, N, K, eps, sx, swn, swk, sy, sr,
                  cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr, NORM: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
+                 SWAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
                  PDL: tl.constexpr):
     """Up to BLOCK_M (16) rows at once on the matrix unit (a verify step's 2-16 tokens, a batch's decode step):
     each W tile is loaded once for all rows, and the loads feed tl.dot, so Triton pipelines them. With PDL the
     first W tile is loaded before the wait, as _gemv_kernel's (kernels/pdl.py), and its product is the loop's
-    first step, peeled: the same sums in the same order. Prologues run before it as their own kernels ("dot"),
-    except, in "dotn" configs, the RMSNorm: RMSNorm(x) W^T = (1 / RMS(x)) * ((x * nw) W^T) row by row, so the
+    first step, peeled: the same sums in the same order. SWAP ("dots" / "dotsn" configs): the products as
+    W x^T, so that with 64+ rows of W a program Hopper runs them on wgmma from shared memory (a warp group's
+    MMA needs 64 rows; x's 16 are too few), the pipeline's buffers there instead of registers. Prologues run
+    before it as their own kernels ("dot"), except, in "dotn" / "dotsn" configs, the RMSNorm: RMSNorm(x) W^T = (1 / RMS(x)) * ((x * nw) W^T) row by row, so the
     statistic is summed from the x tiles the loop loads anyway and applied to the products at the end; no pass
     over x before the weights stream (an earlier fold of the prologues, the SiLU-mul's too, made the verify step
     1.9x a decode step on an H100: RESULTS.md). It rounds x * nw once where model.RMSNorm rounds twice."""
@@ -200,16 +209,19 @@ def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, nw_ptr, M, N, K, eps, sx, sw
     cols = tl.arange(0, BLOCK_K)
     w_first = _w_tile(w_ptr, n, n_ok, cols, K, swn, swk, False) if PDL else None
     wait_prior(PDL)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     ss = tl.zeros([BLOCK_M], tl.float32)
     if PDL:
         xk, ss = _rows_x(x_ptr, nw_ptr, m, m_ok, cols, K, sx, ss, NORM)
-        acc = _rows_dot(acc, xk, w_first, UPCAST)
+        acc = _rows_dot(acc, xk, w_first, UPCAST, SWAP)
     for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
         k = k0 + cols
         xk, ss = _rows_x(x_ptr, nw_ptr, m, m_ok, k, K, sx, ss, NORM)
-        acc = _rows_dot(acc, xk, _w_tile(w_ptr, n, n_ok, k, K, swn, swk, False), UPCAST)
-    y = acc
+        acc = _rows_dot(acc, xk, _w_tile(w_ptr, n, n_ok, k, K, swn, swk, False), UPCAST, SWAP)
+    y = tl.trans(acc) if SWAP else acc  # [BLOCK_M, BLOCK_N]
     if NORM:  # [BLOCK_M, BLOCK_N] * [BLOCK_M, 1]
         y = y * (1.0 / tl.sqrt(ss / K + eps))[:, None]
     if HAS_BIAS:
@@ -245,8 +257,8 @@ def _device_name(device: torch.device) -> str:
 def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = None) -> tuple:
     """(kind, BLOCK_N, BLOCK_K, num_warps, num_stages); kind "ew" (one row, element-wise products; "ew1" the
     same with a norm's statistic from one load of the row instead of BLOCK_K values a load), "dot"
-    (_rows_kernel; "dotn" the same with a norm prologue folded in) or "torch" (cuBLAS after the prologue's
-    kernel): the device's tuned entry for this shape if there is one, else a rule from an H100 sweep."""
+    (_rows_kernel; "dotn" the same with a norm prologue folded in; "dots" / "dotsn" those with W as the MMA's
+    first operand) or "torch" (cuBLAS after the prologue's kernel): the device's tuned entry for this shape if there is one, else a rule from an H100 sweep."""
     hit = tuned_configs(_device_name(device or torch.device("cpu"))).get(f"{n}x{k}x{1 if rows == 1 else 'many'}")
     if hit:
         return tuple(hit)
@@ -295,6 +307,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     if prologue == "norm" and (norm_w is None or norm_w.shape != (K,)):
         raise ValueError(f"a norm prologue needs norm_w of shape ({K},)")
     kind, block_n, block_k, warps, stages = config or gemv_config(N, K, rows, x.device)
+    if kind not in KINDS:
+        raise ValueError(f"GEMV config kind {kind!r}; accepted: {KINDS}")
     if epilogue is not None and kind == "torch":  # cuBLAS stores the product; the epilogue's own kernel follows
         return unfused(gemv(x, w, prologue, norm_w, eps, bias, None, config, x2, norm_w2), epilogue, rope)
     lead = x.shape[:-1]
@@ -342,7 +356,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         x = rms_norm_pair(x, norm_w, x2, norm_w2, eps)
     if prologue == "cat2":
         x = torch.cat([x, x2], -1)
-    fold_norm = kind == "dotn" and prologue == "norm"  # else the norm is its own kernel, as for "dot"
+    fold_norm = kind in ("dotn", "dotsn") and prologue == "norm"  # else the norm is its own kernel, as for "dot"
     x = rms_norm(x, norm_w, eps) if prologue == "norm" and not fold_norm else silu_mul(x) if prologue == "silu" else x
     if kind == "torch":  # the separate kernels (cuBLAS), where the sweep found them faster for this shape
         y = torch.nn.functional.linear(x, w, bias)
@@ -351,6 +365,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         x, w, y, bias if bias is not None else x, r, norm_w if fold_norm else x, rows, N, K, eps, x.stride(0),
         w.stride(0), w.stride(1), y.stride(0), r.stride(0), *ep_args, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, UPCAST=os.environ.get("TRITON_INTERPRET") == "1", NORM=fold_norm,
-        BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, EPILOGUE=ep, num_warps=warps, num_stages=stages,
-        **launch_kw(x.device, rows))
+        SWAP=kind in ("dots", "dotsn"), BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, EPILOGUE=ep,
+        num_warps=warps, num_stages=stages, **launch_kw(x.device, rows))
     return shaped(y)
