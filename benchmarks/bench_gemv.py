@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from triton.runtime.errors import OutOfResources
 
 from toolkit.infer.kernels.gemv import gemv, gemv_config, reference_gemv
 from toolkit.infer.kernels.layer_ops import rms_norm, silu_mul
@@ -150,8 +151,12 @@ def main() -> None:
                 for cfg in (ews if M == 1 else dots) + TORCH:
                     if cfg[2] > max(256, K) or (cfg[0].startswith("dot") and N // cfg[1] < 64):
                         continue
-                    t = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, config=cfg, x2=x2, norm_w2=nw2,
-                                                 **ep) for w in ws], copies)
+                    try:
+                        t = graph_time(lambda: [gemv(x, w, prologue, nw, 1e-5, None, res, config=cfg, x2=x2,
+                                                     norm_w2=nw2, **ep) for w in ws], copies)
+                    except OutOfResources as e:  # a tile this device's shared memory or registers cannot hold
+                        row.setdefault("sweep", {})[str(cfg)] = f"skipped: {e}"
+                        continue
                     row.setdefault("sweep", {})[str(cfg)] = round(t * 1e6, 2)
                     if best is None or t < best[1]:
                         best = (cfg, t)
