@@ -14,7 +14,8 @@
 # its "pdl", "pdl_max_rows" and "epilogues" entries set accordingly; its candidates for several rows include "dotn",
 # the RMSNorm folded into the rows kernel: a verify step of 8 then launches no norm kernels, 195 launches as a
 # decode step against 260, and "dots" / "dotsn", W as the MMA's first operand: wgmma on sm_90); bench_1k.json and
-# bench_4k.json (after it).
+# bench_4k.json (after it). Where PDL was kept to one-row launches, it is tried on up to 16 rows again after the
+# sweep (its bench_switch JSON goes into the log) and kept where the verify step of 8 is faster than bench_1k's.
 # The kernel tests compiled, not interpreted, and the CUDA-graph tests, with PDL and the epilogues on and then off,
 # go into the log.
 # Each step runs only while enough of the 570 s budget is left for it (BUDGET=... to change).
@@ -112,21 +113,56 @@ if [ "$pdl16" = on ] && { [ "$pdl" = off ] || faster16; }; then pdl=on rows=16; 
 epilogues=$(decide epilogues epilogues verify8_ms)
 echo "for the sweep and the benches after it: PDL $pdl (rows <= $rows), epilogues $epilogues" | tee -a "$log"
 export TOOLKIT_EPILOGUES=$epilogues TOOLKIT_PDL=$pdl TOOLKIT_PDL_MAX_ROWS=$rows
-if [ "${SWEEP:-1}" = 1 ] && step 90 "sweep" python benchmarks/bench_gemv.py --sweep \
-        --write-configs toolkit/infer/kernels/gemv_configs.json >> "$log" 2>&1; then
-    python - "$pdl" "$epilogues" "$TOOLKIT_PDL_MAX_ROWS" <<'EOF'
+write_entry() {  # write_entry PDL EPILOGUES ROWS: this device's switches into the swept gemv_configs.json
+python - "$device" "$@" <<'EOF'
 import json, sys
-import torch
 from pathlib import Path
-from toolkit.infer.kernels.gemv import _device_name
 path = Path("toolkit/infer/kernels/gemv_configs.json")
 table = json.loads(path.read_text())
-entry = table.setdefault(_device_name(torch.device("cuda")), {})
-entry["pdl"], entry["epilogues"], entry["pdl_max_rows"] = sys.argv[1] == "on", sys.argv[2] == "on", int(sys.argv[3])
+entry = table.setdefault(sys.argv[1], {})
+entry["pdl"], entry["epilogues"], entry["pdl_max_rows"] = sys.argv[2] == "on", sys.argv[3] == "on", int(sys.argv[4])
 path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 EOF
-    cp toolkit/infer/kernels/gemv_configs.json "$out/"
+cp toolkit/infer/kernels/gemv_configs.json "$out/"
+}
+keep16() {  # PDL on up to 16 rows with the swept configs (pdl16_swept.json) against bench_1k.json's one-row limit:
+# outputs identical, the verify step of 8 faster, decode and the draft step not slower (0.5%)
+python - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+try:
+    p, b = (json.loads((out / f).read_text()) for f in ("pdl16_swept.json", "bench_1k.json"))
+    on = p["on"]
+    keep = (all(p["identical"].values()) and all(p["reproducible_without"].values()) and on["pdl"]
+            and on["verify8_ms"] < 0.995 * b["verify_ms"]["8"] and on["decode_ms"] <= 1.005 * b["decode_ms"]
+            and on["draft_step_in_chain_ms"] <= 1.005 * b["draft_step_in_chain_ms"])
+except (OSError, ValueError, KeyError, TypeError) as e:
+    print("pdl16_swept.json / bench_1k.json unreadable:", e)
+    keep = False
+print(f"PDL on launches of <= 16 rows with the swept configs: {'kept' if keep else 'not kept'}")
+sys.exit(0 if keep else 1)
+EOF
+}
+device=$(python -c "import torch; print(torch.cuda.get_device_name())")
+if [ "${SWEEP:-1}" = 1 ] && step 90 "sweep" python benchmarks/bench_gemv.py --sweep \
+        --write-configs toolkit/infer/kernels/gemv_configs.json >> "$log" 2>&1; then
+    write_entry "$pdl" "$epilogues" "$rows"
     step 60 "bench 1k (after the sweep)" "${bench[@]}" > "$out/bench_1k.json" 2>> "$log"
+    # the sweep may have picked tiles that take PDL better (the swapped ones need far fewer registers with it:
+    # RESULTS.md, session 48), so PDL on the verify step's launches once more if it was left to one-row launches
+    if [ "$pdl" = on ] && [ "$rows" = 1 ]; then
+        TOOLKIT_PDL_MAX_ROWS=16 step 60 "bench_switch pdl, rows <= 16, the swept configs" python \
+            benchmarks/bench_switch.py --switch pdl > "$out/pdl16_swept.json" 2>> "$log"
+        if keep16 | tee -a "$log"; then
+            rows=16
+            export TOOLKIT_PDL_MAX_ROWS=16
+            write_entry "$pdl" "$epilogues" 16
+            step 60 "bench 1k (after the sweep, PDL on <= 16 rows)" "${bench[@]}" > "$out/bench_1k.json" 2>> "$log"
+        fi
+        { echo "pdl16_swept.json:"; cat "$out/pdl16_swept.json"; } >> "$log"  # the device returns 8 files: into the log
+        rm -f "$out/pdl16_swept.json"
+    fi
 fi
 summary | tee -a "$log"
 
