@@ -1,6 +1,7 @@
 """Projections of steps of 1-16 tokens (decode, verify and draft steps) as Triton kernels beside their torch
 reference: one row as a GEMV with the layer's small steps folded in (_gemv_kernel), 2-16 rows on the matrix unit
-(_rows_kernel, its prologue run first as its own kernel, or an RMSNorm folded in: "dotn" / "dotsn").
+(_rows_kernel in kernels/gemv_rows.py, its prologue run first as its own kernel, or an RMSNorm folded in:
+"dotn" / "dotsn").
 
     y = epilogue(W @ prologue(x))        x one row [K] (or [2K] for silu), W [N, K] (any strides), y [N]
 prologue:  none | "norm": RMSNorm(x) * norm_w, rounded as model.RMSNorm rounds it
@@ -32,6 +33,7 @@ import triton
 import triton.language as tl
 
 from toolkit.infer.kernels.epilogues import EPILOGUES, RopeWrite, pair_rows, store_pairs, unfused, unused_args
+from toolkit.infer.kernels.gemv_rows import _rows_kernel, _w_tile
 from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 PROLOGUES = (None, "norm", "silu", "norm2", "cat2")
@@ -89,14 +91,6 @@ def _x_tile(x_ptr, nw_ptr, k, width, inv, PROLOGUE: tl.constexpr, EVEN: tl.const
         up = tl.load(x_ptr + width + k, mask=k < width, other=0.0).to(tl.float32)
         xk = ((xk / (1.0 + tl.exp(-xk))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
     return xk
-
-
-@triton.jit
-def _w_tile(w_ptr, n, n_ok, k, width, swn, swk, EVEN: tl.constexpr):
-    """W[n, k] (columns past `width` as zeros unless EVEN: none are); the rows kernel reads x's rows with it too."""
-    if EVEN:
-        return tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None], other=0.0)
-    return tl.load(w_ptr + n[:, None] * swn + k[None, :] * swk, mask=n_ok[:, None] & (k < width)[None, :], other=0.0)
 
 
 @triton.jit
@@ -158,83 +152,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, nw_ptr, b_ptr, r_ptr, N, K, eps, swn, swk,
         store_pairs(y[None, :], tl.zeros([1, 1], tl.int32), tl.full([1, 1], 1, tl.int1), tl.program_id(0), y_ptr, 0,
                     N, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs,
                     1, BLOCK_N, EPILOGUE)
-
-
-@triton.jit
-def _rows_dot(acc, xk, w, UPCAST: tl.constexpr, SWAP: tl.constexpr):
-    """acc + xk @ w^T on the matrix unit (acc [BLOCK_M, BLOCK_N]), or with SWAP acc^T + w @ xk^T (acc [BLOCK_N,
-    BLOCK_M]): W's tile is then the MMA's A operand, whose 64+ rows Hopper's wgmma needs where x's 16 rows are too
-    few. UPCAST: the interpreter's bf16 tl.dot is wrong, so fp32 operands (exact products of the same values);
-    else the dtype's own (fp32: "ieee", no tf32)."""
-    if UPCAST:
-        xk, w = xk.to(tl.float32), w.to(tl.float32)
-    if SWAP:
-        acc += tl.dot(w, tl.trans(xk), input_precision="ieee")
-    else:
-        acc += tl.dot(xk, tl.trans(w), input_precision="ieee")
-    return acc
-
-
-@triton.jit
-def _rows_x(x_ptr, nw_ptr, m, m_ok, k, K, sx, ss, NORM: tl.constexpr):
-    """x's rows at columns k, a tile like W's ([BLOCK_M, BLOCK_K]), and the rows' running sums of squares. NORM:
-    times the norm's weights nw[k], rounded to x's dtype; the 1 / RMS factor waits for the whole row (_rows_kernel)."""
-    xk = _w_tile(x_ptr, m, m_ok, k, K, sx, 1, False)
-    if NORM:
-        xf = xk.to(tl.float32)
-        ss += tl.sum(xf * xf, 1)
-        xk = (xf * tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]).to(xk.dtype)
-    return xk, ss
-
-
-@triton.jit
-def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, nw_ptr, M, N, K, eps, sx, swn, swk, sy, sr,
-                 cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs,
-                 HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr, NORM: tl.constexpr,
-                 SWAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
-                 PDL: tl.constexpr):
-    """Up to BLOCK_M (16) rows at once on the matrix unit (a verify step's 2-16 tokens, a batch's decode step):
-    each W tile is loaded once for all rows, and the loads feed tl.dot, so Triton pipelines them. With PDL the
-    first W tile is loaded before the wait, as _gemv_kernel's (kernels/pdl.py), and its product is the loop's
-    first step, peeled: the same sums in the same order. SWAP ("dots" / "dotsn" configs): the products as
-    W x^T, so that with 64+ rows of W a program Hopper runs them on wgmma from shared memory (a warp group's
-    MMA needs 64 rows; x's 16 are too few), the pipeline's buffers there instead of registers. Prologues run
-    before it as their own kernels ("dot"), except, in "dotn" / "dotsn" configs, the RMSNorm: RMSNorm(x) W^T = (1 / RMS(x)) * ((x * nw) W^T) row by row, so the
-    statistic is summed from the x tiles the loop loads anyway and applied to the products at the end; no pass
-    over x before the weights stream (an earlier fold of the prologues, the SiLU-mul's too, made the verify step
-    1.9x a decode step on an H100: RESULTS.md). It rounds x * nw once where model.RMSNorm rounds twice."""
-    n = pair_rows(tl.program_id(0), N, D2, BLOCK_N, EPILOGUE)
-    m = tl.arange(0, BLOCK_M)
-    n_ok, m_ok = n < N, m < M
-    cols = tl.arange(0, BLOCK_K)
-    w_first = _w_tile(w_ptr, n, n_ok, cols, K, swn, swk, False) if PDL else None
-    wait_prior(PDL)
-    if SWAP:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    ss = tl.zeros([BLOCK_M], tl.float32)
-    if PDL:
-        xk, ss = _rows_x(x_ptr, nw_ptr, m, m_ok, cols, K, sx, ss, NORM)
-        acc = _rows_dot(acc, xk, w_first, UPCAST, SWAP)
-    for k0 in range(BLOCK_K if PDL else 0, K, BLOCK_K):
-        k = k0 + cols
-        xk, ss = _rows_x(x_ptr, nw_ptr, m, m_ok, k, K, sx, ss, NORM)
-        acc = _rows_dot(acc, xk, _w_tile(w_ptr, n, n_ok, k, K, swn, swk, False), UPCAST, SWAP)
-    y = tl.trans(acc) if SWAP else acc  # [BLOCK_M, BLOCK_N]
-    if NORM:  # [BLOCK_M, BLOCK_N] * [BLOCK_M, 1]
-        y = y * (1.0 / tl.sqrt(ss / K + eps))[:, None]
-    if HAS_BIAS:
-        y += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_RESIDUAL:
-        dt = y_ptr.dtype.element_ty
-        y = y.to(dt).to(tl.float32) + tl.load(r_ptr + m[:, None] * sr + n[None, :],
-                                              mask=m_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-    if EPILOGUE == 0:
-        tl.store(y_ptr + m[:, None] * sy + n[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-    else:
-        store_pairs(y, m[:, None], m_ok[:, None], tl.program_id(0), y_ptr, sy, N, cos_ptr, sin_ptr, slot_ptr, k_ptr,
-                    v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs, BLOCK_M, BLOCK_N, EPILOGUE)
 
 
 MAX_ROWS = 16  # more rows (a prefill) are a GEMM's job
