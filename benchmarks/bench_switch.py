@@ -8,6 +8,7 @@ the switch buys.
 
     python benchmarks/bench_switch.py --switch pdl        # on a GPU; PDL needs sm_90+ (elsewhere both runs are off)
     python benchmarks/bench_switch.py --switch epilogues  # on a GPU
+    TOOLKIT_PDL=on python benchmarks/bench_switch.py --switch pdl_rows  # PDL on one-row launches, then on <= 16 rows
     python benchmarks/bench_switch.py --config tiny --device cpu --dtype float32 --kernels torch --iters 1 \
         --context 64                                      # a smoke run of the script (no Triton, no PDL on a CPU)
 
@@ -28,9 +29,12 @@ from toolkit.infer.graphs import GraphedDraftLoop, eager_capture, graph_target
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.tree import TreeConfig
 
-# --switch: the environment variable it sets, and the module whose enabled(device) says what the kernels do
-SWITCHES = {"pdl": ("TOOLKIT_PDL", "toolkit.infer.kernels.pdl"),
-            "epilogues": ("TOOLKIT_EPILOGUES", "toolkit.infer.kernels.epilogues")}
+# --switch: the environment variable it sets, its "off" and "on" values, and the module function of the device
+# that says what the kernels then do. pdl_rows: PDL (TOOLKIT_PDL as set outside) on the one-row launches, then on
+# every launch of up to 16 rows (the verify step's too; kernels/pdl.py's max_rows)
+SWITCHES = {"pdl": ("TOOLKIT_PDL", "off", "on", "toolkit.infer.kernels.pdl", "enabled"),
+            "epilogues": ("TOOLKIT_EPILOGUES", "off", "on", "toolkit.infer.kernels.epilogues", "enabled"),
+            "pdl_rows": ("TOOLKIT_PDL_MAX_ROWS", "1", "16", "toolkit.infer.kernels.pdl", "max_rows")}
 
 
 def run(model, head, c, ctx: int, dev: str, dtype, iters: int, capture) -> tuple[dict, dict]:
@@ -82,17 +86,17 @@ def main() -> int:
     dev, dtype, c = args.device, getattr(torch, args.dtype), CONFIGS[args.config]
     if dev == "cpu" and args.kernels == "triton":  # interpreted on a CPU: set before Triton is first imported
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    env, module = SWITCHES[args.switch]
-    enabled = importlib.import_module(module).enabled
+    env, off, on, module, attr = SWITCHES[args.switch]
+    state = getattr(importlib.import_module(module), attr)
     model, head = random_models(c, dev, dtype, args.kernels)
     capture = None if dev == "cuda" else eager_capture
     report, outs = {"config": args.config, "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
                     "dtype": args.dtype, "kernels": args.kernels, "context": args.context, "switch": env}, {}
     with torch.no_grad():
-        for name, mode in (("off", "off"), ("on", "on"), ("off_again", "off")):
+        for name, mode in (("off", off), ("on", on), ("off_again", off)):
             os.environ[env] = mode  # read at every launch; each run captures its own graphs
             outs[name], report[name] = run(model, head, c, args.context, dev, dtype, args.iters, capture)
-            report[name][args.switch] = args.kernels == "triton" and enabled(torch.device(dev))
+            report[name][args.switch] = args.kernels == "triton" and state(torch.device(dev))
     # the control: off twice (were these to differ, the steps would not be deterministic to begin with)
     report["reproducible_without"] = {k: same(v, outs["off_again"][k]) for k, v in outs["off"].items()}
     report["identical"] = {k: same(v, outs["on"][k]) for k, v in outs["off"].items()}

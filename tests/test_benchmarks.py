@@ -200,6 +200,19 @@ def test_bench_switch_takes_the_epilogues_switch():
     assert all(r["identical"].values()) and all(r["reproducible_without"].values())
 
 
+def test_bench_switch_takes_the_pdl_rows_switch():
+    """--switch pdl_rows sets TOOLKIT_PDL_MAX_ROWS to 1, then 16, then 1 (the lease's retry of PDL on the verify
+    step's launches, like for like); on the torch kernels nothing launches with PDL, so the report says False."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_switch.py"), "--switch", "pdl_rows",
+                           "--config", "tiny", "--device", "cpu", "--dtype", "float32", "--kernels", "torch",
+                           "--iters", "1", "--context", "64"], capture_output=True, text=True,
+                          env={**os.environ, "TOOLKIT_PDL": "on"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(done.stdout)
+    assert r["switch"] == "TOOLKIT_PDL_MAX_ROWS" and r["on"]["pdl_rows"] is False and r["off"]["pdl_rows"] is False
+    assert all(r["identical"].values()) and all(r["reproducible_without"].values())
+
+
 def test_bench_attention_splits_runs_under_the_interpreter_and_checks_every_variant():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_attention_splits.py"), "--device", "cpu",
