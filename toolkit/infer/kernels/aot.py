@@ -15,8 +15,8 @@ so what compiles is exactly the set of
 specializations a GPU run of that model would make (shapes, dtypes, constexprs, the device's tuned GEMV configs
 from gemv_configs.json and its SM count). `resources` reads each cubin's registers, local memory (spills) and
 static shared memory with the cuobjdump Triton ships; the compiled kernel's metadata gives its dynamic shared
-memory (Triton's pipeline buffers), its PTX the matrix instruction it uses. Meta tensors all sit at address 0, so pointer arguments
-are specialized as 16-byte aligned, as the engine's allocations are on a GPU.
+memory (Triton's pipeline buffers), its PTX the matrix instruction it uses. Meta tensors all sit at address 0,
+so pointer arguments are specialized as 16-byte aligned, as the engine's allocations are on a GPU.
 """
 from __future__ import annotations
 

@@ -175,7 +175,8 @@ def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = Non
     """(kind, BLOCK_N, BLOCK_K, num_warps, num_stages); kind "ew" (one row, element-wise products; "ew1" the
     same with a norm's statistic from one load of the row instead of BLOCK_K values a load), "dot"
     (_rows_kernel; "dotn" the same with a norm prologue folded in; "dots" / "dotsn" those with W as the MMA's
-    first operand) or "torch" (cuBLAS after the prologue's kernel): the device's tuned entry for this shape if there is one, else a rule from an H100 sweep."""
+    first operand) or "torch" (cuBLAS after the prologue's kernel): the device's tuned entry for this shape if
+    there is one, else a rule from an H100 sweep."""
     hit = tuned_configs(_device_name(device or torch.device("cpu"))).get(f"{n}x{k}x{1 if rows == 1 else 'many'}")
     if hit:
         return tuple(hit)

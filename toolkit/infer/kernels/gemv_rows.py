@@ -36,7 +36,7 @@ def _rows_dot(acc, xk, w, UPCAST: tl.constexpr, SWAP: tl.constexpr):
 @triton.jit
 def _rows_x(x_ptr, nw_ptr, m, m_ok, k, K, sx, ss, NORM: tl.constexpr):
     """x's rows at columns k, a tile like W's ([BLOCK_M, BLOCK_K]), and the rows' running sums of squares. NORM:
-    times the norm's weights nw[k], rounded to x's dtype; the 1 / RMS factor waits for the whole row (_rows_kernel)."""
+    times the norm's weights nw[k], rounded to x's dtype; the 1 / RMS factor waits for the whole row."""
     xk = _w_tile(x_ptr, m, m_ok, k, K, sx, 1, False)
     if NORM:
         xf = xk.to(tl.float32)
@@ -49,18 +49,19 @@ def _rows_x(x_ptr, nw_ptr, m, m_ok, k, K, sx, ss, NORM: tl.constexpr):
 def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, nw_ptr, M, N, K, eps, sx, swn, swk, sy, sr,
                  cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, T, HQ, HKV, D2, s_slot, skb, skh, sks, svb, svh, svs,
                  HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, UPCAST: tl.constexpr, NORM: tl.constexpr,
-                 SWAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EPILOGUE: tl.constexpr,
-                 PDL: tl.constexpr):
+                 SWAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 EPILOGUE: tl.constexpr, PDL: tl.constexpr):
     """Up to BLOCK_M (16) rows at once on the matrix unit (a verify step's 2-16 tokens, a batch's decode step):
     each W tile is loaded once for all rows, and the loads feed tl.dot, so Triton pipelines them. With PDL the
     first W tile is loaded before the wait, as _gemv_kernel's (kernels/pdl.py), and its product is the loop's
     first step, peeled: the same sums in the same order. SWAP ("dots" / "dotsn" configs): the products as
     W x^T, so that with 64+ rows of W a program Hopper runs them on wgmma from shared memory (a warp group's
     MMA needs 64 rows; x's 16 are too few), the pipeline's buffers there instead of registers. Prologues run
-    before it as their own kernels ("dot"), except, in "dotn" / "dotsn" configs, the RMSNorm: RMSNorm(x) W^T = (1 / RMS(x)) * ((x * nw) W^T) row by row, so the
-    statistic is summed from the x tiles the loop loads anyway and applied to the products at the end; no pass
-    over x before the weights stream (an earlier fold of the prologues, the SiLU-mul's too, made the verify step
-    1.9x a decode step on an H100: RESULTS.md). It rounds x * nw once where model.RMSNorm rounds twice."""
+    before it as their own kernels ("dot"), except, in "dotn" / "dotsn" configs, the RMSNorm: RMSNorm(x) W^T =
+    (1 / RMS(x)) * ((x * nw) W^T) row by row, so the statistic is summed from the x tiles the loop loads anyway
+    and applied to the products at the end; no pass over x before the weights stream (an earlier fold of the
+    prologues, the SiLU-mul's too, made the verify step 1.9x a decode step on an H100: RESULTS.md). It rounds
+    x * nw once where model.RMSNorm rounds twice."""
     n = pair_rows(tl.program_id(0), N, D2, BLOCK_N, EPILOGUE)
     m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M
@@ -79,7 +80,10 @@ def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, nw_ptr, M, N, K, eps, sx, sw
         k = k0 + cols
         xk, ss = _rows_x(x_ptr, nw_ptr, m, m_ok, k, K, sx, ss, NORM)
         acc = _rows_dot(acc, xk, _w_tile(w_ptr, n, n_ok, k, K, swn, swk, False), UPCAST, SWAP)
-    y = tl.trans(acc) if SWAP else acc  # [BLOCK_M, BLOCK_N]
+    if SWAP:
+        y = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    else:
+        y = acc
     if NORM:  # [BLOCK_M, BLOCK_N] * [BLOCK_M, 1]
         y = y * (1.0 / tl.sqrt(ss / K + eps))[:, None]
     if HAS_BIAS:
