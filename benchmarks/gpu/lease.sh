@@ -84,7 +84,7 @@ summary | tee -a "$log"
 # only where its outputs were bit-identical and the decode step got faster without the steps it must not slow
 # (PDL: the draft step and the verify step of 8; the epilogues: the verify step of 8) getting slower; the compiled
 # tests with both on run at the end (tests.txt): read them before committing the entry
-decide() {  # decide FILE SWITCH STEP...: on / off from $out/FILE.json
+decide() {  # decide FILE SWITCH FASTER STEP...: on / off from $out/FILE.json, FASTER the step it must speed up
 python - "$out/$1.json" "${@:2}" <<'EOF'
 import json, sys
 try:
@@ -92,14 +92,14 @@ try:
     off, on = p["off"], p["on"]
     exact = all(p["identical"].values()) and all(p["reproducible_without"].values()) and on[sys.argv[2]]
     # within the 0.5% two runs of a step differ by
-    faster = on["decode_ms"] < 0.995 * off["decode_ms"] and all(on[s] <= 1.005 * off[s] for s in sys.argv[3:])
+    faster = on[sys.argv[3]] < 0.995 * off[sys.argv[3]] and all(on[s] <= 1.005 * off[s] for s in sys.argv[4:])
     print("on" if exact and faster else "off")
-except (OSError, ValueError, KeyError, IndexError):
+except (OSError, ValueError, KeyError, IndexError, TypeError):
     print("off")
 EOF
 }
-pdl=$(decide pdl pdl draft_step_in_chain_ms verify8_ms)
-pdl16=$(decide pdl_rows16 pdl draft_step_in_chain_ms verify8_ms)
+pdl=$(decide pdl pdl decode_ms draft_step_in_chain_ms verify8_ms)
+pdl16=$(decide pdl_rows16 pdl decode_ms draft_step_in_chain_ms verify8_ms)
 faster16() {  # PDL on up to 16 rows gave a faster verify step of 8 than on one row
 python - "$out" <<'EOF'
 import json, sys
@@ -110,7 +110,7 @@ EOF
 }
 rows=1
 if [ "$pdl16" = on ] && { [ "$pdl" = off ] || faster16; }; then pdl=on rows=16; fi
-epilogues=$(decide epilogues epilogues verify8_ms)
+epilogues=$(decide epilogues epilogues decode_ms verify8_ms)
 echo "for the sweep and the benches after it: PDL $pdl (rows <= $rows), epilogues $epilogues" | tee -a "$log"
 export TOOLKIT_EPILOGUES=$epilogues TOOLKIT_PDL=$pdl TOOLKIT_PDL_MAX_ROWS=$rows
 write_entry() {  # write_entry PDL EPILOGUES ROWS: this device's switches into the swept gemv_configs.json
@@ -125,23 +125,6 @@ path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 EOF
 cp toolkit/infer/kernels/gemv_configs.json "$out/"
 }
-keep16() {  # PDL on up to 16 rows against one-row launches, the swept configs (pdl16_swept.json: off = 1, on =
-# 16): outputs identical, the verify step of 8 faster, decode and the draft step not slower (0.5%)
-python - "$out/pdl16_swept.json" <<'EOF'
-import json, sys
-try:
-    p = json.loads(open(sys.argv[1]).read())
-    off, on = p["off"], p["on"]
-    keep = (all(p["identical"].values()) and all(p["reproducible_without"].values()) and on["pdl_rows"] == 16
-            and on["verify8_ms"] < 0.995 * off["verify8_ms"] and on["decode_ms"] <= 1.005 * off["decode_ms"]
-            and on["draft_step_in_chain_ms"] <= 1.005 * off["draft_step_in_chain_ms"])
-except (OSError, ValueError, KeyError, TypeError) as e:
-    print("pdl16_swept.json unreadable:", e)
-    keep = False
-print(f"PDL on launches of <= 16 rows with the swept configs: {'kept' if keep else 'not kept'}")
-sys.exit(0 if keep else 1)
-EOF
-}
 device=$(python -c "import torch; print(torch.cuda.get_device_name())")
 if [ "${SWEEP:-1}" = 1 ] && step 90 "sweep" python benchmarks/bench_gemv.py --sweep \
         --write-configs toolkit/infer/kernels/gemv_configs.json >> "$log" 2>&1; then
@@ -152,7 +135,11 @@ if [ "${SWEEP:-1}" = 1 ] && step 90 "sweep" python benchmarks/bench_gemv.py --sw
     if [ "$pdl" = on ] && [ "$rows" = 1 ]; then
         step 60 "bench_switch pdl_rows (1, then 16), the swept configs" python benchmarks/bench_switch.py \
             --switch pdl_rows > "$out/pdl16_swept.json" 2>> "$log"
-        if keep16 | tee -a "$log"; then
+        # kept where the outputs are identical, the verify step of 8 faster, decode and the draft step not slower
+        keep=$(decide pdl16_swept pdl_rows verify8_ms decode_ms draft_step_in_chain_ms)
+        echo "PDL on launches of <= 16 rows with the swept configs: $([ "$keep" = on ] && echo kept || echo not kept)" \
+            | tee -a "$log"
+        if [ "$keep" = on ]; then
             rows=16
             export TOOLKIT_PDL_MAX_ROWS=16
             write_entry "$pdl" "$epilogues" 16
