@@ -31,6 +31,7 @@ def test_overrides_are_typed_and_flags_win(tmp_path):
     (["aux_layers=[1,2]"], "give 3 target layer ids"),
     (["mixed_precision=fp8"], "mixed_precision 'fp8': accepted auto, no, bf16, fp16"),
     (["lr"], "write key=value"),
+    (["fc_bias=true"], "only an eagle head's fc may have a bias"),
 ])
 def test_bad_values_are_named(override, words):
     with pytest.raises(ValueError, match=None) as err:
@@ -102,3 +103,13 @@ def test_aux_layers_sglang_and_vllm_would_serve_otherwise_are_refused_or_said():
     assert "strictly increasing" in serving_notes(TrainConfig(data="d"), [0, 1, 1], 2)[0]
     assert "SGLang" in serving_notes(TrainConfig(data="d", num_layers=2), [1, 14, 26], 30)[0]
     assert serving_notes(TrainConfig(data="d", head="eagle"), [-1], 30) == []
+
+
+def test_a_resume_keeps_the_fc_bias_and_older_eagle_runs_had_one():
+    from toolkit.train.config import check_resume
+
+    cfg = load_config(None, ["data=x", "head=eagle"])
+    with pytest.raises(ValueError, match="fc_bias was True, now False"):
+        check_resume({"head": "eagle", "data": "x"}, cfg)      # a train_config.json from before the key
+    check_resume({"head": "eagle", "data": "x", "fc_bias": False}, cfg)
+    check_resume({"head": "eagle3", "data": "x"}, load_config(None, ["data=x"]))

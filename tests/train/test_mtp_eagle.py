@@ -83,13 +83,45 @@ def test_eagle_regression_training_exports_the_safeailab_layout(tiny_target, pre
     assert ev["eval_replay_differing_rows"] == 0 and ev["eval_replayed_tau"] == ev["eval_engine_tau"]
     w = load_file(str(out / "draft/model.safetensors"))
     assert {"fc.weight", "fc.bias", "layers.0.self_attn.q_proj.weight"} <= set(w) and "lm_head.weight" not in w
+    # trained without an fc bias (the recipe default): written as zeros, which SGLang's fc reads and vLLM skips
+    assert not w["fc.bias"].any()
     cfg = json.loads((out / "draft/config.json").read_text())
-    assert cfg["architectures"] == ["LlamaForCausalLMEagle"] and cfg["toolkit"]["head"] == "eagle"
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle", "EagleLlamaForCausalLM"]
+    assert cfg["toolkit"]["head"] == "eagle" and cfg["toolkit"]["fc_bias"] is False
     # SGLang's and vLLM's Llama layers read a `bias` key as attention biases the head has not, and no loader
     # has a layer-0 input norm to put a written one in
     assert "bias" not in cfg and not any("input_layernorm" in k and k.startswith("layers.0.") for k in w)
     head = lossless(tiny_target, out / "draft", TreeConfig(3, 3, 8))
-    assert type(head).__name__ == "Eagle2Head"
+    assert type(head).__name__ == "Eagle2Head" and head.fc.bias is None
+
+
+# What picks the model class (read from their sources): SGLang's ModelRegistry.resolve_model_cls and vLLM's
+# _ModelRegistry.resolve_model_cls both take the first name of `architectures` they register; before that
+# vLLM's EAGLEConfig(method="eagle") prefixes "Eagle" to each name that does not start with it.
+SGLANG_DRAFTS = {"LlamaForCausalLMEagle", "LlamaForCausalLMEagle3", "MiMoMTP", "DeepseekV3ForCausalLMNextN"}
+VLLM_DRAFTS = {"EagleLlamaForCausalLM", "Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "MiMoMTPModel",
+               "DeepSeekMTPModel"}
+
+
+def first_registered(names, registered):
+    return next((n for n in names if n in registered), None)
+
+
+def test_an_eagle_head_with_an_fc_bias_keeps_it_and_is_not_named_for_vllm(tiny_target, prepared, tmp_path):
+    """vLLM's EagleLlamaForCausalLM builds fc without a bias and would drop a trained one: such a folder names
+    only SGLang's class, so vLLM refuses it instead of serving another head. Without one, both pick a class."""
+    for fc_bias in (True, False):
+        out = tmp_path / str(fc_bias)
+        assert train("eagle", tiny_target, prepared, out, "max_steps=2", "ttt_steps=1", "save_every=2",
+                     "eval_samples=0", f"fc_bias={fc_bias}") == 0
+        w = load_file(str(out / "draft/model.safetensors"))
+        names = json.loads((out / "draft/config.json").read_text())["architectures"]
+        assert bool(w["fc.bias"].any()) == fc_bias
+        assert first_registered(names, SGLANG_DRAFTS) == "LlamaForCausalLMEagle"
+        vllm_names = [n if n.startswith("Eagle") else f"Eagle{n}" for n in names]
+        assert first_registered(vllm_names, VLLM_DRAFTS) == (None if fc_bias else "EagleLlamaForCausalLM")
+        target = load_target(tiny_target)
+        assert (load_draft(str(out / "draft"), target, None).fc.bias is not None) == fc_bias
 
 
 @pytest.mark.parametrize("head", ["mtp", "eagle"])

@@ -1,7 +1,7 @@
 """EAGLE-1/2 draft heads (SafeAILab layout) served with the same engine, optionally over an FR-Spec vocab.
 
 The head takes the target's final (normed) hidden state: at position t the pair (embedding of token t+1,
-hidden t) goes through fc (2H -> H, with bias) and one Llama decoder layer whose input_layernorm is skipped
+hidden t) goes through fc (2H -> H, with or without a bias) and one Llama decoder layer whose input_layernorm is skipped
 (EAGLE's layer 0); its output is a predicted hidden state, read out by the target's own lm_head. With an
 FR-Spec `freq_N.pt` the lm_head keeps only those N rows (ids sorted, mapped back through d2t).
 Checkpoint: config.json (LlamaConfig, 1 layer) + model.safetensors or pytorch_model.bin with fc.weight
@@ -83,12 +83,16 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
     w = {k.removeprefix("model."): v for k, v in read_weights(folder).items()
          if not k.endswith(("embed_tokens.weight", "inv_freq"))}
     w = {our_layer_key(k): v for k, v in w.items() if not k.startswith("layers.0.input_layernorm")}
+    fc_bias = bool(cfg.get("bias", True))
+    if fc_bias and "fc.bias" in w and not w["fc.bias"].any():  # a head trained without one is written with zeros
+        del w["fc.bias"]
+        fc_bias = False
     ids = None
     if token_map is not None:
         ids = load_freq(token_map)
         check_ids_fit(ids, target.config.vocab_size, f"token map {token_map}")
         ids = torch.tensor(ids)
-    head = Eagle2Head(c, target.lm_head.weight.detach().float().cpu(), ids, fc_bias=bool(cfg.get("bias", True)))
+    head = Eagle2Head(c, target.lm_head.weight.detach().float().cpu(), ids, fc_bias=fc_bias)
     load_weights(head, w, folder, ignore=("d2t", "lm_head.weight"))
     return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()
 
@@ -98,7 +102,10 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
     """Write a draft folder in the SafeAILab EAGLE layout (SGLang: LlamaForCausalLMEagle), bf16, atomically
     per file: fc.{weight,bias}, layers.{k}.* (layer 0 has no input_layernorm, as in SafeAILab's model); the
     lm_head and embedding are the target's and are not written. No `bias` key: SafeAILab reads it as fc's bias
-    (default true), but SGLang's and vLLM's Llama layers read it as attention biases, which the head has not."""
+    (default true), but SGLang's and vLLM's Llama layers read it as attention biases, which the head has not.
+    A head without an fc bias is written with a zero one, since SGLang's fc always has one, and is named for
+    vLLM too (its EagleLlamaForCausalLM has none and skips the zeros); one with a bias is not, as vLLM would
+    drop it."""
     t = target_hf_config.get("text_config", target_hf_config)
     c = head.config
     weights = {}
@@ -106,8 +113,13 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
         if k in ("d2t", "lm_head.weight"):
             continue
         weights[their_layer_key(k)] = v
+    if head.fc.bias is None:
+        weights["fc.bias"] = torch.zeros(c.hidden_size)
     weights = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in weights.items()}
-    cfg = {"architectures": ["LlamaForCausalLMEagle"], "model_type": "llama", "hidden_size": c.hidden_size,
+    # SGLang and vLLM each take the first name of the list they register; vLLM prefixes "Eagle" to the names
+    # that lack it first (vllm/transformers_utils/configs/eagle.py), so this one reads EagleLlamaForCausalLM
+    names = ["LlamaForCausalLMEagle"] + (["EagleLlamaForCausalLM"] if head.fc.bias is None else [])
+    cfg = {"architectures": names, "model_type": "llama", "hidden_size": c.hidden_size,
            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
            "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
            "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": c.num_layers, "vocab_size": t["vocab_size"],
@@ -116,6 +128,6 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
            **{k: t[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in t},
            "toolkit": {"format_version": 1, "head": "eagle", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
-                       **(extra or {})}}
+                       "fc_bias": head.fc.bias is not None, **(extra or {})}}
     write_draft_folder(folder, weights, cfg)
 

@@ -28,6 +28,8 @@ class TrainConfig:
     init_from: str | None = None             # a trained draft folder to start from (its vocabulary, aux layers)
     regression_weight: float = 1.0           # eagle: smooth-L1 on the next hidden state (EAGLE paper: 1.0)
     token_weight: float = 0.1                # eagle: soft cross-entropy through the frozen lm_head (paper: 0.1)
+    fc_bias: bool = False                    # eagle: fc with a bias (SafeAILab's default). vLLM's EAGLE-1 fc has
+    #                                          none: a head without one serves in SGLang and vLLM alike
     # training-time test
     ttt_steps: int = 7
     loss_decay: float = 0.8
@@ -70,6 +72,9 @@ class TrainConfig:
                             "and its full lm_head (serve it with --token-map freq_N.pt to truncate the vocabulary)")
         if self.head == "mtp" and self.num_layers != 1:
             problems.append(f"num_layers {self.num_layers}: an MTP module is one decoder block")
+        if self.fc_bias and self.head != "eagle":
+            problems.append(f"fc_bias: only an eagle head's fc may have a bias ({self.head}'s fc has none in "
+                            "SGLang's and vLLM's layouts)")
         if self.init_block not in ("target_last", "random"):
             problems.append(f"init_block {self.init_block!r}: accepted target_last, random")
         if self.regression_weight < 0 or self.token_weight < 0 or self.regression_weight + self.token_weight == 0:
@@ -107,15 +112,18 @@ class TrainConfig:
 
 
 # what a resumed run must keep: the rows it trains on and their order (data, max_len, eval_samples, seed), what a
-# step is (batch_size, grad_accum: the data is skipped by steps done x micro-batches per step), and what the
-# optimizer's saved state restores over the recipe (lr, weight_decay). The length (max_steps, epochs), the
-# schedule's shape, the clock and the logging cadence may change.
-RESUME_FIXED = ("data", "max_len", "eval_samples", "seed", "batch_size", "grad_accum", "lr", "weight_decay")
+# step is (batch_size, grad_accum: the data is skipped by steps done x micro-batches per step), what the
+# optimizer's saved state restores over the recipe (lr, weight_decay) and the head's parameters (fc_bias). The
+# length (max_steps, epochs), the schedule's shape, the clock and the logging cadence may change.
+RESUME_FIXED = ("data", "max_len", "eval_samples", "seed", "batch_size", "grad_accum", "lr", "weight_decay",
+                "fc_bias")
 
 
 def check_resume(saved: dict, cfg: TrainConfig) -> None:
     """saved: the run's train_config.json. Refuses a resume that changes a RESUME_FIXED key, naming each."""
     now = dataclasses.asdict(cfg)
+    if saved.get("head") == "eagle" and "fc_bias" not in saved:
+        saved = {**saved, "fc_bias": True}  # runs from before the key had an fc bias
     diff = [f"{k} was {saved[k]!r}, now {now[k]!r}" for k in RESUME_FIXED if k in saved and saved[k] != now[k]]
     if diff:
         raise ValueError(f"cannot resume {cfg.output_dir}: " + "; ".join(diff) + ". A resumed run keeps its data, "

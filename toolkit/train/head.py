@@ -113,7 +113,7 @@ def take_weights(head: nn.Module, start: nn.Module, folder: str | Path) -> None:
             if k not in mine or k not in theirs or mine[k].shape != theirs[k].shape]
     if diff:
         raise ValueError(f"init_from {folder}: the draft does not fit the head this recipe builds "
-                         f"(num_layers, draft vocabulary?): " + "; ".join(diff[:6]))
+                         f"(num_layers, draft vocabulary, fc_bias?): " + "; ".join(diff[:6]))
     with torch.no_grad():
         for k, v in mine.items():
             v.copy_(theirs[k].to(v.dtype))

@@ -80,7 +80,7 @@ class Eagle(Objective):
         from toolkit.infer.eagle2 import Eagle2Head
 
         torch.manual_seed(cfg.seed)
-        return Eagle2Head(draft_config(tcfg, cfg.num_layers), parts["lm_head.weight"].float())
+        return Eagle2Head(draft_config(tcfg, cfg.num_layers), parts["lm_head.weight"].float(), fc_bias=cfg.fc_bias)
 
     def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d, norm=None):
         token, losses, accs, counts = ttt_loss(step_logits, target_logits, loss_mask, t2d, cfg.loss_decay, norm)
