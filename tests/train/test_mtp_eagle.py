@@ -107,7 +107,7 @@ def first_registered(names, registered):
     return next((n for n in names if n in registered), None)
 
 
-def test_an_eagle_head_with_an_fc_bias_keeps_it_and_is_not_named_for_vllm(tiny_target, prepared, tmp_path):
+def test_an_eagle_head_with_an_fc_bias_keeps_it_and_is_not_named_for_vllm(tiny_target, prepared, tmp_path, capsys):
     """vLLM's EagleLlamaForCausalLM builds fc without a bias and would drop a trained one: such a folder names
     only SGLang's class, so vLLM refuses it instead of serving another head. Without one, both pick a class."""
     for fc_bias in (True, False):
@@ -122,6 +122,11 @@ def test_an_eagle_head_with_an_fc_bias_keeps_it_and_is_not_named_for_vllm(tiny_t
         assert first_registered(vllm_names, VLLM_DRAFTS) == (None if fc_bias else "EagleLlamaForCausalLM")
         target = load_target(tiny_target)
         assert (load_draft(str(out / "draft"), target, None).fc.bias is not None) == fc_bias
+    # training on from the head with a bias needs the setting that fits it, and the refusal says which
+    capsys.readouterr()
+    assert train("eagle", tiny_target, prepared, tmp_path / "on", "max_steps=1", "eval_samples=0",
+                 f"init_from={tmp_path / 'True' / 'draft'}") == 2
+    assert "the draft's fc has a bias: train on from it with fc_bias=true" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("head", ["mtp", "eagle"])

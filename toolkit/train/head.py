@@ -111,6 +111,9 @@ def take_weights(head: nn.Module, start: nn.Module, folder: str | Path) -> None:
             f"{tuple(theirs[k].shape) if k in theirs else 'absent'} in the draft"
             for k in sorted(set(mine) | set(theirs))
             if k not in mine or k not in theirs or mine[k].shape != theirs[k].shape]
+    if ("fc.bias" in mine) != ("fc.bias" in theirs):  # an EAGLE-1/2 head: say which setting fits the draft
+        diff.insert(0, f"the draft's fc has {'a' if 'fc.bias' in theirs else 'no'} bias: train on from it with "
+                       f"fc_bias={'true' if 'fc.bias' in theirs else 'false'}")
     if diff:
         raise ValueError(f"init_from {folder}: the draft does not fit the head this recipe builds "
                          f"(num_layers, draft vocabulary, fc_bias?): " + "; ".join(diff[:6]))
