@@ -1,8 +1,8 @@
 """EAGLE-1/2 draft heads (SafeAILab layout) served with the same engine, optionally over an FR-Spec vocab.
 
 The head takes the target's final (normed) hidden state: at position t the pair (embedding of token t+1,
-hidden t) goes through fc (2H -> H, with or without a bias) and one Llama decoder layer whose input_layernorm is skipped
-(EAGLE's layer 0); its output is a predicted hidden state, read out by the target's own lm_head. With an
+hidden t) goes through fc (2H -> H, with or without a bias) and one Llama decoder layer whose input_layernorm is
+skipped (EAGLE's layer 0); its output is a predicted hidden state, read out by the target's own lm_head. With an
 FR-Spec `freq_N.pt` the lm_head keeps only those N rows (ids sorted, mapped back through d2t).
 Checkpoint: config.json (LlamaConfig, 1 layer) + model.safetensors or pytorch_model.bin with fc.weight
 [H, 2H], fc.bias, layers.0.{self_attn,mlp,post_attention_layernorm}.* (embed_tokens ignored).
@@ -107,18 +107,18 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
     vLLM too (its EagleLlamaForCausalLM has none and skips the zeros); one with a bias is not, as vLLM would
     drop it."""
     t = target_hf_config.get("text_config", target_hf_config)
-    c = head.config
+    c, has_bias = head.config, head.fc.bias is not None
     weights = {}
     for k, v in head.state_dict().items():
         if k in ("d2t", "lm_head.weight"):
             continue
         weights[their_layer_key(k)] = v
-    if head.fc.bias is None:
+    if not has_bias:
         weights["fc.bias"] = torch.zeros(c.hidden_size)
     weights = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in weights.items()}
     # SGLang and vLLM each take the first name of the list they register; vLLM prefixes "Eagle" to the names
     # that lack it first (vllm/transformers_utils/configs/eagle.py), so this one reads EagleLlamaForCausalLM
-    names = ["LlamaForCausalLMEagle"] + (["EagleLlamaForCausalLM"] if head.fc.bias is None else [])
+    names = ["LlamaForCausalLMEagle"] + ([] if has_bias else ["EagleLlamaForCausalLM"])
     cfg = {"architectures": names, "model_type": "llama", "hidden_size": c.hidden_size,
            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,
            "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
@@ -128,6 +128,6 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
            **{k: t[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in t},
            "toolkit": {"format_version": 1, "head": "eagle", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
-                       "fc_bias": head.fc.bias is not None, **(extra or {})}}
+                       "fc_bias": has_bias, **(extra or {})}}
     write_draft_folder(folder, weights, cfg)
 
