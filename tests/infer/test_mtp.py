@@ -177,6 +177,15 @@ def test_a_folder_sglangs_nextn_export_wrote_loads(tmp_path):
     assert all(torch.equal(v, alone.state_dict()[k]) for k, v in full.state_dict().items())
 
 
+def test_a_full_model_with_as_many_mtp_layers_as_body_layers_reads_its_mtp_layers(tmp_path):
+    """num_hidden_layers == num_nextn_predict_layers is also what an SGLang NextN export looks like; the MTP
+    layers are told by their eh_proj, not by the counts (body layer 0 was read as the MTP layer and refused)."""
+    _, w = write_native(tmp_path / "t", "deepseek", n_mtp=LAYERS)
+    head = load_mtp(tmp_path / "t", load_target(tmp_path / "t"))
+    assert torch.equal(head.eh_proj.weight, w[f"model.layers.{LAYERS}.eh_proj.weight"])
+    assert torch.equal(head.block.input_layernorm.weight, w[f"model.layers.{LAYERS}.input_layernorm.weight"])
+
+
 def test_a_folder_without_mtp_layers_is_refused_clearly(tmp_path):
     write_native(tmp_path / "t", "deepseek", n_mtp=0)
     cfg = json.loads((tmp_path / "t" / "config.json").read_text())

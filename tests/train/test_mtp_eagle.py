@@ -165,3 +165,22 @@ def test_init_from_a_trained_draft_starts_from_its_weights(tiny_target, prepared
     # an EAGLE-3 recipe refuses this draft, naming both kinds
     assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir",
                  str(tmp_path / "x"), *COMMON, f"init_from={first / 'draft'}"]) == 2
+
+
+@pytest.mark.parametrize("what,text", [({"attention_bias": True, "qkv_bias": True}, "an o_proj bias"),
+                                       ({"model_type": "qwen3", "qk_norm": True}, "q/k norms"), ({}, None)])
+def test_mtp_training_warns_where_sglang_would_drop_the_blocks_tensors(capsys, what, text):
+    """SGLang's MiMoMTP block is Qwen2's: an exported o_proj bias (Llama attention_bias) or q/k norms (Qwen3) are
+    skipped there without a word, so training says so before it starts; a plain Llama target trains quietly."""
+    from types import SimpleNamespace
+
+    from toolkit.infer.config import ModelConfig
+    from toolkit.train.objectives import OBJECTIVES
+
+    c = ModelConfig(**{"model_type": "llama", "vocab_size": 40, "hidden_size": 16, "intermediate_size": 24,
+                       "num_layers": 2, "num_heads": 2, "num_kv_heads": 2, "head_dim": 8, **what})
+    head = OBJECTIVES["mtp"].build(SimpleNamespace(seed=0, init_block="random"), c, None, None,
+                                   {"lm_head.weight": torch.randn(40, 16)}, None)
+    err = capsys.readouterr().err
+    assert (text in err and "SGLang would drop" in err) if text else err == ""
+    assert head.block.self_attn.o_proj.bias is not None if what.get("attention_bias") else True

@@ -48,7 +48,10 @@ def test_step_zero_is_plain_causal_attention():
     assert (ttt_attention(q, [k], [v], block=4) - want).abs().max() < 1e-5
 
 
-def _head(kind: str, num_layers: int):
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}  # attention factor 1.139
+
+
+def _head(kind: str, num_layers: int, rope_scaling: dict | None = None):
     from toolkit.infer.config import ModelConfig
     from toolkit.infer.drafts import random_head
     from toolkit.infer.eagle2 import Eagle2Head
@@ -56,7 +59,7 @@ def _head(kind: str, num_layers: int):
 
     c = ModelConfig(model_type="qwen3" if kind == "mtp" else "llama", vocab_size=80, hidden_size=32,
                     intermediate_size=48, num_layers=num_layers if kind == "eagle" else 6, num_heads=4,
-                    num_kv_heads=2, head_dim=8)
+                    num_kv_heads=2, head_dim=8, rope_scaling=rope_scaling or {}, max_position_embeddings=256)
     torch.manual_seed(3)
     if kind == "eagle3":
         return random_head(c, list(range(0, 80, 2)), seed=3, num_layers=num_layers), 96
@@ -69,13 +72,17 @@ def _head(kind: str, num_layers: int):
     return head.eval(), 32
 
 
-@pytest.mark.parametrize("kind,num_layers", [("eagle3", 1), ("eagle3", 2), ("eagle", 1), ("eagle", 2), ("mtp", 1)])
+@pytest.mark.parametrize("kind,num_layers", [("eagle3", 1), ("eagle3", 2), ("eagle", 1), ("eagle", 2), ("mtp", 1),
+                                             ("eagle3-yarn", 1), ("mtp-yarn", 1)])
 def test_unrolled_steps_equal_what_the_engine_drafts(kind, num_layers):
     """Train == serve, for every head kind: TTT step i at row t gives the logits the engine's draft produces
-    for the depth-i node after prefix t, with the same (teacher-forced) tokens."""
+    for the depth-i node after prefix t, with the same (teacher-forced) tokens; under yarn too, whose attention
+    factor scales cos and sin (training left it out)."""
     from toolkit.train.ttt import unroll
 
-    head, feature = _head(kind, num_layers)
+    kind, _, rope = kind.partition("-")
+    head, feature = _head(kind, num_layers, YARN if rope == "yarn" else None)
+    assert rope != "yarn" or head.config.rope_attention_factor() > 1.1
     embed = torch.nn.Embedding(80, 32)
     g = torch.Generator().manual_seed(0)
     L, steps = 12, 3

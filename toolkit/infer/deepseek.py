@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
+from toolkit.infer.fp32 import KeepsFp32
 
 
 def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -82,7 +83,9 @@ def _rotate(x, cos, sin):
     return rotate(x, cos, sin)
 
 
-class Router(nn.Module):
+class Router(KeepsFp32):
+    keep_fp32 = ("weight", "e_score_correction_bias")  # as transformers and SGLang route
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.moe = c.moe

@@ -21,12 +21,14 @@ import torch
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
+from toolkit.infer.fp32 import KeepsFp32
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.model import attention_masks, rope_cos_sin
 from toolkit.infer.row_step import row_step, row_step_ok
 
 
-class DraftHead(nn.Module):
+class DraftHead(KeepsFp32):
+    keep_fp32 = ("inv_freq",)
     config: ModelConfig
     aux_layers: list[int]   # target layers whose outputs feed step 0 (-1 = the final normed hidden state)
     d2t: torch.Tensor       # draft id -> target id offset [N]

@@ -18,7 +18,10 @@ def gumbel_inputs(params: list, generators: list, num_steps: int, draft_vocab: i
     noise = torch.zeros(len(params), num_steps, draft_vocab, device=device)
     for b, (p, g) in enumerate(zip(params, generators)):
         if not p.greedy:
-            u = torch.rand(noise.shape[1:], generator=g, device=device)
+            # float64 uniforms: float32 ones (24 bits) cap the noise at -log(-log(1 - 2**-24)) = 16.6, and over
+            # a 49k-row vocabulary the true maximum passes that in ~0.3% of draws, so the draw would not be
+            # exactly softmax(logp / T), the law verification divides by; float64's cap is 36.7
+            u = torch.rand(noise.shape[1:], generator=g, device=device, dtype=torch.float64)
             noise[b] = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
     inv_temp = torch.tensor([1.0 if p.greedy else 1.0 / p.temperature for p in params], device=device)
     return {"gumbel": noise, "inv_temp": inv_temp}

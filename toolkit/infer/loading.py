@@ -41,6 +41,9 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.d
     return device, getattr(torch, dtype)
 
 
+ROUTER_FP32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+
+
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
     """Build the model from config.json and load every weight from its safetensors files (weight_files); a
     missing or unexpected tensor is an error naming it (no weight is ever left random)."""
@@ -53,7 +56,8 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
                 ours = name.removeprefix("model.")
                 if ours.endswith("rotary_emb.inv_freq") or _is_mtp_weight(ours, config.num_layers):
                     continue
-                tensors[ours] = sf.get_tensor(name).to(dtype)
+                t = sf.get_tensor(name)  # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
+                tensors[ours] = t.float() if ours.endswith(ROUTER_FP32) else t.to(dtype)
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
     with torch.device("meta"):

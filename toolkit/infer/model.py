@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
+from toolkit.infer.fp32 import KeepsFp32
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.row_step import few_rows, row_step, row_step_ok
 
@@ -209,7 +210,9 @@ class Block(nn.Module):
         return h + self.mlp(x)
 
 
-class Transformer(nn.Module):
+class Transformer(KeepsFp32):
+    keep_fp32 = ("inv_freq",)
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.config = c

@@ -108,11 +108,15 @@ def find_layout(folder: Path, cfg: dict) -> tuple[str, str, int]:
     mimo = sorted({int(m.group(1)) for k in names if (m := re.match(r"model\.mtp_layers\.(\d+)\.", k))})
     if mimo:
         return "mimo", "model.mtp_layers.0.", len(mimo)
-    # a folder SGLang's export_deepseek_nextn.py wrote holds only the MTP layers, renumbered from 0, with
-    # num_hidden_layers == num_nextn_predict_layers (SGLang's NextN loader then reads model.layers.0)
-    first = 0 if n_layers == text.get("num_nextn_predict_layers") else n_layers
-    nextn = sorted({int(m.group(1)) for k in names if (m := re.match(r"model\.layers\.(\d+)\.", k))
-                    and int(m.group(1)) >= first})
+    # the MTP layers are the ones with an eh_proj: model.layers.{num_hidden_layers + i} in a DeepSeek-V3 folder,
+    # model.layers.{i} in one SGLang's export_deepseek_nextn.py wrote (the MTP layers alone, renumbered from 0,
+    # num_hidden_layers == num_nextn_predict_layers, which a full model may have too); without any eh_proj the
+    # layers past the body are taken, so that loading names the tensors they lack
+    eh_proj = re.compile(r"model\.layers\.(\d+)\.eh_proj\.weight")
+    nextn = sorted({int(m.group(1)) for k in names if (m := eh_proj.fullmatch(k))})
+    if not nextn:
+        nextn = sorted({int(m.group(1)) for k in names if (m := re.match(r"model\.layers\.(\d+)\.", k))
+                        and int(m.group(1)) >= n_layers})
     if nextn and text.get("num_nextn_predict_layers"):
         return "deepseek", f"model.layers.{nextn[0]}.", len(nextn)
     raise ValueError(f"{folder}: no MTP weights found (looked for model.mtp_layers.{{i}}.* (MiMo) and "

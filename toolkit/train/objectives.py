@@ -12,6 +12,7 @@ target vocabulary (an FR-Spec freq_N.pt truncates it at serve time).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +113,11 @@ class MTP(Objective):
         if tcfg.mla is not None:  # ttt.py's unrolled attention is the Llama kind's
             raise ValueError("training an MTP head for a DeepSeek (MLA) target is not supported; serving the MTP "
                              "layers it ships is (toolkit serve --draft TARGET_DIR)")
+        if tcfg.attention_bias or tcfg.qk_norm:  # SGLang's MiMoMTP block is Qwen2's: it has neither
+            print(f"warning: this target's decoder block has {'an o_proj bias' if tcfg.attention_bias else 'q/k norms'},"
+                  " which SGLang's MiMoMTP block lacks: the exported head serves here, but SGLang would drop those "
+                  "tensors without a word and serve another function (docs/formats.md section 14)",
+                  file=sys.stderr, flush=True)
         torch.manual_seed(cfg.seed)
         head = MTPHead(tcfg, parts["lm_head.weight"].float())
         if cfg.init_block == "target_last":  # start from the target's last decoder layer (else torch's init)

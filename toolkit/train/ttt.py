@@ -46,14 +46,15 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
     return torch.cat(chunks, 2)
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """x [B, h, L, D] rotated at positions [L] (HF half-split layout, as the engine does)."""
+def _rope(x: torch.Tensor, positions: torch.Tensor, head) -> torch.Tensor:
+    """x [B, h, L, D] rotated at positions [L] (HF half-split layout) with the head's tables and yarn / longrope
+    attention factor, as the engine's step_inputs does."""
     from toolkit.infer.model import rope_cos_sin, rotate
 
-    return rotate(x, *rope_cos_sin(positions[None], inv_freq, x.dtype))
+    return rotate(x, *rope_cos_sin(positions[None], head.inv_freq, x.dtype, head.config.rope_attention_factor()))
 
 
-def _attend(attn, x: torch.Tensor, pos: torch.Tensor, inv_freq, ks: list, vs: list, block: int, valid):
+def _attend(attn, x: torch.Tensor, pos: torch.Tensor, head, ks: list, vs: list, block: int, valid):
     """One attention of TTT step len(ks): project x [B, L, *], rotate at `pos`, append this step's key/value
     to ks/vs and attend to the causal step-0 prefix plus the diagonal keys of steps 1..i. -> [B, L, H]."""
     B, L, _ = x.shape
@@ -63,7 +64,7 @@ def _attend(attn, x: torch.Tensor, pos: torch.Tensor, inv_freq, ks: list, vs: li
     v = attn.v_proj(x).view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
     if c.qk_norm:  # an MTP block of a Qwen3 target
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = _rope(q.transpose(1, 2), pos, inv_freq), _rope(k.transpose(1, 2), pos, inv_freq)
+    q, k = _rope(q.transpose(1, 2), pos, head), _rope(k.transpose(1, 2), pos, head)
     ks.append(k)
     vs.append(v)
     a = ttt_attention(q, ks, vs, block=block, valid=valid)                            # [B, Hq, L, D]
@@ -90,10 +91,10 @@ def unroll(head, embed: torch.nn.Embedding, hidden: torch.Tensor, input_ids: tor
         if i == 0 and head.blank_position0:  # MTP: the pair at position 0 has a zero embedding (as served)
             emb = emb.masked_fill((rows == 0)[None, :, None], 0)
         res, x = head.fuse(emb, h)                                                # the head's input rule
-        h = res + _attend(first.self_attn, x, rows + i, head.inv_freq, ks[0], vs[0], block, valid)
+        h = res + _attend(first.self_attn, x, rows + i, head, ks[0], vs[0], block, valid)
         h = h + first.mlp(first.post_attention_layernorm(h))
         for j, lyr in enumerate(rest, 1):
-            h = h + _attend(lyr.self_attn, lyr.input_layernorm(h), rows + i, head.inv_freq, ks[j], vs[j], block,
+            h = h + _attend(lyr.self_attn, lyr.input_layernorm(h), rows + i, head, ks[j], vs[j], block,
                             valid)
             h = h + lyr.mlp(lyr.post_attention_layernorm(h))
         h = head.finish(h)
