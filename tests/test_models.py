@@ -60,6 +60,26 @@ def test_fingerprint_tracks_config_and_weights(tmp_path):
     assert fingerprint(tmp_path) != sharded
 
 
+def test_fingerprint_ignores_who_wrote_the_config_and_reads_ids_recorded_by_the_older_rule(tmp_path):
+    """transformers stamps its version into config.json: the same model saved by 5.23 and 5.24 is one target.
+    Ids recorded before the stamp was left out (sha256 of config.json's bytes) still name the folder."""
+    from safetensors.torch import save_file
+
+    from toolkit.models import _fingerprint, same_target
+
+    save_file({"w": torch.zeros(4, 4)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text('{"a": 1, "b": 2, "transformers_version": "5.23.0"}')
+    old_rule = _fingerprint(tmp_path, (tmp_path / "config.json").read_bytes())
+    first = fingerprint(tmp_path)
+    (tmp_path / "config.json").write_text('{\n  "b": 2,\n  "transformers_version": "5.24.0",\n  "a": 1\n}')
+    assert fingerprint(tmp_path) == first  # another writer, another key order: the same model
+    assert same_target(first, tmp_path) and not same_target(old_rule, tmp_path)  # the old id named 5.23's bytes
+    (tmp_path / "config.json").write_text('{"a": 1, "b": 2, "transformers_version": "5.23.0"}')
+    assert same_target(old_rule, tmp_path) and same_target(first, tmp_path)
+    (tmp_path / "config.json").write_text('{"a": 1, "b": 3, "transformers_version": "5.23.0"}')
+    assert fingerprint(tmp_path) != first and not same_target(first, tmp_path)
+
+
 def test_embedded_folder_is_complete_and_not_converted_twice(smollm2_dir, monkeypatch):
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", MARKER):
         assert (smollm2_dir / name).is_file(), name

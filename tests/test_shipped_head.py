@@ -27,6 +27,18 @@ def test_the_shipped_head_follows_the_format(head):
     assert {"fc.weight", "lm_head.weight", "d2t", "t2d", "midlayer.self_attn.q_proj.weight"} <= names
 
 
+@pytest.mark.parametrize("head", [HEAD, TOPICS_HEAD], ids=["1k", "topics"])
+def test_the_shipped_head_records_the_embedded_targets_fingerprint(head, smollm2_dir):
+    """`--model smollm2-135m-instruct` is checked against the fingerprint the head records: it must be the one
+    this machine's build of the target has (the transformers version that wrote config.json is not part of it)."""
+    from toolkit.infer.loading import draft_target
+    from toolkit.models import fingerprint
+
+    assert json.loads((head / "config.json").read_text())["toolkit"]["target_fingerprint"] == fingerprint(smollm2_dir)
+    assert draft_target(str(head), "smollm2-135m-instruct") == smollm2_dir
+    assert draft_target(str(head), None) == smollm2_dir  # resolved from what it records, and checked too
+
+
 def test_the_shipped_head_drafts_what_smollm2_accepts(shared, smollm2_dir, tmp_path):
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(HEAD), "--prompts",

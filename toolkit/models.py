@@ -59,16 +59,34 @@ def _from_hub(repo_id: str) -> Path:
                           f"({', '.join(sorted(EMBEDDED))}).") from None
 
 
+# config.json keys that say who wrote the file, not what the model is: transformers stamps its version, so
+# the same model saved by 5.23 and by 5.24 must keep one id
+WRITER_KEYS = ("transformers_version", "_name_or_path", "_commit_hash")
+
+
 def fingerprint(folder: Path) -> str:
-    """A short stable id of a model folder: sha256 over config.json and, per weight file, its name, size,
-    safetensors header (names, dtypes, shapes, offsets) and first/last MiB of data. Cheap on 16 GB models,
-    yet changes when the architecture, shapes or the weights' ends change. The weight files are those the model
-    is loaded from (infer/weight_files.py: model.safetensors or the index's shards), so a file beside them that
-    no loader reads (Mistral's consolidated.safetensors, a leftover) leaves the id as it is."""
+    """A short stable id of a model folder: sha256 over config.json's content (its keys sorted, the writer's
+    stamps WRITER_KEYS left out) and, per weight file, its name, size, safetensors header (names, dtypes, shapes,
+    offsets) and first/last MiB of data. Cheap on 16 GB models, yet changes when the architecture, shapes or the
+    weights' ends change. The weight files are those the model is loaded from (infer/weight_files.py:
+    model.safetensors or the index's shards), so a file beside them that no loader reads (Mistral's
+    consolidated.safetensors, a leftover) leaves the id as it is."""
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    canonical = json.dumps({k: v for k, v in cfg.items() if k not in WRITER_KEYS}, sort_keys=True)
+    return _fingerprint(Path(folder), canonical.encode())
+
+
+def same_target(recorded: str, folder: Path) -> bool:
+    """Whether a recorded fingerprint names this folder's model: today's id, or the one written before 2026-11-28
+    (config.json's raw bytes, which changed with the transformers version that saved them)."""
+    folder = Path(folder)
+    return recorded in (fingerprint(folder), _fingerprint(folder, (folder / "config.json").read_bytes()))
+
+
+def _fingerprint(folder: Path, config: bytes) -> str:
     from toolkit.infer.weight_files import weight_files
 
-    folder = Path(folder)
-    h = hashlib.sha256((folder / "config.json").read_bytes())
+    h = hashlib.sha256(config)
     try:
         files = weight_files(folder)
     except ValueError:  # no weights here (yet): the config alone

@@ -33,3 +33,24 @@ def test_a_head_that_agrees_gets_its_figure_and_no_warning(target_and_tok, capsy
     assert probe(object(), target, tok, TEXT) == 0.5
     err = capsys.readouterr().err
     assert "top-1 agreement over the target's answer to a probe prompt: 50.0%" in err and "WARNING" not in err
+
+
+def test_a_draft_served_without_model_is_checked_against_the_target_it_records(tiny_target, tmp_path):
+    """docs/formats.md section 7: with no --model the draft's recorded target is resolved and its fingerprint
+    checked too (only --model was checked: a changed target was served without a word)."""
+    import json
+    import shutil
+
+    from conftest import save_random_draft
+
+    from toolkit.infer.loading import draft_target
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_target, target)
+    draft = save_random_draft(target, tmp_path / "draft", str(target))
+    assert draft_target(str(draft), None) == target
+    cfg = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 1e-3}))
+    with pytest.raises(ValueError, match=r"the target it records, .* is not the target the draft .* this "
+                                         r"target's is [0-9a-f]{16}"):
+        draft_target(str(draft), None)

@@ -110,7 +110,7 @@ def recorded_target(draft: str) -> dict:
 def draft_target(draft: str, model: str | None) -> Path:
     """The target folder for `draft`: `model` when given (refused if the draft records another target),
     else the one the draft records, else the embedded default."""
-    from toolkit.models import fingerprint, resolve_target
+    from toolkit.models import fingerprint, resolve_target, same_target
 
     recorded = recorded_target(draft)
     if not recorded and _ships_mtp(json.loads((Path(draft) / "config.json").read_text())):
@@ -125,9 +125,11 @@ def draft_target(draft: str, model: str | None) -> Path:
                              "target's folder") from None
     else:
         folder = resolve_target(model or DEFAULT_MODEL)
-    if model and recorded.get("target_fingerprint") and recorded["target_fingerprint"] != fingerprint(folder):
-        raise ValueError(f"--model {model} is not the target the draft {draft} was trained for: it records "
-                         f"{recorded.get('target')} (fingerprint {recorded['target_fingerprint']})")
+    if recorded.get("target_fingerprint") and not same_target(recorded["target_fingerprint"], folder):
+        given = f"--model {model}" if model else f"the target it records, {recorded.get('target')} ({folder}),"
+        raise ValueError(f"{given} is not the target the draft {draft} was trained for: the draft records "
+                         f"{recorded.get('target')} with fingerprint {recorded['target_fingerprint']}, this "
+                         f"target's is {fingerprint(folder)} (config.json or the weights differ)")
     return folder
 
 

@@ -160,8 +160,13 @@ def head_signature(kind: str, head: nn.Module, target_fingerprint: str) -> dict:
             "shapes": {k: list(v.shape) for k, v in head.state_dict().items() if k not in ("d2t", "lm_head.weight")}}
 
 
-def check_signature(saved_path: Path, now: dict) -> None:
+def check_signature(saved_path: Path, now: dict, target_folder: Path | None = None) -> None:
     saved = json.loads(saved_path.read_text())
+    if target_folder is not None and saved.get("target_fingerprint") not in (None, now["target_fingerprint"]):
+        from toolkit.models import same_target
+
+        if same_target(saved["target_fingerprint"], target_folder):  # recorded by the older rule
+            saved["target_fingerprint"] = now["target_fingerprint"]
     diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
     if diff:
         raise ValueError("cannot resume: the draft/target differ from the saved run: " + "; ".join(

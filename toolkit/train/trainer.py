@@ -80,7 +80,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from transformers import get_scheduler
 
     from toolkit.infer.loading import load_target
-    from toolkit.models import fingerprint, resolve_target
+    from toolkit.models import fingerprint, resolve_target, same_target
     from toolkit.tokenmap.maps import save_vocab_map
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.config import check_resume, load_config
@@ -142,7 +142,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         raise ValueError(f"hidden_states {cfg.hidden_states} were dumped with max_len {shards.index['max_len']}, "
                          f"training has max_len {cfg.max_len}: rows would be shorter than online; dump with at "
                          "least the training max_len")
-    if offline and shards.index["target_fingerprint"] != target_fp:
+    if offline and not same_target(shards.index["target_fingerprint"], folder):
         raise ValueError(f"hidden_states {cfg.hidden_states} were dumped from another target "
                          f"({shards.index['target']})")
     target = load_target(folder, dtype, device).requires_grad_(False) if not offline else None
@@ -173,7 +173,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     template = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
     signature = head_signature(cfg.head, head, target_fp)
     if args.resume:
-        check_signature(out / "run.json", signature)
+        check_signature(out / "run.json", signature, folder)
         if (out / "train_config.json").is_file():
             check_resume(json.loads((out / "train_config.json").read_text()), cfg)
     model = DraftTrainable(head, parts["embed_tokens.weight"], cfg.ttt_steps)
