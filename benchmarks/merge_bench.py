@@ -128,6 +128,9 @@ def merge(reports: list[dict], where: list[str], partial: bool = False) -> dict:
                                                      / out["hf_generate"]["tokens_per_second"])
     for key in ("greedy_identical_to_baseline", "greedy_identical_to_hf", "greedy_identical_to_prompt_lookup"):
         all_true(reports, key, out)
+    for key in ("greedy_answers_differing_from_baseline", "greedy_answers_differing_from_hf"):
+        if all(key in r for r in reports):  # shards written before the count have the boolean alone
+            out[key] = sum(r[key] for r in reports)
     if any("sweep" in r for r in reports):
         # an entry's lookup length; older reports ran every entry with the main run's --lookup
         trees = [[(s["num_steps"], s["topk"], s["num_draft_tokens"], s.get("sample_draft", False),

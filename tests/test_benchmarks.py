@@ -80,7 +80,7 @@ def shard_report(i: int, n: int, spec: list, plain: list, wall: float) -> dict:
             "speculative": summarize(spec, wall, 4), "per_category": counts(spec, "category"),
             "per_turn": counts(spec, "turn"), "baseline": summarize(plain, wall * 2),
             "hf_generate": {**hf, "per_turn": counts(plain, "turn")}, "greedy_identical_to_baseline": True,
-            "greedy_identical_to_hf": True,
+            "greedy_identical_to_hf": True, "greedy_answers_differing_from_baseline": i, "greedy_answers_differing_from_hf": 0,
             "sweep": [{"num_steps": 6, "topk": 10, "num_draft_tokens": 60, **summarize(spec[::-1], wall * 3, 4),
                        "greedy_identical_to_speculative": i != 1}]}  # shard 1's tree text differs
 
@@ -124,6 +124,7 @@ def test_merged_shards_equal_one_run_over_every_prompt(tmp_path):
     assert m["sweep"][0]["tau"] == pytest.approx(whole["tau"]) and m["sweep"][0]["num_draft_tokens"] == 60
     assert m["sweep"][0]["greedy_identical_to_speculative"] is False  # one shard's tree differed: not identical
     assert m["shards"] == ["0/3", "1/3", "2/3"] and m["prompts"] == 30 and m["greedy_identical_to_hf"] is True
+    assert m["greedy_answers_differing_from_baseline"] == 0 + 1 + 2 and m["greedy_answers_differing_from_hf"] == 0
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG" and "3 shards" in done.stdout
     table = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_table.py"), str(out)],
                            capture_output=True, text=True)

@@ -59,6 +59,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
         assert sum(t["verify_steps"] for t in turns) == whole["verify_steps"]
         assert sum(t["tokens"] for t in turns) == whole["tokens"]
     assert r["greedy_identical_to_baseline"] is True and r["greedy_identical_to_hf"] is True
+    assert r["greedy_answers_differing_from_baseline"] == r["greedy_answers_differing_from_hf"] == 0
     assert r["speedup_vs_baseline"] > 0 and r["speedup_vs_hf"] > 0 and len(r["sweep"]) == 1
     sweep = r["sweep"][0]  # a whole summary with counts, so that shards merge (benchmarks/merge_bench.py)
     assert (sweep["num_steps"], sweep["topk"], sweep["num_draft_tokens"]) == (2, 1, 3)
@@ -227,3 +228,29 @@ def test_prompts_a_benchmark_cannot_answer_are_refused_by_line(tmp_path, lines, 
     with pytest.raises(ValueError, match=message) as e:
         read_prompts(str(path), None)
     assert str(path) in str(e.value)
+
+
+def test_a_missing_prompts_file_is_named_and_the_shipped_example_reads():
+    """README's bench commands read examples/prompts.jsonl (MT-bench `turns` form, two turns each); a path that
+    is not there is named with the option, not as a bare errno."""
+    from conftest import ROOT
+
+    from toolkit.infer.prompts import read_prompts
+
+    with pytest.raises(ValueError, match=r"--prompts nowhere\.jsonl: no such file"):
+        read_prompts("nowhere.jsonl", None)
+    prompts = read_prompts(str(ROOT / "examples/prompts.jsonl"), None)
+    assert len(prompts) == 10 and all(len(p["turns"]) == 2 for p in prompts)
+    assert len({p["category"] for p in prompts}) == 8
+
+
+def test_differing_answers_are_counted_and_explained_outside_fp32(capsys):
+    import torch
+
+    from toolkit.infer.bench import differing
+
+    assert differing([["a"], ["b"]], [["a"], ["b"]], torch.bfloat16) == 0 and capsys.readouterr().err == ""
+    assert differing([["a"], ["b"], ["c"]], [["a"], ["x"], ["y"]], torch.float32) == 2
+    assert capsys.readouterr().err == ""  # in fp32 a difference is a bug: no excuse printed
+    assert differing([["a"], ["b"]], [["a"], ["x"]], torch.bfloat16) == 1
+    assert "1 of 2 greedy answers differ: in bfloat16" in capsys.readouterr().err

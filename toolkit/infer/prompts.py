@@ -24,6 +24,9 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) -> list[dict]:
     """[{id, category, system, turns: [user texts]}] from MT-bench `turns` records or any corpus schema; with
     `shard` (I, N) only the records I, I+N, I+2N, ... of the file."""
+    if not Path(path).is_file():
+        raise ValueError(f"--prompts {path}: no such file (give a .jsonl of MT-bench `turns` records or of any "
+                         "chat schema docs/formats.md section 1 lists, e.g. examples/prompts.jsonl)")
     out, stats = [], ReadStats(path)
     for index, (where, rec) in enumerate(raw_records(Path(path), stats)):
         if index % shard[1] != shard[0]:

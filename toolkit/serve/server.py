@@ -48,7 +48,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="auto: bfloat16 on cuda, float32 on cpu (a CPU that emulates bf16 / fp16 gets a warning)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
-                   "torch.compile'd (fuses the small ops between GEMMs; a minute or two to compile at start)")
+                   "torch.compile'd (fuses the small ops between GEMMs; ~2-5 min to compile at start, every step shape "
+                   "before the first request)")
     lookup.add_args(p, "; with --no-speculation, prompt lookup alone")
     p.add_argument("--sample-draft", action="store_true", help="chains (--topk 1), requests with temperature > 0: "
                    "draw the draft tokens from the head's tempered distribution and verify with speculative sampling "
