@@ -54,3 +54,17 @@ def test_a_draft_served_without_model_is_checked_against_the_target_it_records(t
     with pytest.raises(ValueError, match=r"the target it records, .* is not the target the draft .* this "
                                          r"target's is [0-9a-f]{16}"):
         draft_target(str(draft), None)
+
+
+def test_a_target_or_a_run_folder_given_as_the_draft_is_named_for_what_it_is(tiny_target, tiny_draft, tmp_path):
+    import shutil
+
+    from toolkit.infer.loading import draft_kind
+
+    with pytest.raises(ValueError, match=r"this is a target model \(LlamaForCausalLM, \d+ layers\), not a draft "
+                                         r"folder; give it as --model"):
+        draft_kind(tiny_target)
+    shutil.copytree(tiny_draft, tmp_path / "run" / "draft")  # what a training run's --output-dir holds
+    with pytest.raises(FileNotFoundError, match=r"no config.json there \(give a draft folder; .*run/draft is one"):
+        draft_kind(tmp_path / "run")
+    assert draft_kind(tmp_path / "run" / "draft") == "eagle3"

@@ -68,6 +68,29 @@ def test_from_counts_rederives_without_tokenizing(llama3_maps, shared, tmp_path)
     assert torch.load(tmp_path / "freq_4096.pt") == freq_list(counts, 4096, [128000, 128006, 128007, 128009])
 
 
+def test_a_later_run_on_the_same_counts_adds_its_sizes_to_coverage_json(llama3_maps, shared, tmp_path):
+    """README's `--from-counts ... --sizes 2048 --out out/maps` into the folder that holds the other sizes: the
+    coverage lists every map the folder holds from these counts (it was rewritten with 2048 alone)."""
+    import shutil
+
+    out, _, _ = llama3_maps
+    shutil.copytree(out, tmp_path / "maps")
+    tok = shared / "tokenizers/llama3/tokenizer.json"
+    done = run_cli("build-token-map", "--tokenizer", tok, "--from-counts", tmp_path / "maps/token_counts.safetensors",
+                   "--sizes", "2048", "--out", tmp_path / "maps")
+    assert done.returncode == 0, done.stderr
+    before, after = (json.loads((d / "coverage.json").read_text()) for d in (out, tmp_path / "maps"))
+    assert set(after["sizes"]) == set(before["sizes"]) | {"2048"}
+    assert all(after["sizes"][n] == before["sizes"][n] for n in before["sizes"])
+    # a folder whose maps came from other counts lists the new run's sizes only
+    (tmp_path / "other").mkdir()
+    shutil.copy(out / "freq_8192.pt", tmp_path / "other")
+    (tmp_path / "other/coverage.json").write_text(json.dumps({**before, "total_tokens": 5}))
+    done = run_cli("build-token-map", "--tokenizer", tok, "--from-counts", out / "token_counts.safetensors",
+                   "--sizes", "2048", "--out", tmp_path / "other")
+    assert done.returncode == 0 and set(json.loads((tmp_path / "other/coverage.json").read_text())["sizes"]) == {"2048"}
+
+
 def test_from_counts_with_another_vocab_is_refused(llama3_maps, shared, tmp_path):
     out, _, _ = llama3_maps
     done = run_cli("build-token-map", "--tokenizer", shared / "tokenizers/qwen2/tokenizer.json",

@@ -127,6 +127,17 @@ def test_offline_shards_give_the_online_loss(tiny_target, prepared, tmp_path, dt
     assert all(abs(on[s] - off[s]) <= tol * abs(on[s]) for s in on), (on, off)
 
 
+def test_a_dump_into_shards_of_another_setup_names_what_differs(tiny_target, prepared, tmp_path, capsys):
+    shards = tmp_path / "hidden"
+    args = ["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out", str(shards),
+            "--shard-size", "12"]
+    assert main([*args, "--max-len", "96"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--max-len", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "holds shards of another setup (max_len 96 there, 64 now); use a new folder" in err, err
+
+
 def test_refusals_name_the_problem(tiny_target, prepared, tmp_path, capsys):
     out = tmp_path / "run"
     assert train(tiny_target, prepared, out, "max_steps=1") == 0

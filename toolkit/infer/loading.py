@@ -145,11 +145,22 @@ def draft_kind(folder: str | Path) -> str:
     "mtp" (our MTP drafts, or a target that ships MTP layers) or "eagle" (EAGLE-1/2, the rest)."""
     path = Path(folder) / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"draft {folder}: no config.json there (give a draft folder)")
+        inner = Path(folder) / "draft" / "config.json"  # a training run's folder: its export is draft/
+        hint = f"; {Path(folder) / 'draft'} is one (a training run exports there)" if inner.is_file() else ""
+        raise FileNotFoundError(f"draft {folder}: no config.json there (give a draft folder{hint})")
     cfg = json.loads(path.read_text())
-    if "LlamaForCausalLMEagle3" in (cfg.get("architectures") or []):
+    archs = cfg.get("architectures") or []
+    if "LlamaForCausalLMEagle3" in archs:
         return "eagle3"
-    return "mtp" if _ships_mtp(cfg) else "eagle"
+    if _ships_mtp(cfg):
+        return "mtp"
+    # EAGLE-1/2 heads have one decoder layer (SafeAILab's configs name plain LlamaForCausalLM); a config with
+    # several layers and no draft marker is a target, given where a draft was expected
+    if cfg.get("num_hidden_layers", 1) > 1 and not cfg.get("toolkit") and not any("Eagle" in a for a in archs):
+        raise ValueError(f"draft {folder}: this is a target model ({', '.join(archs) or cfg.get('model_type')}, "
+                         f"{cfg['num_hidden_layers']} layers), not a draft folder; give it as --model and a draft "
+                         "(EAGLE-3, EAGLE-1/2 or MTP folder) as --draft")
+    return "eagle"
 
 
 def load_draft(folder: str, target, token_map: str | None):

@@ -110,6 +110,12 @@ def save_freq(path: Path, ids: list[int]) -> None:
 def load_freq(path: str | Path) -> list[int]:
     if not Path(path).is_file():
         raise TokenMapError(f"token map {path}: file not found")
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if len(head) == 9 and head[8:9] == b"{":  # a safetensors file: u64 header length, then its JSON header
+        raise TokenMapError(f"{path} is a safetensors file (an EAGLE-3 vocab_map_N.safetensors or raw counts); "
+                            "a token map here is FR-Spec's freq_N.pt, which toolkit build-token-map writes beside "
+                            "it")
     try:
         ids = torch.load(path, weights_only=True)
     except Exception as e:  # torch raises several kinds for a file that is not a torch.save'd object

@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
     from toolkit.atomic import atomic_path, write_text
     from toolkit.infer.drafts import aux_layer_problems
     from toolkit.infer.loading import load_target
-    from toolkit.models import fingerprint, resolve_target
+    from toolkit.models import fingerprint, resolve_target, same_target
     from toolkit.train.data import PreparedData
 
     if args.threads:
@@ -69,9 +69,11 @@ def main(args: argparse.Namespace) -> int:
             "dataset": str(args.data), "aux_layer_ids": aux_layers, "hidden_size": target.config.hidden_size,
             "dtype": args.dtype, "max_len": args.max_len}
     index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else None
-    if index is not None and {k: index.get(k) for k in head} != head:
-        raise ValueError(f"--out {out} holds shards of another setup ({index.get('target')}, aux "
-                         f"{index.get('aux_layer_ids')}, {index.get('dtype')}); use a new folder")
+    differ = [k for k in head if index is not None and index.get(k) != head[k] and not (
+        k == "target_fingerprint" and index.get(k) and same_target(index[k], folder))]  # an id of the older rule
+    if differ:
+        raise ValueError(f"--out {out} holds shards of another setup (" + ", ".join(
+            f"{k} {index.get(k)!r} there, {head[k]!r} now" for k in differ) + "); use a new folder")
     shards = index["shards"] if index else []
     store = getattr(torch, args.dtype)
     starts = range(len(shards) * args.shard_size, len(data), args.shard_size)
