@@ -233,9 +233,11 @@ def test_prompts_a_benchmark_cannot_answer_are_refused_by_line(tmp_path, lines, 
 def test_a_missing_prompts_file_is_named_and_the_shipped_example_reads():
     """README's bench commands read examples/prompts.jsonl (MT-bench `turns` form, two turns each); a path that
     is not there is named with the option, not as a bare errno."""
-    from conftest import ROOT
+    from pathlib import Path
 
     from toolkit.infer.prompts import read_prompts
+
+    ROOT = Path(__file__).resolve().parents[2]  # not conftest's: tests/train has a conftest module of that name too
 
     with pytest.raises(ValueError, match=r"--prompts nowhere\.jsonl: no such file"):
         read_prompts("nowhere.jsonl", None)

@@ -41,13 +41,17 @@ def test_a_draft_served_without_model_is_checked_against_the_target_it_records(t
     import json
     import shutil
 
-    from conftest import save_random_draft
-
+    from toolkit.infer.config import ModelConfig
+    from toolkit.infer.drafts import random_head, save_eagle3
     from toolkit.infer.loading import draft_target
+    from toolkit.models import fingerprint
 
     target = tmp_path / "target"
     shutil.copytree(tiny_target, target)
-    draft = save_random_draft(target, tmp_path / "draft", str(target))
+    cfg = json.loads((target / "config.json").read_text())
+    draft = tmp_path / "draft"
+    save_eagle3(random_head(ModelConfig.from_folder(target), list(range(0, cfg["vocab_size"], 5))), draft, cfg,
+                str(target), fingerprint(target))
     assert draft_target(str(draft), None) == target
     cfg = json.loads((target / "config.json").read_text())
     (target / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 1e-3}))
