@@ -14,8 +14,9 @@ import json
 from pathlib import Path
 
 SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling", "sample_draft", "lookup",
-        "prompts_sha256", "limit", "seed")
-DEFAULTS = {"sample_draft": False, "lookup": None}  # what a JSON from before the field existed ran with
+        "prompts_sha256", "limit", "seed", "dtype", "fp32_lm_head")
+# what a JSON from before the field existed ran with (dtype: not recorded then)
+DEFAULTS = {"sample_draft": False, "lookup": None, "dtype": None, "fp32_lm_head": False}
 RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup")
 
 

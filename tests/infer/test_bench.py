@@ -51,7 +51,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     assert len(s["accept_rate_by_position"]) == 3 and len(s["accepted_length_histogram"]) == 4
     assert s["seconds"]["other"] >= 0 and r["baseline"]["accept_rate_by_position"] == []
     assert set(r["per_category"]) == {"writing"} and r["per_category"]["writing"]["verify_steps"] == s["verify_steps"]
-    assert r["shard"] is None
+    assert r["shard"] is None and r["dtype"] == "float32" and r["fp32_lm_head"] is False
     for run in (r, r["prompt_lookup"]):  # τ per turn: the turns' figures make up the whole run's
         turns = run["per_turn"].values()
         assert set(run["per_turn"]) == {"1", "2"}
@@ -102,6 +102,20 @@ def test_bench_grafts_a_prompt_lookup_branch_and_keeps_greedy_exact(draft_dir, s
     assert refused.returncode == 2 and "do not mix" in refused.stderr
     refused = subprocess.run(bench + ["--sample-draft", "--sweep", "2,1,3,4"], capture_output=True, text=True)
     assert refused.returncode == 2 and "do not mix" in refused.stderr and "2,1,3,4" in refused.stderr
+
+
+def test_bench_serves_bf16_with_fp32_logits(draft_dir, shared, tmp_path):
+    """--dtype bfloat16 --fp32-lm-head: the target's logits in fp32, recorded in the report."""
+    folder, _, _ = draft_dir
+    out = tmp_path / "bf16.json"
+    done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(folder), "--prompts",
+                           str(shared / "data/eval/mt_bench.jsonl"), "--limit", "1", "--max-new-tokens", "8",
+                           "--num-steps", "3", "--dtype", "bfloat16", "--fp32-lm-head", "--baseline", "--threads", "1",
+                           "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["dtype"] == "bfloat16" and r["fp32_lm_head"] is True and r["speculative"]["requests"] == 2
+    assert r["greedy_answers_differing_from_baseline"] in (0, 1)  # counted (bf16 may still part at a near tie)
 
 
 def test_sweep_entries_take_their_own_lookup_length_or_the_runs():

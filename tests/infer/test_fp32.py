@@ -91,3 +91,76 @@ def test_a_router_stored_in_bf16_is_read_into_fp32(tmp_path):
     router = load_target(tmp_path, dtype=torch.bfloat16).layers[1].mlp.gate
     assert router.weight.dtype == router.e_score_correction_bias.dtype == torch.float32
     assert torch.equal(router.weight, w["model.layers.1.mlp.gate.weight"].float())
+
+
+def _bf16_llama(seed=0):
+    torch.manual_seed(seed)
+    return Transformer(C).to(torch.bfloat16).eval().fuse()
+
+
+def test_fp32_readout_sums_the_bf16_operands_in_fp32_on_every_path():
+    """Logits of a bf16 model with fp32_readout: fp32, the bf16 normed state times the bf16 rows summed in fp32,
+    through the prefill (logits_at), a cached decode step and the compiled step's function (eagerly here)."""
+    from toolkit.infer.compiled_decode import decode_step
+    from toolkit.infer.kv_cache import KVCache
+
+    model = _bf16_llama()
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(1))
+    plain, (normed,) = model(ids, aux_layers=[-1])
+    assert plain.dtype == torch.bfloat16 and model.lm_head_fp32 is None
+    model.fp32_readout()
+    want = torch.nn.functional.linear(normed.float(), model.lm_head.weight.float())  # [1, 12, V]
+    got, _ = model(ids)
+    assert got.dtype == torch.float32 and (got - want).abs().max() <= 1e-5
+    assert (plain.float() - want).abs().max() > 1e-3  # what bf16 logits round away
+    cache = KVCache(C, 1, 32, torch.bfloat16)
+    first, _ = model(ids[:, :11], cache=cache, logits_at=torch.tensor([10]))  # a prefill's last position only
+    assert first.dtype == torch.float32 and (first[0, 0] - want[0, 10]).abs().max() <= 1e-5
+    pos = torch.tensor([[11]])
+    step, _ = model(ids[:, 11:], pos, cache=cache)
+    assert step.dtype == torch.float32 and (step[0, 0] - want[0, 11]).abs().max() <= 1e-5
+    keys, values = [cache.k[i, :1] for i in range(C.num_layers)], [cache.v[i, :1] for i in range(C.num_layers)]
+    again, _ = decode_step(model, ids[:, 11:], pos, pos[0], 12, None, keys, values)
+    assert again.dtype == torch.float32 and (again[0, 0] - want[0, 11]).abs().max() <= 1e-5
+    model.fp32_readout(False)
+    assert model(ids)[0].dtype == torch.bfloat16 and model.lm_head_fp32 is None
+
+
+def test_fp32_readout_parts_a_bf16_tie_that_argmax_would_break_by_index():
+    """Two vocabulary rows one bf16 step apart in one weight: their bf16 logits round to the same value (argmax
+    takes the lower id), their fp32 logits do not (the larger wins), as SGLang's --enable-fp32-lm-head gives."""
+    model = _bf16_llama()
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(2))
+    _, (normed,) = model(ids, aux_layers=[-1])
+    h = normed[0, -1]                                                                # [H] bf16
+    j = int(h.float().abs().argsort()[len(h) // 2])  # a middling element: a small nudge of the logit
+    with torch.no_grad():
+        w = model.lm_head.weight
+        w[3] = (h.float() * 8 / h.float().norm()).bfloat16()  # rows 3 and 7: the largest logits by far
+        w[7] = w[3]
+        up = torch.nextafter(w[3, j].float(), torch.tensor(float("inf") if h[j] > 0 else float("-inf")))
+        w[7, j] = up.bfloat16() if up.bfloat16() != w[3, j] else (w[3, j].float() * (1 + 2 ** -7)).bfloat16()
+    low = model(ids)[0][0, -1]
+    assert low[3] == low[7] and int(low.argmax()) == 3
+    high = model.fp32_readout()(ids)[0][0, -1]
+    assert high[7] > high[3] and int(high.argmax()) == 7
+
+
+def test_the_fp32_copy_keeps_fp32_through_moves_and_stays_out_of_the_state_dict():
+    model = _bf16_llama().fp32_readout()
+    want = model.lm_head.weight.float()
+    assert model.lm_head_fp32.dtype == torch.float32 and torch.equal(model.lm_head_fp32, want)
+    model = model.to(torch.float16).to(torch.bfloat16)
+    assert model.lm_head_fp32.dtype == torch.float32 and torch.equal(model.lm_head_fp32, want)
+    assert "lm_head_fp32" not in model.state_dict()
+    fp32 = Transformer(C).eval().fuse().fp32_readout()  # an fp32 model: nothing to do
+    assert fp32.logits_fp32 is False and fp32.lm_head_fp32 is None
+
+
+def test_load_reads_fp32_lm_head_for_a_bf16_target(smollm2_dir):
+    from toolkit.infer.loading import load
+
+    loaded = load(None, str(smollm2_dir), None, "cpu", "bfloat16", "torch", fp32_lm_head=True)
+    assert loaded.target.logits_fp32 and loaded.target.lm_head_fp32.shape == (49152, 576)
+    logits, _ = loaded.target(torch.tensor([[1, 2, 3]]))
+    assert logits.dtype == torch.float32

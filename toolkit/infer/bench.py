@@ -60,6 +60,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on cuda, float32 on cpu (a CPU that emulates bf16 / fp16 gets a warning)")
+    p.add_argument("--fp32-lm-head", action="store_true", help="bf16 / fp16: the target's logits in fp32 "
+                   "(SGLang's --enable-fp32-lm-head): far fewer exact bf16 ties, so greedy speculative text parts "
+                   "from plain decoding far less often; an fp32 copy of the lm_head off CUDA")
     p.add_argument("--max-len", type=int, default=4096, help="KV cache length per sequence")
     p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
                    "torch.compile'd (fuses the small ops between GEMMs; ~2-5 min to compile at start, every step shape "
@@ -79,7 +82,8 @@ def differing(a: list, b: list, dtype: torch.dtype) -> int:
     n = sum(x != y for x, y in zip(a, b))
     if n and dtype != torch.float32:
         print(f"{n} of {len(a)} greedy answers differ: in {str(dtype).removeprefix('torch.')} a verify step rounds "
-              "otherwise than a decode step, and near-tied argmaxes flip (bit-identical in float32)", file=sys.stderr)
+              "otherwise than a decode step, and near-tied argmaxes flip (bit-identical in float32; --fp32-lm-head makes "
+              "exact ties rare)", file=sys.stderr)
     return n
 
 
@@ -161,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--sweep entry {cfg.num_steps},1,{cfg.num_draft_tokens},{own.num_tokens}: "
                              "--sample-draft and a lookup branch do not mix on a chain; give it lookup 0 or drop "
                              "--sample-draft")
-    loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels)
+    loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels, args.fp32_lm_head)
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
     stops = stop_ids(tok, folder)  # the same end-of-turn set for our engine and transformers' generate
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
@@ -184,7 +188,8 @@ def main(args: argparse.Namespace) -> int:
     results, spec_answers, wall = run_engine(make(head, tree), tok, prompts, params, args.seed, stops)
     report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,
               "draft_vocab_size": len(head.d2t), "target": str(folder), "tree": vars(tree), "sampling": vars(params),
-              "probe_agreement": agree, "shard": args.shard, "sample_draft": sampled(head, tree),
+              "probe_agreement": agree, "shard": args.shard, "dtype": str(dtype).removeprefix("torch."),
+              "fp32_lm_head": target.logits_fp32, "sample_draft": sampled(head, tree),
               "prompts_sha256": hashlib.sha256(Path(args.prompts).read_bytes()).hexdigest(), "limit": args.limit,
               "seed": args.seed,
               "lookup": None if branch is None else vars(branch),

@@ -65,7 +65,7 @@ def decode_step(target: Transformer, tokens: torch.Tensor, positions: torch.Tens
         h = h + layer.mlp(x)
         kept = [h if lid == i else old for lid, old in zip(aux_layers, kept)]
     normed = target.norm(h)                                          # aux id -1 (EAGLE-1/2 heads read it)
-    return target.lm_head(normed), [normed if lid == -1 else old for lid, old in zip(aux_layers, kept)]
+    return target.readout(normed), [normed if lid == -1 else old for lid, old in zip(aux_layers, kept)]
 
 
 class CompiledDecode:

@@ -5,6 +5,12 @@ frequencies (bf16 keeps 8 bits of each, so the angle at position 4,000 is off by
 rotations stop matching the target's) and DeepSeek-V3's router (`gate.weight`, `e_score_correction_bias`:
 transformers keeps both in fp32 with `_keep_in_fp32_modules_strict`, SGLang too; rounded to bf16 the bias
 re-routes tokens to other experts). A subclass names them in `keep_fp32`; a move then follows only the device.
+
+And a bf16 / fp16 model's logits in fp32 (Transformer.fp32_readout; SGLang's --enable-fp32-lm-head): a bf16
+logit keeps 8 significant bits, so two tokens within 2^-8 of the larger (0.06-0.125 at a logit of 16-32) tie
+exactly and argmax takes the first. A verify step and a decode step round their hidden states otherwise, so
+such ties make greedy speculative text part from plain decoding; fp32 logits leave only the (far rarer) cases
+where the hidden states' own rounding moves the top two past each other.
 """
 from __future__ import annotations
 
@@ -27,3 +33,30 @@ class KeepsFp32(nn.Module):
             else:
                 self._buffers[n] = t.to(moved.device)
         return self
+
+
+def fp32_readout_copy(w: torch.Tensor) -> torch.Tensor | None:
+    """What fp32_logits needs besides w [V, H]: nothing on CUDA, whose torch.mm(out_dtype=fp32) multiplies the
+    bf16 / fp16 weight in place (CUDA builds since torch 2.8); elsewhere an fp32 copy of it (V x H x 4 bytes:
+    CPU BLAS has no such GEMM, and casting per step costs ~10x the product), stored [H, V] on CPU."""
+    if w.is_cuda and _mm_out_fp32_works(w):
+        return None
+    from toolkit.infer.prepare import in_out_storage
+
+    return in_out_storage(w.detach().float())
+
+
+def fp32_logits(x: torch.Tensor, w: torch.Tensor, w32: torch.Tensor | None) -> torch.Tensor:
+    """x [..., H] in the model's dtype, w [V, H] -> fp32 logits [..., V]: x and w as held, products summed in
+    fp32 (through w32, fp32_readout_copy's copy, when there is one)."""
+    if w32 is not None:
+        return torch.nn.functional.linear(x.float(), w32)
+    return torch.mm(x.reshape(-1, w.shape[1]), w.t(), out_dtype=torch.float32).view(*x.shape[:-1], w.shape[0])
+
+
+def _mm_out_fp32_works(w: torch.Tensor) -> bool:
+    try:
+        torch.mm(w[:1], w[:2].t(), out_dtype=torch.float32)
+        return True
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False

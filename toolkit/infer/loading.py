@@ -242,15 +242,16 @@ def pick_kernels(kernels: str, target) -> str:
 
 
 def load(draft: str | None, model: str | None, token_map: str | None, device: str = "auto",
-         dtype: str = "auto", kernels: str = "auto") -> Loaded:
-    """Target (+ draft when given) on the chosen device, with the chosen kernels."""
+         dtype: str = "auto", kernels: str = "auto", fp32_lm_head: bool = False) -> Loaded:
+    """Target (+ draft when given) on the chosen device, with the chosen kernels; fp32_lm_head: the target's
+    logits in fp32 (Transformer.fp32_readout)."""
     from toolkit.data.chat import load_tokenizer
     from toolkit.models import resolve_target
 
     device, torch_dtype = pick_device(device, dtype)
     folder = draft_target(draft, model) if draft else resolve_target(model or DEFAULT_MODEL)
     tok, target = load_tokenizer(model=str(folder)), load_target(folder, torch_dtype, device)
-    target.set_kernels(pick_kernels(kernels, target))
+    target.set_kernels(pick_kernels(kernels, target)).fp32_readout(fp32_lm_head)
     head = load_draft(draft, target, token_map) if draft else None
     if head is not None:
         head.set_kernels(target.kernels)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.fp32 import KeepsFp32
+from toolkit.infer.fp32 import KeepsFp32, fp32_logits, fp32_readout_copy
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.row_step import few_rows, row_step, row_step_ok
 
@@ -211,7 +211,7 @@ class Block(nn.Module):
 
 
 class Transformer(KeepsFp32):
-    keep_fp32 = ("inv_freq",)
+    keep_fp32 = ("inv_freq", "lm_head_fp32")
 
     def __init__(self, c: ModelConfig):
         super().__init__()
@@ -223,8 +223,23 @@ class Transformer(KeepsFp32):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
+        self.register_buffer("lm_head_fp32", None, persistent=False)  # fp32_readout's copy, when it makes one
+        self.logits_fp32 = False
 
     kernels = "torch"
+
+    def fp32_readout(self, on: bool = True) -> "Transformer":
+        """Logits in fp32 from a bf16 / fp16 model (SGLang's --enable-fp32-lm-head; infer/fp32.py). A no-op
+        for an fp32 model."""
+        self.logits_fp32 = on and self.lm_head.weight.dtype != torch.float32
+        self.lm_head_fp32 = fp32_readout_copy(self.lm_head.weight) if self.logits_fp32 else None
+        return self
+
+    def readout(self, normed: torch.Tensor) -> torch.Tensor:
+        """normed [..., H] (after the final norm) -> logits [..., V]: in the model's dtype, or fp32 (fp32_readout)."""
+        if self.logits_fp32:
+            return fp32_logits(normed, self.lm_head.weight, self.lm_head_fp32)
+        return self.lm_head(normed)
 
     def set_kernels(self, kernels: str) -> "Transformer":
         """"torch", or "triton": masked attention over the cache (kernels/tree_attention.py), RMSNorm with the
@@ -288,10 +303,11 @@ class Transformer(KeepsFp32):
             h = layer(h, cos, sin, bias, cache, i, slots, kv_len)
             if i in aux_layers:
                 kept[i] = h
-        if logits_at is None and -1 not in aux_layers and few_rows(h, self.kernels):  # the norm in the GEMV
-            from toolkit.infer.kernels.gemv import gemv
+        if logits_at is None and -1 not in aux_layers and few_rows(h, self.kernels) and not self.logits_fp32:
+            from toolkit.infer.kernels.gemv import gemv  # the norm in the GEMV
 
             return gemv(h, self.lm_head.weight, "norm", self.norm.weight, self.norm.eps), [kept[i] for i in aux_layers]
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
         out = kept[-1] if logits_at is None else kept[-1][torch.arange(B, device=h.device), logits_at][:, None]
-        return self.lm_head(out), [kept[i] for i in aux_layers]
+        return self.readout(out), [kept[i] for i in aux_layers]
+

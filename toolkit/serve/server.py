@@ -46,6 +46,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on cuda, float32 on cpu (a CPU that emulates bf16 / fp16 gets a warning)")
+    p.add_argument("--fp32-lm-head", action="store_true", help="bf16 / fp16: the target's logits in fp32 "
+                   "(SGLang's --enable-fp32-lm-head): far fewer exact bf16 ties, so greedy speculative text parts "
+                   "from plain decoding far less often; an fp32 copy of the lm_head off CUDA")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
                    "torch.compile'd (fuses the small ops between GEMMs; ~2-5 min to compile at start, every step shape "
@@ -113,7 +116,8 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     model = args.model
     if args.draft and args.no_speculation:  # still the draft's target, without the draft
         model = str(draft_target(args.draft, args.model))
-    loaded = load(None if args.no_speculation else args.draft, model, args.token_map, args.device, args.dtype, args.kernels)
+    loaded = load(None if args.no_speculation else args.draft, model, args.token_map, args.device, args.dtype, args.kernels,
+                  args.fp32_lm_head)
     head, tok, target = loaded.head, loaded.tok, loaded.target
     if head is not None:
         probe(head, target, tok, tok.apply_chat_template(
