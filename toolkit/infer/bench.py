@@ -18,7 +18,7 @@ import torch
 
 from toolkit.atomic import atomic_path, write_text
 from toolkit.embedded import DEFAULT_MODEL
-from toolkit.infer import lookup
+from toolkit.infer import loading, lookup
 from toolkit.infer.prompts import answer_turns, parse_shard, read_prompts, warm_up_ids
 from toolkit.infer.tree import TreeConfig
 
@@ -57,21 +57,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "the head's tempered distribution and verify with speculative sampling (min(1, p/q)) instead of "
                    "proposing its top-1 (EAGLE/SGLang); trees in --sweep keep top-k proposals")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: bfloat16 on cuda, float32 on cpu (a CPU that emulates bf16 / fp16 gets a warning)")
-    p.add_argument("--fp32-lm-head", action="store_true", help="bf16 / fp16: the target's logits in fp32 "
-                   "(SGLang's --enable-fp32-lm-head): far fewer exact bf16 ties, so greedy speculative text parts "
-                   "from plain decoding far less often; an fp32 copy of the lm_head off CUDA")
     p.add_argument("--max-len", type=int, default=4096, help="KV cache length per sequence")
-    p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
-                   "torch.compile'd (fuses the small ops between GEMMs; ~2-5 min to compile at start, every step shape "
-                   "before the first request)")
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
-                   "verify and draft steps from graphs per batch/token bucket)")
-    p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
-                   help="auto: fused Triton kernels (attention over the cache, RMSNorm + residual, RoPE + cache "
-                        "write, SiLU-mul) on a CUDA Llama-family target, torch's elsewhere")
+    loading.add_args(p)
     p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
 
 

@@ -231,6 +231,24 @@ class Loaded:
     head: object    # the draft head, or None
 
 
+def add_args(p) -> None:
+    """The flags `toolkit bench` and `toolkit serve` share for loading and running the engine (load, Engine)."""
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 on cuda, float32 on cpu (a CPU that emulates bf16 / fp16 gets a warning)")
+    p.add_argument("--fp32-lm-head", action="store_true", help="bf16 / fp16: the target's logits in fp32 "
+                   "(SGLang's --enable-fp32-lm-head): far fewer exact bf16 ties, so greedy speculative text parts "
+                   "from plain decoding far less often; an fp32 copy of the lm_head off CUDA")
+    p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
+                   "torch.compile'd (fuses the small ops between GEMMs; ~2-5 min to compile at start, every step shape "
+                   "before the first request)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
+                   "verify and draft steps from graphs per batch/token bucket)")
+    p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
+                   help="auto: fused Triton kernels (attention over the cache, RMSNorm + residual, RoPE + cache "
+                        "write, SiLU-mul) on a CUDA Llama-family target, torch's elsewhere")
+
+
 def pick_kernels(kernels: str, target) -> str:
     """auto: the fused Triton kernels (model.set_kernels) on a CUDA Llama-family target, where they beat
     torch's (benchmarks/RESULTS.md), torch's elsewhere; triton where it cannot run is refused clearly."""

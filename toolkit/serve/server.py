@@ -17,7 +17,7 @@ import sys
 import torch
 
 from toolkit.embedded import DEFAULT_MODEL
-from toolkit.infer import lookup
+from toolkit.infer import loading, lookup
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -43,25 +43,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; beyond: HTTP 429")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get HTTP 413")
     p.add_argument("--log-every", type=int, default=50, help="log running tau and tok/s every N steps (0 = off)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: bfloat16 on cuda, float32 on cpu (a CPU that emulates bf16 / fp16 gets a warning)")
-    p.add_argument("--fp32-lm-head", action="store_true", help="bf16 / fp16: the target's logits in fp32 "
-                   "(SGLang's --enable-fp32-lm-head): far fewer exact bf16 ties, so greedy speculative text parts "
-                   "from plain decoding far less often; an fp32 copy of the lm_head off CUDA")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
-                   "torch.compile'd (fuses the small ops between GEMMs; ~2-5 min to compile at start, every step shape "
-                   "before the first request)")
+    loading.add_args(p)
     lookup.add_args(p, "; with --no-speculation, prompt lookup alone")
     p.add_argument("--sample-draft", action="store_true", help="chains (--topk 1), requests with temperature > 0: "
                    "draw the draft tokens from the head's tempered distribution and verify with speculative sampling "
                    "instead of proposing its top-1")
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
-                   "verify and draft steps from graphs per batch/token bucket)")
-    p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
-                   help="auto: fused Triton kernels (attention over the cache, RMSNorm + residual, RoPE + cache "
-                        "write, SiLU-mul) on a CUDA Llama-family target, torch's elsewhere")
 
 
 def bind(host: str, port: int) -> socket.socket:
