@@ -98,8 +98,8 @@ def test_the_rope_epilogue_is_the_unfused_rope_cache_write(dtype, bias, B, T, co
     assert q.shape == (B, heads, T, 16) and q.dtype == dtype
     qkv = gemv(x, w, "norm", rand(96, dtype=dtype, seed=3), 1e-5, bias=b, config=config)
     q2 = rope_cache_write(qkv.contiguous(), cos, sin, slots, k2, v2, heads, kv_heads)
-    for a, b in ((q, q2), (k1, k2), (v1, v2)):
-        assert_same_sums(a, b)
+    for fused, unfused in ((q, q2), (k1, k2), (v1, v2)):
+        assert_same_sums(fused, unfused)
     q3 = reference_rope_cache_write(reference_gemv(x, w, "norm", rand(96, dtype=dtype, seed=3), 1e-5, bias=b),
                                     cos, sin, slots, k3, v3, heads, kv_heads)
     assert rel(q, q3) <= TOL[dtype] and rel(k1, k3) <= TOL[dtype] and rel(v1, v3) <= TOL[dtype]
