@@ -227,3 +227,38 @@ def test_bench_attention_splits_runs_under_the_interpreter_and_checks_every_vari
     assert r["cache"] == 130 and len(r["rows"]) == 2 * 2 * 3
     assert all(row["max_abs_err"] <= 1e-4 for row in r["rows"])
     assert set(r["best"]) == {"S=70 T=1", "S=70 T=3"}
+
+
+@pytest.mark.parametrize("dtype, extra", [("float32", []), ("bfloat16", ["--fp32-lm-head"])], ids=["fp32", "bf16"])
+def test_greedy_divergence_finds_none_in_fp32_and_measures_bf16(tiny_target, tiny_draft, shared, tmp_path, dtype,
+                                                                  extra):
+    """benchmarks/greedy_divergence.py: in fp32 speculative greedy text equals plain decoding and the served
+    distributions are the fp32 model's; in bf16 the distance to fp32 is measured and any parting is explained by
+    the target's top two there."""
+    out = tmp_path / "div.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/greedy_divergence.py"), "--draft", str(tiny_draft),
+                           "--model", str(tiny_target), "--prompts", str(shared / "data/eval/mt_bench.jsonl"),
+                           "--limit", "2", "--max-new-tokens", "16", "--dtype", dtype, "--threads", "1",
+                           "--num-steps", "3", "--out", str(out), *extra], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["prompts"] == 2 and r["dtype"] == dtype and r["fp32_lm_head"] is bool(extra)
+    assert all(row["tokens"] > 0 for row in r["rows"])
+    if dtype == "float32":
+        assert r["answers_differing"] == 0 and r["mean_tv_to_fp32"] <= 1e-6
+    else:
+        assert r["mean_tv_to_fp32"] > 1e-4  # bf16 weights and hidden states: not the fp32 model's distributions
+        for row in r["rows"]:
+            if "gap" in row:
+                assert row["gap"] >= 0 and row["top2_logits"][0] >= row["top2_logits"][1]
+
+
+def test_greedy_divergence_helpers():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import torch
+    from greedy_divergence import first_difference, step_at
+
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None and first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # one answer ending early parts there
+    assert step_at(20.0, torch.bfloat16) == 0.125 and step_at(1.0, torch.bfloat16) == 2 ** -7
+    assert step_at(1.5, torch.float32) == 2 ** -23

@@ -237,8 +237,9 @@ def add_args(p) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 on cuda, float32 on cpu (a CPU that emulates bf16 / fp16 gets a warning)")
     p.add_argument("--fp32-lm-head", action="store_true", help="bf16 / fp16: the target's logits in fp32 "
-                   "(SGLang's --enable-fp32-lm-head): far fewer exact bf16 ties, so greedy speculative text parts "
-                   "from plain decoding far less often; an fp32 copy of the lm_head off CUDA")
+                   "(SGLang's --enable-fp32-lm-head): no exact ties from rounding the logits, sampled distributions "
+                   "nearer the fp32 model's; greedy text still parts from plain decoding where the bf16 hidden states "
+                   "move the top two (benchmarks/RESULTS.md); off CUDA it keeps an fp32 copy of the lm_head")
     p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
                    "torch.compile'd (fuses the small ops between GEMMs; ~2-5 min to compile at start, every step shape "
                    "before the first request)")
