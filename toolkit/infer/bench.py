@@ -69,8 +69,7 @@ def differing(a: list, b: list, dtype: torch.dtype) -> int:
     n = sum(x != y for x, y in zip(a, b))
     if n and dtype != torch.float32:
         print(f"{n} of {len(a)} greedy answers differ: in {str(dtype).removeprefix('torch.')} a verify step rounds "
-              "otherwise than a decode step, and near-tied argmaxes flip (bit-identical in float32; --fp32-lm-head makes "
-              "exact ties rare)", file=sys.stderr)
+              "otherwise than a decode step, and near-tied argmaxes flip (bit-identical in float32)", file=sys.stderr)
     return n
 
 
