@@ -111,6 +111,23 @@ def test_engine_compiled_speculation_greedy_equals_plain(qwen3, tree):
     assert got == plain
 
 
+def test_compiled_bf16_step_with_fp32_logits_equals_eager(tmp_path):
+    """bf16 on a CPU (faster than fp32 where it is native) with --fp32-lm-head: the compiled step's logits are the
+    eager forward's (fp32, Transformer.readout), so the greedy tokens are too."""
+    torch._dynamo.reset()
+    tiny_hf("llama", tmp_path, num_hidden_layers=3)
+    target = load_target(tmp_path, torch.bfloat16).fp32_readout()
+    prompt, params = [3, 17, 5, 9], SamplingParams(max_new_tokens=20)
+    eager = Engine(target, max_len=64).generate(prompt, params).tokens
+    cache = KVCache(target.config, 1, 64, torch.bfloat16)
+    step = CompiledDecode(target, cache)
+    with torch.no_grad():
+        target(torch.tensor([prompt]), cache=cache)
+        logits, _ = step(torch.tensor([[eager[0]]]), torch.tensor([[4]]), torch.tensor([[4]]), None)
+    assert logits.dtype == torch.float32
+    assert Engine(target, max_len=64, compile=True).generate(prompt, params).tokens == eager
+
+
 def test_no_cpp_compiler_is_a_clear_error(qwen3, monkeypatch):
     import toolkit.infer.compiled_decode as cd
 
