@@ -34,7 +34,7 @@ def apply_kernels(module: nn.Module, kernels: str, require_device: bool = True) 
 def fuse_projections(module: nn.Module) -> None:
     """For inference: one weight for q/k/v and one for gate/up in every Attention / MLP of `module` (a target
     or a draft head), so a decode step runs 4 GEMMs per layer instead of 7 (fewer, larger kernels: ~2 ms less
-    per plain decode step on CPU), stored [in, out] on CPU like the vocabulary projection (readout_layout).
+    per plain decode step on CPU), in in_out_storage like the vocabulary projection (readout_layout).
     The separate modules' weights become frozen views of the fused ones, so nothing is stored twice."""
     def join(mods, dst, name):
         fused = in_out_storage(torch.cat([m.weight.detach() for m in mods]))  # 15-35% faster fp32 GEMVs on CPU
