@@ -47,6 +47,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight (endpoint)")
     p.add_argument("--max-len", type=int, default=2048, help="prompt + answer tokens per turn (engine)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="engine dtype; auto: bfloat16 on cuda, float32 on cpu (bfloat16 on a CPU with native bf16 "
+                        "answers ~2x as fast, as the target served in bf16 would)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
@@ -133,7 +136,7 @@ def engine_answerer(args) -> tuple[Callable, int]:
     from toolkit.infer.loading import load, stop_ids
     from toolkit.infer.sampling import SamplingParams, seeded_generator
 
-    loaded = load(None, args.model, None, args.device)
+    loaded = load(None, args.model, None, args.device, args.dtype)
     tok, target = loaded.tok, loaded.target
     max_len = min(args.max_len, target.config.max_position_embeddings)
     engine = Engine(target, None, None, max_len, max_batch=args.batch_size)
