@@ -73,7 +73,8 @@ def test_bf16_is_taken_only_where_its_gemm_is_clearly_faster_and_plans_more_step
     assert pick_precision("auto", 20, resumed, gpu=False) == "bf16"  # its finished stages fit that plan
     assert pick_precision("no", 20, resumed, gpu=False) == "no" and pick_precision("auto", 20, {}, gpu=True) == "no"
     fp32, bf16 = Plan.for_budget(20, gpu=False), Plan.for_budget(20, gpu=False, precision="bf16")
-    assert (fp32.prompts, fp32.train_seconds) == (bf16.prompts, bf16.train_seconds)
+    assert fp32.train_seconds == bf16.train_seconds and (fp32.answer_dtype, bf16.answer_dtype) == ("auto", "bfloat16")
+    assert bf16.prompts == int(1.5 * fp32.prompts)  # the target answers in bf16 too, ~1.5x as fast
     assert bf16.train_steps(170.0) == pytest.approx(1.5 * fp32.train_steps(170.0), abs=1)
     with pytest.raises(ValueError, match="accepted no, bf16"):
         Plan.for_budget(20, gpu=False, precision="fp16")

@@ -57,6 +57,9 @@ REFERENCE_GFLOPS = 128.0
 # the same losses, where the bf16 GEMM ran 2.2x fp32 (RESULTS.md, 2026-11-25); bf16 is taken only where its
 # GEMM is clearly faster (cpu_speed.BF16_MIN_GAIN).
 BF16_TRAIN_GAIN = 1.5
+# And the target answering the training prompts in bf16 there (`toolkit regenerate --dtype bfloat16`, batch 16):
+# 1.52x the tokens/s of fp32 (RESULTS.md, 2026-11-28).
+BF16_ANSWER_GAIN = 1.5
 # The bench's fourth run: a 3-step chain with a 10-token prompt-lookup branch (toolkit/infer/lookup.py)
 LOOKUP_SWEEP = "3,1,4,10"
 
@@ -86,7 +89,8 @@ class Plan:
         if not speed > 0:
             raise ValueError(f"speed {speed}: must be > 0")
         seconds, speed = minutes * 60, 25.0 if gpu else speed
-        # 35% answering at ~0.5 conversations/s (128 new tokens, batch 32), 40% training, 15% bench at ~40 s a
+        # 35% answering at ~0.5 conversations/s (128 new tokens, batch 32; x BF16_ANSWER_GAIN in bf16), 40%
+        # training, 15% bench at ~40 s a
         # prompt (its four runs: the head, plain decoding, transformers, the head + lookup; the first three took
         # ~25 s on the reference box; on a 2-core AVX2 box rated 1.32-1.40x by its GEMM the four took 37-41 s,
         # 2026-11-25: the bench decodes one sequence on one thread, whose speed a faster GEMM does not raise, so
@@ -94,9 +98,16 @@ class Plan:
         # faster: transformers' generate (one of its four runs) is bound by ~15-20 ms of launches a token there,
         # so a prompt of 256 tokens costs ~12 s (on an H100 a 5-minute plan of 45 eval prompts spent over 5
         # minutes in the bench alone, 2026-11-24)
-        prompts = int(min(2000, max(16, 0.35 * seconds * 0.5 * speed)))
+        answer_rate = 0.5 * speed * (BF16_ANSWER_GAIN if precision == "bf16" and not gpu else 1.0)
+        prompts = int(min(2000, max(16, 0.35 * seconds * answer_rate)))
         eval_prompts = int(min(80, max(2, 0.15 * seconds / (12.0 if gpu else 40 / min(speed, 1.0)))))
         return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2, round(speed, 3), precision)
+
+    @property
+    def answer_dtype(self) -> str:
+        """The dtype the target answers the training prompts in: bf16 where the head trains in bf16 (a CPU with
+        native bf16, where the frozen target runs in bf16 too), else the engine's default."""
+        return "bfloat16" if self.precision == "bf16" else "auto"
 
     def train_steps(self, tokens_per_row: float) -> int:
         """Optimizer steps at batch 4 that fit train_seconds at ~200 tokens/s x speed (8k draft vocab, fp32,
@@ -192,7 +203,8 @@ def main(args: argparse.Namespace) -> int:
     answered = regen.is_file() and sum(1 for _ in regen.open()) >= plan.prompts
     stage("regenerate", regen, done=answered, run=lambda: _run(
         ["regenerate", "--data", str(out / "prompts.jsonl"), "--out", str(regen), "--max-new-tokens",
-         str(plan.max_new_tokens), "--batch-size", "32", "--max-len", "1024", "--threads", str(plan.threads), *dev]))
+         str(plan.max_new_tokens), "--batch-size", "32", "--max-len", "1024", "--threads", str(plan.threads), *dev,
+         "--dtype", plan.answer_dtype]))
     vocab_map = out / "maps" / f"vocab_map_{plan.draft_vocab}.safetensors"
     stage("token map", vocab_map, lambda: _run(
         ["build-token-map", "--data", str(regen), "--sizes", str(plan.draft_vocab), "--out", str(out / "maps"),
