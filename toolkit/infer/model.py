@@ -310,4 +310,3 @@ class Transformer(KeepsFp32):
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
         out = kept[-1] if logits_at is None else kept[-1][torch.arange(B, device=h.device), logits_at][:, None]
         return self.readout(out), [kept[i] for i in aux_layers]
-
