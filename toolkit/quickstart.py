@@ -89,14 +89,14 @@ class Plan:
         if not speed > 0:
             raise ValueError(f"speed {speed}: must be > 0")
         seconds, speed = minutes * 60, 25.0 if gpu else speed
-        # 35% answering at ~0.5 conversations/s (128 new tokens, batch 32; x BF16_ANSWER_GAIN in bf16), 40%
-        # training, 15% bench at ~40 s a prompt (its four runs: the head, plain decoding, transformers, the head +
-        # lookup; the first three took ~25 s on the reference box; on a 2-core AVX2 box rated 1.32-1.40x by its
-        # GEMM the four took 37-41 s, 2026-11-25: the bench decodes one sequence on one thread, whose speed a faster GEMM does not raise, so
-        # the bench shrinks on a slower box but does not grow on a faster one). On a GPU the bench is not 25x
-        # faster: transformers' generate (one of its four runs) is bound by ~15-20 ms of launches a token there,
-        # so a prompt of 256 tokens costs ~12 s (on an H100 a 5-minute plan of 45 eval prompts spent over 5
-        # minutes in the bench alone, 2026-11-24)
+        # 35% answering at ~0.5 conversations/s (128 new tokens, batch 32; x BF16_ANSWER_GAIN in bf16), 40% training,
+        # 15% bench at ~40 s a prompt (its four runs: the head, plain decoding, transformers, the head + lookup; the
+        # first three took ~25 s on the reference box; on a 2-core AVX2 box rated 1.32-1.40x by its GEMM the four took
+        # 37-41 s, 2026-11-25: the bench decodes one sequence on one thread, whose speed a faster GEMM does not raise,
+        # so the bench shrinks on a slower box but does not grow on a faster one). On a GPU the bench is not 25x faster:
+        # transformers' generate (one of its four runs) is bound by ~15-20 ms of launches a token there, so a prompt of
+        # 256 tokens costs ~12 s (on an H100 a 5-minute plan of 45 eval prompts spent over 5 minutes in the bench alone,
+        # 2026-11-24)
         answer_rate = 0.5 * speed * (BF16_ANSWER_GAIN if precision == "bf16" and not gpu else 1.0)
         prompts = int(min(2000, max(16, 0.35 * seconds * answer_rate)))
         eval_prompts = int(min(80, max(2, 0.15 * seconds / (12.0 if gpu else 40 / min(speed, 1.0)))))
