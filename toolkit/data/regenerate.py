@@ -26,6 +26,8 @@ from toolkit.embedded import DEFAULT_MODEL
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    from toolkit.infer.loading import add_device_args
+
     p.add_argument("--model", default=None, help=f"target folder/alias/hub id (default {DEFAULT_MODEL}); with "
                                                  "--endpoint, the served model name (default: the first listed)")
     p.add_argument("--data", nargs="+", required=True, help="conversation files (any corpus schema)")
@@ -46,10 +48,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="conversations decoded together (engine)")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight (endpoint)")
     p.add_argument("--max-len", type=int, default=2048, help="prompt + answer tokens per turn (engine)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="engine dtype; auto: bfloat16 on cuda, float32 on cpu (bfloat16 on a CPU with native bf16 "
-                        "answers ~2x as fast, as the target served in bf16 would)")
+    add_device_args(p, "bfloat16 on a CPU with native bf16 answers ~1.5x as fast, as the target served in bf16 "
+                       "would")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 

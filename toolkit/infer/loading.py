@@ -231,11 +231,16 @@ class Loaded:
     head: object    # the draft head, or None
 
 
-def add_args(p) -> None:
-    """The flags `toolkit bench` and `toolkit serve` share for loading and running the engine (load, Engine)."""
+def add_device_args(p, dtype_note: str = "a CPU that emulates bf16 / fp16 gets a warning") -> None:
+    """--device and --dtype, as `load` takes them (bench, serve, regenerate)."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: bfloat16 on cuda, float32 on cpu (a CPU that emulates bf16 / fp16 gets a warning)")
+                   help=f"auto: bfloat16 on cuda, float32 on cpu ({dtype_note})")
+
+
+def add_args(p) -> None:
+    """The flags `toolkit bench` and `toolkit serve` share for loading and running the engine (load, Engine)."""
+    add_device_args(p)
     p.add_argument("--fp32-lm-head", action="store_true", help="bf16 / fp16: the target's logits in fp32 "
                    "(SGLang's --enable-fp32-lm-head): no exact ties from rounding the logits, sampled distributions "
                    "nearer the fp32 model's; greedy text still parts from plain decoding where the bf16 hidden states "
