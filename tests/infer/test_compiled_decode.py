@@ -124,7 +124,10 @@ def test_compiled_bf16_step_with_fp32_logits_equals_eager(tmp_path):
     with torch.no_grad():
         target(torch.tensor([prompt]), cache=cache)
         logits, _ = step(torch.tensor([[eager[0]]]), torch.tensor([[4]]), torch.tensor([[4]]), None)
-    assert logits.dtype == torch.float32
+        want = target(torch.tensor([prompt + eager[:1]]))[0][0, -1]  # the eager forward's, uncached
+    # inductor keeps bf16 pointwise math in fp32 between the GEMMs, so the two differ by bf16 roundings, not more
+    assert logits.dtype == torch.float32 and want.dtype == torch.float32
+    assert (logits[0, 0] - want).abs().max() <= 0.02 * want.abs().max()
     assert Engine(target, max_len=64, compile=True).generate(prompt, params).tokens == eager
 
 

@@ -146,15 +146,40 @@ def test_fp32_readout_parts_a_bf16_tie_that_argmax_would_break_by_index():
     assert high[7] > high[3] and int(high.argmax()) == 7
 
 
-def test_the_fp32_copy_keeps_fp32_through_moves_and_stays_out_of_the_state_dict():
+def test_the_fp32_copy_follows_moves_and_loads_and_stays_out_of_the_state_dict():
+    """The copy is made again from the weight as it is after a move or a load_state_dict (not carried stale), stays
+    fp32, and is not saved; a wish made while the model is fp32 takes effect once it is bf16."""
     model = _bf16_llama().fp32_readout()
-    want = model.lm_head.weight.float()
-    assert model.lm_head_fp32.dtype == torch.float32 and torch.equal(model.lm_head_fp32, want)
+    assert model.lm_head_fp32.dtype == torch.float32 and torch.equal(model.lm_head_fp32, model.lm_head.weight.float())
     model = model.to(torch.float16).to(torch.bfloat16)
-    assert model.lm_head_fp32.dtype == torch.float32 and torch.equal(model.lm_head_fp32, want)
+    assert model.lm_head_fp32.dtype == torch.float32 and torch.equal(model.lm_head_fp32, model.lm_head.weight.float())
     assert "lm_head_fp32" not in model.state_dict()
-    fp32 = Transformer(C).eval().fuse().fp32_readout()  # an fp32 model: nothing to do
+    other = _bf16_llama(seed=1).state_dict()
+    assert not torch.equal(other["lm_head.weight"], model.lm_head.weight)
+    model.load_state_dict(other)
+    assert torch.equal(model.lm_head_fp32, other["lm_head.weight"].float())
+    ids = torch.randint(0, 64, (1, 5), generator=torch.Generator().manual_seed(3))
+    _, (normed,) = model(ids, aux_layers=[-1])
+    want = torch.nn.functional.linear(normed.float(), other["lm_head.weight"].float())
+    assert (model(ids)[0] - want).abs().max() <= 1e-5
+    fp32 = Transformer(C).eval().fuse().fp32_readout()  # an fp32 model: nothing to do yet
     assert fp32.logits_fp32 is False and fp32.lm_head_fp32 is None
+    fp32.bfloat16()
+    assert fp32.logits_fp32 and fp32(ids)[0].dtype == torch.float32
+    fp32.fp32_readout(False).float().bfloat16()
+    assert not fp32.logits_fp32 and fp32(ids)[0].dtype == torch.bfloat16
+
+
+def test_fp32_logits_without_a_copy_off_cuda_casts_the_weight():
+    """A bf16 weight off CUDA with no copy (one made for another device) still gives the fp32 sums: CPU has no
+    torch.mm(out_dtype=fp32)."""
+    from toolkit.infer.fp32 import fp32_logits
+
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(2, 3, 16, generator=g).bfloat16(), torch.randn(40, 16, generator=g).bfloat16()
+    got = fp32_logits(x, w, None)
+    assert got.dtype == torch.float32 and got.shape == (2, 3, 40)
+    assert (got - torch.nn.functional.linear(x.float(), w.float())).abs().max() <= 1e-5
 
 
 def test_load_reads_fp32_lm_head_for_a_bf16_target(smollm2_dir):
@@ -164,6 +189,13 @@ def test_load_reads_fp32_lm_head_for_a_bf16_target(smollm2_dir):
     assert loaded.target.logits_fp32 and loaded.target.lm_head_fp32.shape == (49152, 576)
     logits, _ = loaded.target(torch.tensor([[1, 2, 3]]))
     assert logits.dtype == torch.float32
+
+
+def test_fp32_lm_head_on_an_fp32_target_says_it_does_nothing(smollm2_dir, capsys):
+    from toolkit.infer.loading import load
+
+    loaded = load(None, str(smollm2_dir), None, "cpu", "float32", "torch", fp32_lm_head=True)
+    assert not loaded.target.logits_fp32 and "runs in float32 already" in capsys.readouterr().err
 
 
 def test_cpu_weight_layout_follows_the_dtype():

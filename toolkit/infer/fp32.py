@@ -37,6 +37,46 @@ class KeepsFp32(nn.Module):
         return self
 
 
+class Fp32Readout(KeepsFp32):
+    """A model whose lm_head may read out in fp32 (fp32_readout). The wish is kept, and what serves it (the copy
+    off CUDA, nothing on it) is made again from the weight as it is after every move (.to / .cuda / .bfloat16)
+    and load_state_dict: a copy made before would be on the wrong device, of the old weights, or missing."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("lm_head_fp32", None, persistent=False)  # fp32_readout's copy, when it makes one
+        self.logits_fp32 = self.fp32_wanted = False
+        self.register_load_state_dict_post_hook(_fp32_after_load)
+
+    def fp32_readout(self, on: bool = True) -> "Fp32Readout":
+        """Logits in fp32 from a bf16 / fp16 model (SGLang's --enable-fp32-lm-head). A no-op while the model is
+        fp32; kept for when it is moved to bf16 / fp16."""
+        self.fp32_wanted = on
+        self.logits_fp32 = on and self.lm_head.weight.dtype != torch.float32
+        self.lm_head_fp32 = fp32_readout_copy(self.lm_head.weight) if self.logits_fp32 else None
+        return self
+
+    def readout(self, normed: torch.Tensor) -> torch.Tensor:
+        """normed [..., H] (after the final norm) -> logits [..., V]: in the model's dtype, or fp32 (fp32_readout)."""
+        if self.logits_fp32:
+            return fp32_logits(normed, self.lm_head.weight, self.lm_head_fp32)
+        return self.lm_head(normed)
+
+    def _fp32_again(self) -> None:
+        if self.fp32_wanted:
+            self.fp32_readout(True)
+
+    def _apply(self, fn, recurse=True):
+        self.lm_head_fp32 = None  # not moved: made again from the moved weight
+        super()._apply(fn, recurse)
+        self._fp32_again()
+        return self
+
+
+def _fp32_after_load(module: Fp32Readout, _incompatible_keys) -> None:
+    module._fp32_again()
+
+
 def fp32_readout_copy(w: torch.Tensor) -> torch.Tensor | None:
     """What fp32_logits needs besides w [V, H]: nothing on CUDA, whose torch.mm(out_dtype=fp32) multiplies the
     bf16 / fp16 weight in place (CUDA builds since torch 2.8); elsewhere an fp32 copy of it (V x H x 4 bytes:
@@ -53,6 +93,8 @@ def fp32_logits(x: torch.Tensor, w: torch.Tensor, w32: torch.Tensor | None) -> t
     fp32 (through w32, fp32_readout_copy's copy, when there is one)."""
     if w32 is not None:
         return torch.nn.functional.linear(x.float(), w32)
+    if not w.is_cuda:  # no copy made for this device (fp32_readout does make one): cast per call
+        return torch.nn.functional.linear(x.float(), w.float())
     return torch.mm(x.reshape(-1, w.shape[1]), w.t(), out_dtype=torch.float32).view(*x.shape[:-1], w.shape[0])
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.fp32 import KeepsFp32, fp32_logits, fp32_readout_copy
+from toolkit.infer.fp32 import Fp32Readout
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.row_step import few_rows, row_step, row_step_ok
 
@@ -210,8 +210,8 @@ class Block(nn.Module):
         return h + self.mlp(x)
 
 
-class Transformer(KeepsFp32):
-    keep_fp32 = ("inv_freq", "lm_head_fp32")
+class Transformer(Fp32Readout):
+    keep_fp32 = ("inv_freq",)
 
     def __init__(self, c: ModelConfig):
         super().__init__()
@@ -223,23 +223,8 @@ class Transformer(KeepsFp32):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
-        self.register_buffer("lm_head_fp32", None, persistent=False)  # fp32_readout's copy, when it makes one
-        self.logits_fp32 = False
 
     kernels = "torch"
-
-    def fp32_readout(self, on: bool = True) -> "Transformer":
-        """Logits in fp32 from a bf16 / fp16 model (SGLang's --enable-fp32-lm-head; infer/fp32.py). A no-op
-        for an fp32 model."""
-        self.logits_fp32 = on and self.lm_head.weight.dtype != torch.float32
-        self.lm_head_fp32 = fp32_readout_copy(self.lm_head.weight) if self.logits_fp32 else None
-        return self
-
-    def readout(self, normed: torch.Tensor) -> torch.Tensor:
-        """normed [..., H] (after the final norm) -> logits [..., V]: in the model's dtype, or fp32 (fp32_readout)."""
-        if self.logits_fp32:
-            return fp32_logits(normed, self.lm_head.weight, self.lm_head_fp32)
-        return self.lm_head(normed)
 
     def set_kernels(self, kernels: str) -> "Transformer":
         """"torch", or "triton": masked attention over the cache (kernels/tree_attention.py), RMSNorm with the
