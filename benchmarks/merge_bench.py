@@ -63,6 +63,8 @@ def merge_run(parts: list[dict], where: list[str]) -> dict:
                           else round(sum(p["seconds"][k] for p in parts), 4) for k in parts[0]["seconds"]}
     out["wall_seconds"] = round(sum(p["wall_seconds"] for p in parts), 4)
     out["tokens_per_second"] = out["tokens"] / out["wall_seconds"] if out["wall_seconds"] > 0 else 0.0
+    if "logits_dtype" in parts[0]:  # transformers' (hf_generate); the shards' dtype is checked equal already
+        out["logits_dtype"] = parts[0]["logits_dtype"]
     if "per_turn" in parts[0]:
         out["per_turn"] = merge_grouped([p["per_turn"] for p in parts], where, "per_turn")
     if "prompt_lookup_num_tokens" in parts[0]:

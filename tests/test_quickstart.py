@@ -65,19 +65,29 @@ def test_bf16_is_taken_only_where_its_gemm_is_clearly_faster_and_plans_more_step
     rates = {"float32": 100.0, "bfloat16": 220.0}  # a CPU with native bf16 (AVX512-BF16): ~2.2x
     monkeypatch.setattr("toolkit.quickstart.measure_gflops", lambda threads, dtype="float32": rates[dtype])
     state = {"stages": {}}
-    assert pick_precision("auto", 20, state, gpu=False) == "bf16" and state["bf16_gflops"] == 220.0
+    assert pick_precision("auto", 20, state, gpu=False) == ("bf16", "bf16") and state["bf16_gflops"] == 220.0
+    assert pick_precision("bf16", 20, {"stages": {}}, gpu=False) == ("bf16", "bf16")
     rates["bfloat16"] = 40.0  # emulated bf16 (AVX2 only) is slower than fp32
-    assert pick_precision("auto", 20, {"stages": {}}, gpu=False) == "no"
-    assert pick_precision("auto", 20, {"stages": {}, "gflops": 20.0}, gpu=False) == "bf16"  # reuses the fp32 rate
-    resumed = {"minutes": 20, "plan": {"precision": "bf16"}}
-    assert pick_precision("auto", 20, resumed, gpu=False) == "bf16"  # its finished stages fit that plan
-    assert pick_precision("no", 20, resumed, gpu=False) == "no" and pick_precision("auto", 20, {}, gpu=True) == "no"
+    assert pick_precision("auto", 20, {"stages": {}}, gpu=False) == ("no", "no")
+    # forced bf16 on an emulating CPU: trains as told, but the target answers in fp32 (no time cap there)
+    assert pick_precision("bf16", 20, {"stages": {}}, gpu=False) == ("bf16", "no")
+    reused = {"stages": {}, "gflops": 20.0}  # the fp32 rate measured for the speed is reused
+    assert pick_precision("auto", 20, reused, gpu=False) == ("bf16", "bf16")
+    resumed = {"minutes": 20, "plan": {"precision": "bf16", "answer_precision": "bf16"}}
+    assert pick_precision("auto", 20, resumed, gpu=False) == ("bf16", "bf16")  # its finished stages fit that plan
+    assert pick_precision("auto", 20, {"minutes": 20, "plan": {"precision": "bf16"}}, gpu=False) == ("bf16", "bf16")
+    assert pick_precision("no", 20, resumed, gpu=False) == ("no", "no")
+    assert pick_precision("auto", 20, {}, gpu=True) == ("no", "no")
+    forced = Plan.for_budget(20, gpu=False, precision="bf16", answer_precision="no")
+    assert forced.answer_dtype == "auto" and forced.prompts == Plan.for_budget(20, gpu=False).prompts
     fp32, bf16 = Plan.for_budget(20, gpu=False), Plan.for_budget(20, gpu=False, precision="bf16")
     assert fp32.train_seconds == bf16.train_seconds and (fp32.answer_dtype, bf16.answer_dtype) == ("auto", "bfloat16")
     assert bf16.prompts == int(1.5 * fp32.prompts)  # the target answers in bf16 too, ~1.5x as fast
     assert bf16.train_steps(170.0) == pytest.approx(1.5 * fp32.train_steps(170.0), abs=1)
     with pytest.raises(ValueError, match="accepted no, bf16"):
         Plan.for_budget(20, gpu=False, precision="fp16")
+    with pytest.raises(ValueError, match="answer_precision 'fp16': accepted no, bf16"):
+        Plan.for_budget(20, gpu=False, answer_precision="fp16")
 
 
 @pytest.mark.parametrize("bad", ["0", "fast", "-1", "1000"])

@@ -77,13 +77,16 @@ class Plan:
     threads: int
     speed: float          # relative to the reference box (1.0)
     precision: str = "no"  # the training config's mixed_precision: no | bf16
+    answer_precision: str = "no"  # the target answering the prompts: bf16 only where this CPU's bf16 GEMM pays
 
     def __post_init__(self):
-        if self.precision not in ("no", "bf16"):
-            raise ValueError(f"precision {self.precision!r}: accepted no, bf16")
+        for name in ("precision", "answer_precision"):
+            if getattr(self, name) not in ("no", "bf16"):
+                raise ValueError(f"{name} {getattr(self, name)!r}: accepted no, bf16")
 
     @classmethod
-    def for_budget(cls, minutes: float, gpu: bool, speed: float = 1.0, precision: str = "no") -> "Plan":
+    def for_budget(cls, minutes: float, gpu: bool, speed: float = 1.0, precision: str = "no",
+                   answer_precision: str | None = None) -> "Plan":
         if minutes < 2:
             raise ValueError(f"--minutes {minutes}: the pipeline needs at least 2 minutes")
         if not speed > 0:
@@ -97,16 +100,18 @@ class Plan:
         # transformers' generate (one of its four runs) is bound by ~15-20 ms of launches a token there, so a prompt of
         # 256 tokens costs ~12 s (on an H100 a 5-minute plan of 45 eval prompts spent over 5 minutes in the bench alone,
         # 2026-11-24)
-        answer_rate = 0.5 * speed * (BF16_ANSWER_GAIN if precision == "bf16" and not gpu else 1.0)
+        answer_precision = precision if answer_precision is None else answer_precision
+        answer_rate = 0.5 * speed * (BF16_ANSWER_GAIN if answer_precision == "bf16" and not gpu else 1.0)
         prompts = int(min(2000, max(16, 0.35 * seconds * answer_rate)))
         eval_prompts = int(min(80, max(2, 0.15 * seconds / (12.0 if gpu else 40 / min(speed, 1.0)))))
-        return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2, round(speed, 3), precision)
+        return cls(prompts, 256 if gpu else 128, eval_prompts, 0.40 * seconds, 8192, 2, round(speed, 3), precision,
+                   answer_precision)
 
     @property
     def answer_dtype(self) -> str:
-        """The dtype the target answers the training prompts in: bf16 where the head trains in bf16 (a CPU with
-        native bf16, where the frozen target runs in bf16 too), else the engine's default."""
-        return "bfloat16" if self.precision == "bf16" else "auto"
+        """The dtype the target answers the training prompts in: bf16 where this CPU runs bf16 GEMMs fast (native
+        bf16, where the head trains in bf16 with the frozen target in bf16 too), else the engine's default."""
+        return "bfloat16" if self.answer_precision == "bf16" else "auto"
 
     def train_steps(self, tokens_per_row: float) -> int:
         """Optimizer steps at batch 4 that fit train_seconds at ~200 tokens/s x speed (8k draft vocab, fp32,
@@ -132,22 +137,26 @@ def pick_speed(speed: str | float, minutes: float, state: dict, gpu: bool) -> fl
     return factor
 
 
-def pick_precision(precision: str, minutes: float, state: dict, gpu: bool) -> str:
-    """The training precision: no on a GPU (the trainer's default there: bf16 target, fp32 head); given; kept from
-    the run being resumed; else bf16 where this CPU's bf16 GEMM is >= BF16_MIN_GAIN x its fp32 GEMM."""
-    if gpu:
-        return "no"
-    if precision != "auto":
-        return precision
-    if state.get("minutes") == minutes and "precision" in state.get("plan", {}):
-        return state["plan"]["precision"]
+def pick_precision(precision: str, minutes: float, state: dict, gpu: bool) -> tuple[str, str]:
+    """(training precision, answering precision): no on a GPU (the trainer's default there: bf16 target, fp32
+    head; the engine answers in bf16 there anyway); kept from the run being resumed; else the training one given
+    or, for auto, bf16 where this CPU's bf16 GEMM is >= BF16_MIN_GAIN x its fp32 GEMM. The target answers in bf16
+    only where that measure says bf16 pays: a forced --mixed-precision bf16 on a CPU that emulates bf16 trains as
+    told, but answering (no time cap) in emulated bf16 would take ~100x as long."""
+    if gpu or precision == "no":
+        return "no", "no"
+    plan = state.get("plan", {})
+    if precision == "auto" and state.get("minutes") == minutes and "precision" in plan:
+        return plan["precision"], plan.get("answer_precision", plan["precision"])
     fp32 = state.get("gflops") or measure_gflops(threads=2)
     bf16 = measure_gflops(threads=2, dtype="bfloat16")
     state["bf16_gflops"] = round(bf16, 1)
-    chosen = "bf16" if bf16_pays(fp32, bf16) else "no"
+    pays = "bf16" if bf16_pays(fp32, bf16) else "no"
+    chosen = pays if precision == "auto" else precision
     print(f"[quickstart] bf16 GEMM {bf16:.0f} GFLOP/s = {bf16 / fp32:.2f}x fp32: the head trains in "
-          f"{'bf16 (target too)' if chosen == 'bf16' else 'fp32'}", flush=True)
-    return chosen
+          f"{'bf16 (target too)' if chosen == 'bf16' else 'fp32'}, the target answers in "
+          f"{'bf16' if pays == 'bf16' else 'fp32'}", flush=True)
+    return chosen, pays
 
 
 def _run(argv: list[str]) -> None:
@@ -176,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
     state_file = out / "quickstart.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {"stages": {}}
     speed = pick_speed(args.speed, args.minutes, state, gpu)
-    plan = Plan.for_budget(args.minutes, gpu, speed, pick_precision(args.mixed_precision, args.minutes, state, gpu))
+    plan = Plan.for_budget(args.minutes, gpu, speed, *pick_precision(args.mixed_precision, args.minutes, state, gpu))
     state.update(plan=asdict(plan), minutes=args.minutes, device=device)
     dev = ["--device", device]
     t_all = time.perf_counter()

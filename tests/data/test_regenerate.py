@@ -163,6 +163,14 @@ def test_data_files_of_one_name_are_refused(data, tmp_path, capsys):
     assert "share the name(s) ['convs.jsonl']" in capsys.readouterr().err
 
 
+def test_engine_settings_with_an_endpoint_are_refused(data, tmp_path, capsys):
+    """--dtype / --device set the in-process engine; a server answers with its own, so they are refused, not ignored."""
+    assert main(["regenerate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--endpoint",
+                 "http://127.0.0.1:9/v1", "--dtype", "bfloat16"]) == 2
+    assert "with --endpoint the server answers with its own settings" in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists() or (tmp_path / "o.jsonl").read_text() == ""
+
+
 def test_several_greedy_samples_are_refused(data, tmp_path, capsys):
     assert main(["regenerate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--num-samples", "2"]) == 2
     assert "temperature" in capsys.readouterr().err

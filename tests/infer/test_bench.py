@@ -52,6 +52,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     assert s["seconds"]["other"] >= 0 and r["baseline"]["accept_rate_by_position"] == []
     assert set(r["per_category"]) == {"writing"} and r["per_category"]["writing"]["verify_steps"] == s["verify_steps"]
     assert r["shard"] is None and r["dtype"] == "float32" and r["fp32_lm_head"] is False
+    assert r["hf_generate"]["logits_dtype"] == "float32"  # transformers' readout, beside the engine's
     for run in (r, r["prompt_lookup"]):  # τ per turn: the turns' figures make up the whole run's
         turns = run["per_turn"].values()
         assert set(run["per_turn"]) == {"1", "2"}
@@ -115,7 +116,8 @@ def test_bench_serves_bf16_with_fp32_logits(draft_dir, shared, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["dtype"] == "bfloat16" and r["fp32_lm_head"] is True and r["speculative"]["requests"] == 2
-    assert r["greedy_answers_differing_from_baseline"] in (0, 1)  # counted (bf16 may still part at a near tie)
+    # counted, per request (bf16 may still part at a near tie)
+    assert 0 <= r["greedy_answers_differing_from_baseline"] <= r["speculative"]["requests"]
 
 
 def test_sweep_entries_take_their_own_lookup_length_or_the_runs():

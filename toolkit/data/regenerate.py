@@ -205,6 +205,9 @@ def main(args: argparse.Namespace) -> int:
           + (f" (shard {k}/{n})" if n > 1 else ""), file=sys.stderr)
     if not todo:
         return 0
+    if args.endpoint and (args.device, args.dtype) != ("auto", "auto"):
+        raise ValueError(f"--device {args.device} / --dtype {args.dtype} set the in-process engine; with --endpoint "
+                         "the server answers with its own settings: drop them (or drop --endpoint)")
     answer_batch, group = endpoint_answerer(args) if args.endpoint else engine_answerer(args)
     from tqdm import tqdm
 

@@ -276,6 +276,9 @@ def load(draft: str | None, model: str | None, token_map: str | None, device: st
     folder = draft_target(draft, model) if draft else resolve_target(model or DEFAULT_MODEL)
     tok, target = load_tokenizer(model=str(folder)), load_target(folder, torch_dtype, device)
     target.set_kernels(pick_kernels(kernels, target)).fp32_readout(fp32_lm_head)
+    if fp32_lm_head and torch_dtype == torch.float32:
+        print("--fp32-lm-head: the target runs in float32 already (its logits are fp32); it matters with --dtype "
+              "bfloat16 / float16", file=sys.stderr)
     head = load_draft(draft, target, token_map) if draft else None
     if head is not None:
         head.set_kernels(target.kernels)
