@@ -49,7 +49,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight (endpoint)")
     p.add_argument("--max-len", type=int, default=2048, help="prompt + answer tokens per turn (engine)")
     add_device_args(p, "bfloat16 on a CPU with native bf16 answers ~1.5x as fast, as the target served in bf16 "
-                       "would")
+                       "would; the in-process engine's, refused with --endpoint")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
