@@ -184,6 +184,9 @@ def main(args: argparse.Namespace) -> int:
                          f"(greedy answers would be identical)")
     if args.max_new_tokens < 1 or args.batch_size < 1 or args.concurrency < 1:
         raise ValueError("--max-new-tokens, --batch-size and --concurrency must be at least 1")
+    if args.endpoint and (args.device, args.dtype) != ("auto", "auto"):
+        raise ValueError(f"--device {args.device} / --dtype {args.dtype} set the in-process engine; with --endpoint "
+                         "the server answers with its own settings: drop them (or drop --endpoint)")
     if args.threads:
         import torch
 
@@ -205,9 +208,6 @@ def main(args: argparse.Namespace) -> int:
           + (f" (shard {k}/{n})" if n > 1 else ""), file=sys.stderr)
     if not todo:
         return 0
-    if args.endpoint and (args.device, args.dtype) != ("auto", "auto"):
-        raise ValueError(f"--device {args.device} / --dtype {args.dtype} set the in-process engine; with --endpoint "
-                         "the server answers with its own settings: drop them (or drop --endpoint)")
     answer_batch, group = endpoint_answerer(args) if args.endpoint else engine_answerer(args)
     from tqdm import tqdm
 

@@ -17,7 +17,7 @@ from toolkit.infer.prompts import answer_turns, warm_up_ids
 def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32,
            prompt_lookup: int = 0, stops: set[int] | None = None) -> tuple[list[list[str]], dict]:
     """Answer every prompt turn by turn; returns the answers and {tokens, wall_seconds, tokens_per_second,
-    verify_steps, tau, per_turn: {turn: {tau, verify_steps, tokens}}} (+ prompt_lookup_num_tokens)."""
+    verify_steps, tau, per_turn: {turn: {tau, verify_steps, tokens}}, logits_dtype} (+ prompt_lookup_num_tokens)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
@@ -60,7 +60,8 @@ def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32
     stats = stats_of(counted)
     turns = sorted({r[0] for r in counted})
     stats.update(wall_seconds=wall, tokens_per_second=stats["tokens"] / wall,
-                 per_turn={str(t): stats_of([r for r in counted if r[0] == t]) for t in turns})
+                 per_turn={str(t): stats_of([r for r in counted if r[0] == t]) for t in turns},
+                 logits_dtype=str(dtype).removeprefix("torch."))  # transformers' logits: no fp32 readout there
     if prompt_lookup:
         stats["prompt_lookup_num_tokens"] = prompt_lookup
     return answers, stats
