@@ -4,7 +4,9 @@ Step 0 fuses the target's three aux hidden states with `fc`; later steps feed th
 The draft input at position t is the pair (embedding of token t+1, hidden state of position t): the head
 predicts token t+2. Layer: residual = h; x = cat[input_layernorm(emb), hidden_norm(h)] (2H) -> attention ->
 + residual -> post_attention_layernorm -> MLP -> + ; out = that sum (fed to the next step, pre-norm);
-logits = lm_head(norm(out)) over the draft vocabulary, mapped to target ids by d2t.
+logits = lm_head(norm(out)) over the draft vocabulary, mapped to target ids by d2t. Released heads' variants
+(infer/eagle3_config.py): residual = hidden_norm(h) (norm_before_residual); fc over an RMSNorm of the aux states
+(norm_before_fc).
 Shapes: B batch, T tokens, H draft hidden, Ht target hidden, N draft vocab.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import nn
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
                                      rope_keys, their_layer_key, write_draft_folder)
+from toolkit.infer.eagle3_config import read_eagle3_config
 from toolkit.infer.model import MLP, Attention, Block, RMSNorm
 from toolkit.infer.row_step import few_rows
 
@@ -36,9 +39,14 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Head(DraftHead):
-    def __init__(self, c: ModelConfig, target_hidden: int, d2t: torch.Tensor, aux_layers: list[int]):
+    def __init__(self, c: ModelConfig, target_hidden: int, d2t: torch.Tensor, aux_layers: list[int],
+                 norm_before_residual: bool = False, norm_before_fc: bool = False):
         super().__init__()
         self.config, self.aux_layers = c, list(aux_layers)
+        # two variants of released heads (infer/eagle3_config.py): the residual taken after hidden_norm, and an
+        # RMSNorm over the 3 aux states before fc
+        self.norm_before_residual = norm_before_residual
+        self.input_norm = RMSNorm(3 * target_hidden, c.rms_norm_eps) if norm_before_fc else None
         self.fc = nn.Linear(3 * target_hidden, c.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(c)
         # layers 2..n: plain Llama decoder layers over the hidden state (cache layers 1..n-1)
@@ -51,24 +59,45 @@ class Eagle3Head(DraftHead):
     def layers(self) -> list[nn.Module]:
         return [self.midlayer, *self.additional_layers]
 
+    def take_variant(self, other: Eagle3Head) -> Eagle3Head:
+        """`other`'s norm_before_residual / norm_before_fc on this head (training on from a released one)."""
+        self.norm_before_residual = other.norm_before_residual
+        if other.input_norm is not None and self.input_norm is None:
+            self.input_norm = RMSNorm(other.input_norm.weight.shape[0], other.input_norm.eps)
+        return self
+
+    def variant_notes(self) -> list[str]:
+        """Where a server would draft otherwise with this head's variant, if it has one."""
+        flags = [f for f, on in (("norm_before_residual", self.norm_before_residual),
+                                 ("norm_before_fc", self.input_norm is not None)) if on]
+        return [(f"the head has {' and '.join(flags)} (a released head's variant): vLLM serves it as trained, "
+                 "SGLang's LlamaForCausalLMEagle3 reads neither and would draft with another forward")] if flags else []
+
+    def fused(self, hidden):
+        """hidden: [B, T, 3Ht] aux features (step 0: fused by fc) or [B, T, H] the head's own output (as is)."""
+        if hidden.shape[-1] == self.config.hidden_size:
+            return hidden
+        return self.fc(self.input_norm(hidden) if self.input_norm is not None else hidden)
+
     def fuse(self, emb, hidden):
-        """hidden: [B, T, 3Ht] aux features (step 0, fused by fc) or [B, T, H] the head's own output."""
-        if hidden.shape[-1] != self.config.hidden_size:
-            hidden = self.fc(hidden)
+        hidden = self.fused(hidden)
         n1, n2 = self.midlayer.input_layernorm, self.midlayer.hidden_norm
         if self.kernels == "triton":  # both norms and the concatenation as one kernel
             from toolkit.infer.kernels.layer_ops import rms_norm_pair
 
-            return hidden, rms_norm_pair(emb, n1.weight, hidden, n2.weight, n1.eps, n2.eps)
-        return hidden, torch.cat([n1(emb), n2(hidden)], -1)
+            x = rms_norm_pair(emb, n1.weight, hidden, n2.weight, n1.eps, n2.eps)
+        else:
+            x = torch.cat([n1(emb), n2(hidden)], -1)
+        # norm_before_residual: the residual is the normed hidden state, x's second half (a copy: x stays intact)
+        return (x[..., -hidden.shape[-1]:].contiguous() if self.norm_before_residual else hidden), x
 
     def fuse_rows(self, emb, hidden):
         """The two norms and their concatenation become the q/k/v GEMV's prologue (gemv "norm2")."""
-        if hidden.shape[-1] != self.config.hidden_size:
-            hidden = self.fc(hidden)
         n1, n2 = self.midlayer.input_layernorm, self.midlayer.hidden_norm
-        if n1.eps != n2.eps:  # the kernel takes one eps: norms that differ run as their own kernels
+        # the kernel takes one eps, and leaves the normed hidden state (a norm_before_residual residual) unwritten
+        if n1.eps != n2.eps or self.norm_before_residual:
             return super().fuse_rows(emb, hidden)
+        hidden = self.fused(hidden)
         return hidden, {"x": emb, "prologue": "norm2", "norm_w": n1.weight, "eps": n1.eps, "x2": hidden,
                         "norm_w2": n2.weight}
 
@@ -81,15 +110,18 @@ class Eagle3Head(DraftHead):
 
 
 def random_head(target: ModelConfig, vocab_ids: list[int] | None = None, seed: int = 0,
-                num_layers: int = 1) -> Eagle3Head:
-    """A randomly initialised head over `vocab_ids` (default: the whole target vocabulary), for tests."""
+                num_layers: int = 1, **variant) -> Eagle3Head:
+    """A randomly initialised head over `vocab_ids` (default: the whole target vocabulary), for tests; `variant`:
+    norm_before_residual / norm_before_fc (their norms' weights drawn around 1)."""
     ids = torch.tensor(sorted(vocab_ids) if vocab_ids is not None else range(target.vocab_size))
     torch.manual_seed(seed)
     head = Eagle3Head(draft_config(target, num_layers), target.hidden_size, ids - torch.arange(len(ids)),
-                      target.default_aux_layers())
+                      target.default_aux_layers(), **variant)
     for m in head.modules():
         if isinstance(m, nn.Linear):
             nn.init.normal_(m.weight, std=0.02)
+    if head.input_norm is not None:
+        nn.init.normal_(head.input_norm.weight, 1.0, 0.2)
     return head.eval()
 
 
@@ -112,13 +144,10 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     as SafeAILab's EAGLE-3 checkpoints ship) for `target`; a head that does not fit the target is refused with
     the mismatch named."""
     folder = Path(folder)
-    cfg = json.loads((folder / "config.json").read_text())
-    c = ModelConfig.from_hf({**cfg, "model_type": "llama"})
-    target_hidden = cfg.get("target_hidden_size", cfg["hidden_size"])
-    # SGLang's eagle_config ids name layer outputs (ours); vLLM's / speculators' top-level ones the layer whose
-    # input is captured, one more
-    aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or [
-        i - 1 for i in cfg.get("eagle_aux_hidden_state_layer_ids") or []] or target.default_aux_layers()
+    layout = read_eagle3_config(json.loads((folder / "config.json").read_text()), folder)
+    cfg, target_hidden = layout.config, layout.target_hidden  # the flat Llama config of the draft's layers
+    c = ModelConfig.from_hf(cfg)
+    aux = layout.aux_layers or target.default_aux_layers()
     problems = []
     if target_hidden != target.hidden_size:
         problems.append(f"target_hidden_size {target_hidden} != target hidden_size {target.hidden_size}")
@@ -142,7 +171,8 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
                         f"lm_head rows / {entries} d2t entries")
     d2t = w.pop("d2t", torch.zeros(n, dtype=torch.long))  # absent d2t = identity (zeros), never arange
     w.pop("t2d", None)
-    w.pop("embed_tokens.weight", None)  # the target's embedding is used
+    for k in ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight"):
+        w.pop(k, None)  # the target's embedding (and norm, lm_head: speculators' training copies) are used
     top = int((torch.arange(len(d2t)) + d2t).max())
     if top >= target.vocab_size:
         problems.append(f"d2t maps a draft id to target id {top}, beyond the target's vocab_size {target.vocab_size}")
@@ -150,7 +180,7 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
         raise ValueError(f"draft {folder} does not fit the target: " + "; ".join(problems))
     for note in aux_layer_problems(aux, target.num_layers):  # served right here; elsewhere it would not be
         print(f"WARNING: draft {folder}: {note}", file=sys.stderr)
-    head = Eagle3Head(c, target_hidden, d2t, aux)
+    head = Eagle3Head(c, target_hidden, d2t, aux, layout.norm_before_residual, layout.norm_before_fc)
     load_weights(head, w, folder, ignore=("d2t",))
     return head.to(device=device, dtype=dtype).eval()
 
@@ -173,6 +203,9 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, ta
            "toolkit": {"format_version": 1, "head": "eagle3", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
                        "aux_layer_ids": head.aux_layers, **(extra or {})}}
+    if head.norm_before_residual or head.input_norm is not None:  # a released head's variant, trained on from it
+        cfg.update(norm_before_residual=head.norm_before_residual, norm_before_fc=head.input_norm is not None)
+        cfg["eagle_config"]["norm_before_fc"] = head.input_norm is not None
     # layer 0 as SGLang's `midlayer.`; more layers as vLLM's `layers.{k}` (SGLang does not serve them as written)
     weights = {their_layer_key(k, "midlayer."): v.detach().to(torch.bfloat16).contiguous()
                for k, v in head.state_dict().items() if k != "d2t"}

@@ -97,14 +97,17 @@ def _is_mtp_weight(name: str, num_layers: int) -> bool:
 
 
 def recorded_target(draft: str) -> dict:
-    """What a draft folder records of its target (config.json "toolkit": target, target_fingerprint, ...)."""
+    """What a draft folder records of its target (config.json "toolkit": target, target_fingerprint, ...; a
+    speculators folder's verifier, as vLLM takes it)."""
     path = Path(draft) / "config.json"
     if not path.is_file():
         raise ValueError(f"--draft {draft}: no config.json there (expected a draft checkpoint folder)")
     try:
-        return json.loads(path.read_text()).get("toolkit", {})
+        cfg = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    return cfg.get("toolkit") or ({"target": verifier} if verifier else {})
 
 
 def draft_target(draft: str, model: str | None) -> Path:
@@ -141,7 +144,7 @@ def _ships_mtp(cfg: dict) -> bool:
 
 
 def draft_kind(folder: str | Path) -> str:
-    """What a draft folder holds, from its config.json: "eagle3" (architectures LlamaForCausalLMEagle3),
+    """What a draft folder holds, from its config.json: "eagle3" (LlamaForCausalLMEagle3 and the other names),
     "mtp" (our MTP drafts, or a target that ships MTP layers) or "eagle" (EAGLE-1/2, the rest)."""
     path = Path(folder) / "config.json"
     if not path.is_file():
@@ -150,8 +153,14 @@ def draft_kind(folder: str | Path) -> str:
         raise FileNotFoundError(f"draft {folder}: no config.json there (give a draft folder{hint})")
     cfg = json.loads(path.read_text())
     archs = cfg.get("architectures") or []
-    if "LlamaForCausalLMEagle3" in archs:
+    from toolkit.infer.eagle3_config import is_eagle3
+
+    if is_eagle3(cfg):  # ours / SGLang's, vLLM's and speculators' names (infer/eagle3_config.py)
         return "eagle3"
+    if cfg.get("speculators_model_type") is not None:
+        raise ValueError(f"draft {folder}: a speculators {cfg['speculators_model_type']!r} folder; of the "
+                         "speculators formats this engine serves 'eagle3' (EAGLE-1/2 and MTP heads in the SGLang / "
+                         "vLLM layouts load as such)")
     if _ships_mtp(cfg):
         return "mtp"
     # EAGLE-1/2 heads have one decoder layer (SafeAILab's configs name plain LlamaForCausalLM); a config with

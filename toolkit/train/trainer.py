@@ -166,11 +166,16 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
 
     # --- the head, optimizer, schedule; resume ---------------------------------------------------------
     head = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
+    # a CPU copy that exports and evaluations load the gathered weights into
+    template = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
+    if start is not None and cfg.head == "eagle3":  # a released head's forward variant is kept, and exported
+        head.take_variant(start)
+        template.take_variant(start)
+        for note in start.variant_notes():
+            acc.print(f"WARNING: init_from {cfg.init_from}: {note}")
     if start is not None:  # a resumed run then loads its own checkpoint over these
         take_weights(head, start, cfg.init_from)
         acc.print(f"starting from the draft in {cfg.init_from}")
-    # a CPU copy that exports and evaluations load the gathered weights into
-    template = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
     signature = head_signature(cfg.head, head, target_fp)
     if args.resume:
         check_signature(out / "run.json", signature, folder)

@@ -174,10 +174,14 @@ def test_batch_one_decode_steps_run_the_gemv_layer_and_equal_the_torch_path(tiny
         assert (want - got).abs().max() <= 1e-4
 
 
-def test_a_draft_step_of_one_row_equals_the_torch_path(monkeypatch):
+@pytest.mark.parametrize("variant", [{}, {"norm_before_residual": True}, {"norm_before_fc": True}],
+                         ids=["plain", "norm_before_residual", "norm_before_fc"])
+def test_a_draft_step_of_one_row_equals_the_torch_path(monkeypatch, variant):
     """An EAGLE-3 head's one-token step (fused first layer through row_step, its two input norms in the q/k/v
     GEMV's prologue, the readout's norm in the GEMV) gives the plain head's log-probs, output hidden state and
-    draft cache, at step 0 (fc over aux features) and after, and so does a 3-token (tree) step on the rows path."""
+    draft cache, at step 0 (fc over aux features) and after, and so does a 3-token (tree) step on the rows path.
+    Released heads' variants too: norm_before_residual needs the normed hidden state as the residual, so its
+    norms run as their own kernel (rms_norm_pair), not in the GEMV's prologue."""
     import toolkit.infer.kernels.gemv as gemv_module
     from toolkit.infer.config import ModelConfig
     from toolkit.infer.drafts import random_head
@@ -188,7 +192,7 @@ def test_a_draft_step_of_one_row_equals_the_torch_path(monkeypatch):
     outs, prologues, real = [], [], gemv_module.gemv
     monkeypatch.setattr(gemv_module, "gemv", lambda *a, **k: prologues.append(k.get("prologue")) or real(*a, **k))
     for kernels in ("torch", "triton"):
-        head = random_head(c, seed=3, num_layers=2).to(device)
+        head = random_head(c, seed=3, num_layers=2, **variant).to(device)
         fuse_projections(head)
         head.set_kernels(kernels)
         g = torch.Generator().manual_seed(4)
@@ -207,8 +211,8 @@ def test_a_draft_step_of_one_row_equals_the_torch_path(monkeypatch):
                                              dtype=torch.bool, device=device))
             got += [logp, h]
         outs.append((*got, cache.k.clone(), cache.v.clone()))
-        if kernels == "triton":  # every step's q/k/v GEMV took both norms
-            assert prologues.count("norm2") == 4, prologues
+        if kernels == "triton":  # every step's q/k/v GEMV took both norms (but norm_before_residual's)
+            assert prologues.count("norm2") == (0 if variant.get("norm_before_residual") else 4), prologues
     for want, got in zip(*outs):
         assert (want - got).abs().max() <= 1e-4
 

@@ -1,0 +1,56 @@
+"""Training on from a released EAGLE-3 head in speculators' layout (toolkit/infer/eagle3_config.py): its forward
+variant is trained with and exported, not dropped."""
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from toolkit.cli import main
+from toolkit.train.tracking import read_metrics
+
+COMMON = ["batch_size=2", "max_len=96", "log_every=1", "eval_samples=2", "eval_every=0", "threads=1",
+          "warmup_ratio=0", "mixed_precision=no", "max_steps=1", "lr=1e-12", "save_every=1"]
+
+
+def train(tiny_target, prepared, out, *extra):
+    return main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(out),
+                 *COMMON, *extra])
+
+
+def as_speculators(draft, folder, norm_before_residual: bool):
+    """Our export rewritten as speculators saves an eagle3 head: the layer config nested, layers.0.* names."""
+    cfg = json.loads((draft / "config.json").read_text())
+    layer = {k: cfg[k] for k in ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
+                                 "num_key_value_heads", "head_dim", "num_hidden_layers", "vocab_size",
+                                 "rms_norm_eps", "max_position_embeddings", "rope_theta")}
+    spec = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+            "draft_vocab_size": cfg["draft_vocab_size"], "norm_before_residual": norm_before_residual,
+            "eagle_aux_hidden_state_layer_ids": cfg["eagle_aux_hidden_state_layer_ids"],
+            "transformer_layer_config": layer}
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(spec))
+    w = load_file(str(draft / "model.safetensors"))
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in w.items()}, str(folder / "model.safetensors"))
+
+
+def test_a_speculators_head_is_trained_on_with_its_norm_before_residual(tiny_target, prepared, tmp_path, capsys):
+    first = tmp_path / "first"
+    assert train(tiny_target, prepared, first, "max_steps=6", "lr=3e-3", "save_every=6") == 0
+    runs = {}
+    for flag in (True, False):
+        spec = tmp_path / f"spec_{flag}"
+        as_speculators(first / "draft", spec, flag)
+        out = tmp_path / f"on_{flag}"
+        capsys.readouterr()
+        assert train(tiny_target, prepared, out, f"init_from={spec}") == 0
+        said = "".join(capsys.readouterr())
+        assert ("SGLang's LlamaForCausalLMEagle3 reads neither" in said) == flag  # for the variant only
+        cfg = json.loads((out / "draft" / "config.json").read_text())
+        assert cfg.get("norm_before_residual", False) == flag
+        runs[flag] = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r][0]
+        w_in, w_out = load_file(str(spec / "model.safetensors")), load_file(str(out / "draft" / "model.safetensors"))
+        assert torch.allclose(w_in["fc.weight"].float(), w_out["fc.weight"].float(), atol=1e-2)
+    # the same weights under the two forwards: a different loss, so the variant is what was trained
+    assert abs(runs[True] - runs[False]) > 1e-3 * runs[False]
