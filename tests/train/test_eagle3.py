@@ -138,6 +138,37 @@ def test_a_dump_into_shards_of_another_setup_names_what_differs(tiny_target, pre
     assert "holds shards of another setup (max_len 96 there, 64 now); use a new folder" in err, err
 
 
+def test_a_killed_dump_leaves_no_half_shard_and_resumes_with_another_shard_size(tiny_target, prepared, tmp_path,
+                                                                             monkeypatch):
+    """A dump killed while writing its third shard keeps the two finished ones and no partial file; resumed with
+    another --shard-size it dumps every row the index does not list yet (not from 3 x the new size on)."""
+    import safetensors.torch
+
+    from toolkit.train.data import HiddenStateShards
+
+    shards, real, calls = tmp_path / "hidden", safetensors.torch.save_file, []
+
+    def save_file(tensors, path):
+        calls.append(path)
+        if len(calls) == 3:  # killed halfway through the file
+            Path(path).write_bytes(b"\0" * 100)
+            raise KeyboardInterrupt
+        return real(tensors, path)
+
+    args = ["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out", str(shards),
+            "--max-len", "96", "--dtype", "float32"]
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    assert main([*args, "--shard-size", "7"]) == 130  # interrupted
+    monkeypatch.undo()
+    assert sorted(p.name for p in shards.iterdir()) == ["index.json", "shard-00000.safetensors",
+                                                        "shard-00001.safetensors"]
+    assert json.loads((shards / "index.json").read_text())["num_samples"] == 14
+    assert main([*args, "--shard-size", "10"]) == 0
+    index = json.loads((shards / "index.json").read_text())
+    assert [(s["first_sample"], s["num_samples"]) for s in index["shards"]] == [(0, 7), (7, 7), (14, 10)]
+    assert index["num_samples"] == 24 and HiddenStateShards(shards, 96).covers(24)
+
+
 def test_refusals_name_the_problem(tiny_target, prepared, tmp_path, capsys):
     out = tmp_path / "run"
     assert train(tiny_target, prepared, out, "max_steps=1") == 0

@@ -76,7 +76,9 @@ def main(args: argparse.Namespace) -> int:
             f"{k} {index.get(k)!r} there, {head[k]!r} now" for k in differ) + "); use a new folder")
     shards = index["shards"] if index else []
     store = getattr(torch, args.dtype)
-    starts = range(len(shards) * args.shard_size, len(data), args.shard_size)
+    # resume after the rows the listed shards hold: len(shards) x --shard-size would skip rows (or dump some
+    # twice) when the resumed command gives another --shard-size
+    starts = range(sum(s["num_samples"] for s in shards), len(data), args.shard_size)
     for first in tqdm(starts, desc="shards", unit="shard"):
         rows = list(range(first, min(first + args.shard_size, len(data))))
         parts = {k: [] for k in ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden")}
