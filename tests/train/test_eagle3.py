@@ -127,6 +127,31 @@ def test_offline_shards_give_the_online_loss(tiny_target, prepared, tmp_path, dt
     assert all(abs(on[s] - off[s]) <= tol * abs(on[s]) for s in on), (on, off)
 
 
+def test_offline_training_refuses_shards_dumped_from_other_data(tiny_target, prepared, tmp_path, capsys):
+    """Shards carry their own tokens: another prepared dataset of as many rows (re-prepared, or edited) would train
+    on the old data without a word. Its rows' lengths, and a few rows' tokens, must match."""
+    import shutil
+
+    import datasets
+
+    shards = tmp_path / "hidden"
+    assert main(["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out", str(shards),
+                 "--max-len", "96", "--shard-size", "12"]) == 0
+    ds = datasets.load_from_disk(str(prepared))
+    for name, change in (("shorter", lambda r: {"input_ids": r["input_ids"][:-1], "loss_mask": r["loss_mask"][:-1],
+                                                "num_tokens": r["num_tokens"] - 1}),
+                         ("edited", lambda r: {"input_ids": [r["input_ids"][0], (r["input_ids"][1] + 1) % 300,
+                                                             *r["input_ids"][2:]]})):
+        other = tmp_path / name
+        ds.map(change).save_to_disk(str(other))
+        shutil.copy(prepared / "toolkit_prepare.json", other)
+        capsys.readouterr()
+        assert train(tiny_target, other, tmp_path / f"off_{name}", "max_steps=1", f"hidden_states={shards}") == 2
+        err = capsys.readouterr().err
+        assert f"were not dumped from {other}" in err and ("tokens there" in err if name == "shorter" else
+                                                           "other tokens there" in err), err
+
+
 def test_a_dump_into_shards_of_another_setup_names_what_differs(tiny_target, prepared, tmp_path, capsys):
     shards = tmp_path / "hidden"
     args = ["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out", str(shards),

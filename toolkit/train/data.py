@@ -70,6 +70,19 @@ class HiddenStateShards:
     def covers(self, rows: int) -> bool:
         return all(r in self.where for r in range(rows))
 
+    def differs_from(self, data: PreparedData, rows: list[int], probes: int = 8) -> str | None:
+        """Why these shards were not dumped from `data`'s rows, if they were not: every row's length (from the
+        shards' offsets) and a few rows' tokens. Shards carry their own tokens, so training on another dataset's
+        (a re-prepared one of as many rows) would run without an error, on the old data."""
+        for r in rows:
+            _, a, b = self.where[r]
+            if min(b - a, self.max_len) != data.lengths[r]:
+                return f"row {r} has {b - a} tokens there, {data.lengths[r]} in the data (at max_len {self.max_len})"
+        for r in rows[:: max(1, len(rows) // probes)]:
+            if not torch.equal(self[r]["input_ids"], data[r]["input_ids"]):
+                return f"row {r} holds other tokens there than in the data"
+        return None
+
     def __getitem__(self, row: int) -> dict:
         f, a, b = self.where[row]
         b = min(b, a + self.max_len)

@@ -138,6 +138,9 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     if offline and not shards.covers(len(train_rows)):
         raise ValueError(f"hidden_states {cfg.hidden_states} does not cover the {len(train_rows)} training rows "
                          f"of {cfg.data}; dump them for this dataset")
+    if offline and (why := shards.differs_from(data, train_rows)):
+        raise ValueError(f"hidden_states {cfg.hidden_states} were not dumped from {cfg.data}: {why}; dump them "
+                         "for this dataset")
     if offline and shards.index.get("max_len", cfg.max_len) < cfg.max_len:  # longer dumps are cut to max_len
         raise ValueError(f"hidden_states {cfg.hidden_states} were dumped with max_len {shards.index['max_len']}, "
                          f"training has max_len {cfg.max_len}: rows would be shorter than online; dump with at "
