@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
@@ -165,3 +165,39 @@ def test_layouts_this_engine_does_not_serve_are_refused_by_name(tmp_path, change
     speculators_folder(tmp_path, **change)
     with pytest.raises(ValueError, match=message):
         load_eagle3(tmp_path, TARGET) if draft_kind(tmp_path) == "eagle3" else None
+
+
+def test_a_head_without_an_lm_head_reads_out_through_the_targets(tmp_path):
+    """SGLang (draft_vocab_size null) and vLLM (no lm_head weight loaded) read such a head out through the target's
+    lm_head; so does the engine. A draft vocabulary smaller than the target's cannot be."""
+    w = weights(norm_before_fc=False)
+    del w["lm_head.weight"], w["d2t"], w["t2d"]
+    cfg = {**LAYER, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": None, "head_dim": D,
+           "eagle_aux_hidden_state_layer_ids": [2, 4, 5]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file(w, str(tmp_path / "model.safetensors"))
+    target_head = torch.randn(300, H)
+    head = load_eagle3(tmp_path, TARGET, lm_head=target_head)
+    assert torch.equal(head.lm_head.weight, target_head) and head.to_target(torch.tensor([7])).item() == 7
+    with pytest.raises(ValueError, match="no target lm_head given"):
+        load_eagle3(tmp_path, TARGET)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "draft_vocab_size": 100}))
+    with pytest.raises(ValueError, match="draft vocabulary of 100 of the target's 300"):
+        load_eagle3(tmp_path, TARGET, lm_head=target_head)
+
+
+def test_the_engine_loads_such_a_head_with_its_target(tiny_llama, tmp_path):
+    """load_draft hands the target's lm_head over: the head drafts through it."""
+    from toolkit.infer.drafts import random_head
+    from toolkit.infer.loading import load_draft, load_target
+
+    target = load_target(tiny_llama)
+    save_eagle3(random_head(target.config), tmp_path, json.loads((tiny_llama / "config.json").read_text()),
+                str(tiny_llama), "0" * 16)
+    w = {k: v for k, v in load_file(str(tmp_path / "model.safetensors")).items()
+         if k not in ("lm_head.weight", "d2t", "t2d")}
+    save_file(w, str(tmp_path / "model.safetensors"))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "draft_vocab_size": None}))
+    got = load_draft(str(tmp_path), target, None)
+    assert torch.allclose(got.lm_head.weight.float(), target.lm_head.weight.float())

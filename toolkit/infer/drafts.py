@@ -139,10 +139,11 @@ def aux_layer_problems(ids: list[int], num_layers: int) -> list[str]:
     return problems
 
 
-def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, device="cpu") -> Eagle3Head:
+def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, device="cpu",
+                lm_head: torch.Tensor | None = None) -> Eagle3Head:
     """Load a draft folder (config.json + model.safetensors, docs/formats.md section 7; or pytorch_model.bin,
     as SafeAILab's EAGLE-3 checkpoints ship) for `target`; a head that does not fit the target is refused with
-    the mismatch named."""
+    the mismatch named. lm_head: the target's [V, H], taken by a head that ships none (as SGLang and vLLM do)."""
     folder = Path(folder)
     layout = read_eagle3_config(json.loads((folder / "config.json").read_text()), folder)
     cfg, target_hidden = layout.config, layout.target_hidden  # the flat Llama config of the draft's layers
@@ -164,6 +165,14 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     elif len(aux) != 3:
         problems.append(f"{len(aux)} aux layers {aux}: this EAGLE-3 head fuses exactly 3")
     n = cfg.get("draft_vocab_size") or target.vocab_size
+    if "lm_head.weight" not in w:  # SGLang (draft_vocab_size null) and vLLM then read out through the target's
+        if n != target.vocab_size:
+            problems.append(f"no lm_head.weight, and a draft vocabulary of {n} of the target's {target.vocab_size}: "
+                            "the target's lm_head stands in only for the whole vocabulary")
+        elif lm_head is None:
+            problems.append("no lm_head.weight, and no target lm_head given to stand in for it")
+        else:
+            w["lm_head.weight"] = lm_head
     rows = w["lm_head.weight"].shape[0] if "lm_head.weight" in w else n
     entries = len(w["d2t"]) if "d2t" in w else n
     if (rows, entries) != (n, n):  # SGLang and vLLM size the lm_head from the config

@@ -186,7 +186,7 @@ def load_draft(folder: str, target, token_map: str | None):
 
     dtype, device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
     if kind == "eagle3":
-        head = load_eagle3(folder, target.config, dtype, device)
+        head = load_eagle3(folder, target.config, dtype, device, lm_head=target.lm_head.weight)
     elif kind == "mtp":
         head = load_mtp(folder, target, token_map, dtype)
     else:

@@ -96,7 +96,7 @@ def start_from(kind: str, folder: str | Path, target_cfg: ModelConfig, parts: di
     if found != kind:
         raise ValueError(f"init_from {folder}: holds an {found} draft, but the recipe trains an {kind} head")
     if kind == "eagle3":
-        return load_eagle3(folder, target_cfg)
+        return load_eagle3(folder, target_cfg, lm_head=parts["lm_head.weight"])
     # the EAGLE-1/2 and MTP loaders read only these three things of a target (their lm_head is the target's)
     target = SimpleNamespace(config=target_cfg, lm_head=SimpleNamespace(weight=parts["lm_head.weight"]),
                              embed_tokens=SimpleNamespace(weight=parts["embed_tokens.weight"]))
