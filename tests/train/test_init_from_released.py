@@ -1,5 +1,5 @@
-"""Training on from a released EAGLE-3 head in speculators' layout (toolkit/infer/eagle3_config.py): its forward
-variant is trained with and exported, not dropped."""
+"""EAGLE-3 forward variants in training (toolkit/infer/eagle3_config.py): a released head in speculators' layout
+trained on keeps its variant (trained with and exported, not dropped); a recipe may ask for them."""
 from __future__ import annotations
 
 import json
@@ -14,8 +14,8 @@ COMMON = ["batch_size=2", "max_len=96", "log_every=1", "eval_samples=2", "eval_e
           "warmup_ratio=0", "mixed_precision=no", "max_steps=1", "lr=1e-12", "save_every=1"]
 
 
-def train(tiny_target, prepared, out, *extra):
-    return main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(out),
+def train(tiny_target, prepared, out, *extra, flags=()):
+    return main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(out), *flags,
                  *COMMON, *extra])
 
 
@@ -54,3 +54,25 @@ def test_a_speculators_head_is_trained_on_with_its_norm_before_residual(tiny_tar
         assert torch.allclose(w_in["fc.weight"].float(), w_out["fc.weight"].float(), atol=1e-2)
     # the same weights under the two forwards: a different loss, so the variant is what was trained
     assert abs(runs[True] - runs[False]) > 1e-3 * runs[False]
+
+
+def test_a_recipe_trains_the_variants_and_init_from_may_not_add_one(tiny_target, prepared, tmp_path, capsys):
+    """norm_before_residual / norm_before_fc as recipe keys: the export carries them (input_norm.weight too); an
+    init_from draft without one refuses a recipe asking for it; a resume may not change them."""
+    out = tmp_path / "v"
+    assert train(tiny_target, prepared, out, "norm_before_residual=true", "norm_before_fc=true") == 0
+    cfg = json.loads((out / "draft" / "config.json").read_text())
+    assert cfg["norm_before_residual"] is True and cfg["norm_before_fc"] is True
+    assert load_file(str(out / "draft" / "model.safetensors"))["input_norm.weight"].shape == (3 * cfg["hidden_size"],)
+    assert "SGLang's LlamaForCausalLMEagle3 reads neither" in "".join(capsys.readouterr())
+    plain = tmp_path / "plain"
+    assert train(tiny_target, prepared, plain) == 0
+    capsys.readouterr()
+    assert train(tiny_target, prepared, tmp_path / "x", f"init_from={plain / 'draft'}", "norm_before_fc=true") == 2
+    assert "norm_before_fc: the init_from draft" in capsys.readouterr().err
+    assert train(tiny_target, prepared, out, "max_steps=2", "norm_before_fc=true", "norm_before_residual=false",
+                 flags=["--resume"]) == 2
+    assert "norm_before_residual was True, now False" in capsys.readouterr().err
+    assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(tmp_path / "e"),
+                 "head=eagle", "norm_before_fc=true", *COMMON]) == 2
+    assert "EAGLE-3 variants, not for an eagle head" in capsys.readouterr().err

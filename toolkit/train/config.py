@@ -30,6 +30,9 @@ class TrainConfig:
     token_weight: float = 0.1                # eagle: soft cross-entropy through the frozen lm_head (paper: 0.1)
     fc_bias: bool = False                    # eagle: fc with a bias (SafeAILab's default). vLLM's EAGLE-1 fc has
     #                                          none: a head without one serves in SGLang and vLLM alike
+    norm_before_residual: bool = False       # eagle3: the first layer's residual taken after hidden_norm
+    #                                          (speculators' default): vLLM serves it, SGLang reads no such key
+    norm_before_fc: bool = False             # eagle3: an RMSNorm over the 3 aux states before fc (vLLM reads it)
     # training-time test
     ttt_steps: int = 7
     loss_decay: float = 0.8
@@ -75,6 +78,8 @@ class TrainConfig:
         if self.fc_bias and self.head != "eagle":
             problems.append(f"fc_bias: only an eagle head's fc may have a bias ({self.head}'s fc has none in "
                             "SGLang's and vLLM's layouts)")
+        if (self.norm_before_residual or self.norm_before_fc) and self.head != "eagle3":
+            problems.append(f"norm_before_residual / norm_before_fc: EAGLE-3 variants, not for an {self.head} head")
         if self.init_block not in ("target_last", "random"):
             problems.append(f"init_block {self.init_block!r}: accepted target_last, random")
         if self.regression_weight < 0 or self.token_weight < 0 or self.regression_weight + self.token_weight == 0:
@@ -113,10 +118,11 @@ class TrainConfig:
 
 # what a resumed run must keep: the rows it trains on and their order (data, max_len, eval_samples, seed), what a
 # step is (batch_size, grad_accum: the data is skipped by steps done x micro-batches per step), what the
-# optimizer's saved state restores over the recipe (lr, weight_decay) and the head's parameters (fc_bias). The
+# optimizer's saved state restores over the recipe (lr, weight_decay) and the head's parameters and forward
+# (fc_bias, norm_before_residual, norm_before_fc). The
 # length (max_steps, epochs), the schedule's shape, the clock and the logging cadence may change.
 RESUME_FIXED = ("data", "max_len", "eval_samples", "seed", "batch_size", "grad_accum", "lr", "weight_decay",
-                "fc_bias")
+                "fc_bias", "norm_before_residual", "norm_before_fc")
 
 
 def check_resume(saved: dict, cfg: TrainConfig) -> None:

@@ -69,12 +69,13 @@ def draft_vocab(assistant_ids: torch.Tensor, size: int, vocab_size: int, forced:
 
 
 def build_head(target_cfg: ModelConfig, vocab_ids: list[int], aux_layers: list[int], lm_head: torch.Tensor | None,
-               seed: int, num_layers: int = 1) -> Eagle3Head:
-    """A fresh head; lm_head rows copied from the target's lm_head [V, H] when given, else torch's default init."""
+               seed: int, num_layers: int = 1, **variant) -> Eagle3Head:
+    """A fresh head; lm_head rows copied from the target's lm_head [V, H] when given, else torch's default init;
+    variant: norm_before_residual / norm_before_fc."""
     ids = torch.tensor(sorted(vocab_ids))
     torch.manual_seed(seed)
     head = Eagle3Head(draft_config(target_cfg, num_layers), target_cfg.hidden_size, ids - torch.arange(len(ids)),
-                      aux_layers)
+                      aux_layers, **variant)
     if lm_head is not None:
         with torch.no_grad():
             head.lm_head.weight.copy_(lm_head[ids].float())
@@ -101,6 +102,18 @@ def start_from(kind: str, folder: str | Path, target_cfg: ModelConfig, parts: di
     target = SimpleNamespace(config=target_cfg, lm_head=SimpleNamespace(weight=parts["lm_head.weight"]),
                              embed_tokens=SimpleNamespace(weight=parts["embed_tokens.weight"]))
     return (load_mtp if kind == "mtp" else load_eagle2)(folder, target)
+
+
+def keep_variant(cfg, heads: list[nn.Module], start: nn.Module) -> None:
+    """An EAGLE-3 draft trained on from (`init_from`) keeps its forward variant (norm_before_residual /
+    norm_before_fc): the recipe may not ask for one the draft was not trained with."""
+    asked = [f for f, have in (("norm_before_residual", start.norm_before_residual),
+                               ("norm_before_fc", start.input_norm is not None)) if getattr(cfg, f) and not have]
+    if asked:
+        raise ValueError(f"{', '.join(asked)}: the init_from draft {cfg.init_from} was not trained with it; leave "
+                         "it out to train on as the draft computes")
+    for h in heads:
+        h.take_variant(start)
 
 
 def take_weights(head: nn.Module, start: nn.Module, folder: str | Path) -> None:

@@ -64,7 +64,8 @@ class Eagle3(Objective):
         from toolkit.train.head import build_head
 
         lm_head = parts["lm_head.weight"] if cfg.init_lm_head == "target" else None
-        return build_head(tcfg, vocab_ids, aux_layers, lm_head, cfg.seed, cfg.num_layers)
+        return build_head(tcfg, vocab_ids, aux_layers, lm_head, cfg.seed, cfg.num_layers,
+                          norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc)
 
     def save(self, head, folder, *args):
         from toolkit.infer.drafts import save_eagle3

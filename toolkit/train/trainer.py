@@ -85,8 +85,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.config import check_resume, load_config
     from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches
-    from toolkit.train.head import (check_signature, head_signature, pick_vocabulary, serving_notes, start_from,
-                                     take_weights, target_tensors)
+    from toolkit.train.head import (check_signature, head_signature, keep_variant, pick_vocabulary, serving_notes,
+                                     start_from, take_weights, target_tensors)
     from toolkit.train.losses import simulated_tau, step_counts
     from toolkit.train.objectives import OBJECTIVES, DraftTrainable
     from toolkit.train.tracking import Tracker
@@ -171,11 +171,11 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     head = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
     # a CPU copy that exports and evaluations load the gathered weights into
     template = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
-    if start is not None and cfg.head == "eagle3":  # a released head's forward variant is kept, and exported
-        head.take_variant(start)
-        template.take_variant(start)
-        for note in start.variant_notes():
-            acc.print(f"WARNING: init_from {cfg.init_from}: {note}")
+    if cfg.head == "eagle3":  # a forward variant (the recipe's, or kept from init_from) is exported with the head
+        if start is not None:
+            keep_variant(cfg, [head, template], start)
+        for note in head.variant_notes():
+            acc.print(f"WARNING: {note}")
     if start is not None:  # a resumed run then loads its own checkpoint over these
         take_weights(head, start, cfg.init_from)
         acc.print(f"starting from the draft in {cfg.init_from}")
