@@ -21,7 +21,7 @@ from torch import nn
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
                                      rope_keys, their_layer_key, write_draft_folder)
-from toolkit.infer.eagle3_config import read_eagle3_config
+from toolkit.infer.eagle3_config import VARIANTS, read_eagle3_config
 from toolkit.infer.model import MLP, Attention, Block, RMSNorm
 from toolkit.infer.row_step import few_rows
 
@@ -59,17 +59,20 @@ class Eagle3Head(DraftHead):
     def layers(self) -> list[nn.Module]:
         return [self.midlayer, *self.additional_layers]
 
+    @property
+    def norm_before_fc(self) -> bool:
+        return self.input_norm is not None
+
     def take_variant(self, other: Eagle3Head) -> Eagle3Head:
         """`other`'s norm_before_residual / norm_before_fc on this head (training on from a released one)."""
         self.norm_before_residual = other.norm_before_residual
-        if other.input_norm is not None and self.input_norm is None:
+        if other.norm_before_fc and not self.norm_before_fc:
             self.input_norm = RMSNorm(other.input_norm.weight.shape[0], other.input_norm.eps)
         return self
 
     def variant_notes(self) -> list[str]:
         """Where a server would draft otherwise with this head's variant, if it has one."""
-        flags = [f for f, on in (("norm_before_residual", self.norm_before_residual),
-                                 ("norm_before_fc", self.input_norm is not None)) if on]
+        flags = [f for f in VARIANTS if getattr(self, f)]
         return [(f"the head has {' and '.join(flags)} (a released head's variant): vLLM serves it as trained, "
                  "SGLang's LlamaForCausalLMEagle3 reads neither and would draft with another forward")] if flags else []
 
@@ -212,9 +215,9 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, ta
            "toolkit": {"format_version": 1, "head": "eagle3", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
                        "aux_layer_ids": head.aux_layers, **(extra or {})}}
-    if head.norm_before_residual or head.input_norm is not None:  # a released head's variant, trained on from it
-        cfg.update(norm_before_residual=head.norm_before_residual, norm_before_fc=head.input_norm is not None)
-        cfg["eagle_config"]["norm_before_fc"] = head.input_norm is not None
+    if head.variant_notes():  # a released head's variant (trained on from it), or a recipe's
+        cfg.update({f: getattr(head, f) for f in VARIANTS})
+        cfg["eagle_config"]["norm_before_fc"] = head.norm_before_fc
     # layer 0 as SGLang's `midlayer.`; more layers as vLLM's `layers.{k}` (SGLang does not serve them as written)
     weights = {their_layer_key(k, "midlayer."): v.detach().to(torch.bfloat16).contiguous()
                for k, v in head.state_dict().items() if k != "d2t"}

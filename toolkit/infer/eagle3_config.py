@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator", "Eagle3DraftModel")
+VARIANTS = ("norm_before_residual", "norm_before_fc")  # the forward variants served (Eagle3Head's attributes)
 UNSERVED_FLAGS = {"fc_norm": "an RMSNorm on each aux hidden state before fc (EAGLE 3.1)",
                   "norm_output": "a norm on the layer's output"}
 
@@ -38,12 +39,18 @@ def is_eagle3(cfg: dict) -> bool:
         a in EAGLE3_ARCHITECTURES for a in cfg.get("architectures") or [])
 
 
-def read_eagle3_config(cfg: dict, folder) -> Eagle3Layout:
-    """cfg: the folder's config.json. Raises ValueError naming what does not fit and what is accepted."""
+def refuse_other_speculators(cfg: dict, folder) -> None:
+    """A speculators folder of another model type than eagle3 is refused, with what is served."""
     kind = cfg.get("speculators_model_type")
     if kind is not None and kind != "eagle3":
         raise ValueError(f"draft {folder}: a speculators {kind!r} folder; of the speculators formats this engine "
                          "serves 'eagle3' (EAGLE-1/2 and MTP heads in the SGLang / vLLM layouts load as such)")
+
+
+def read_eagle3_config(cfg: dict, folder) -> Eagle3Layout:
+    """cfg: the folder's config.json. Raises ValueError naming what does not fit and what is accepted."""
+    refuse_other_speculators(cfg, folder)
+    kind = cfg.get("speculators_model_type")
     for flag, what in UNSERVED_FLAGS.items():
         if cfg.get(flag) or (cfg.get("eagle_config") or {}).get(flag):
             raise ValueError(f"draft {folder}: {flag}: true ({what}) is not served by this engine; it serves "

@@ -153,14 +153,11 @@ def draft_kind(folder: str | Path) -> str:
         raise FileNotFoundError(f"draft {folder}: no config.json there (give a draft folder{hint})")
     cfg = json.loads(path.read_text())
     archs = cfg.get("architectures") or []
-    from toolkit.infer.eagle3_config import is_eagle3
+    from toolkit.infer.eagle3_config import is_eagle3, refuse_other_speculators
 
     if is_eagle3(cfg):  # ours / SGLang's, vLLM's and speculators' names (infer/eagle3_config.py)
         return "eagle3"
-    if cfg.get("speculators_model_type") is not None:
-        raise ValueError(f"draft {folder}: a speculators {cfg['speculators_model_type']!r} folder; of the "
-                         "speculators formats this engine serves 'eagle3' (EAGLE-1/2 and MTP heads in the SGLang / "
-                         "vLLM layouts load as such)")
+    refuse_other_speculators(cfg, folder)
     if _ships_mtp(cfg):
         return "mtp"
     # EAGLE-1/2 heads have one decoder layer (SafeAILab's configs name plain LlamaForCausalLM); a config with

@@ -107,8 +107,9 @@ def start_from(kind: str, folder: str | Path, target_cfg: ModelConfig, parts: di
 def keep_variant(cfg, heads: list[nn.Module], start: nn.Module) -> None:
     """An EAGLE-3 draft trained on from (`init_from`) keeps its forward variant (norm_before_residual /
     norm_before_fc): the recipe may not ask for one the draft was not trained with."""
-    asked = [f for f, have in (("norm_before_residual", start.norm_before_residual),
-                               ("norm_before_fc", start.input_norm is not None)) if getattr(cfg, f) and not have]
+    from toolkit.infer.eagle3_config import VARIANTS
+
+    asked = [f for f in VARIANTS if getattr(cfg, f) and not getattr(start, f)]
     if asked:
         raise ValueError(f"{', '.join(asked)}: the init_from draft {cfg.init_from} was not trained with it; leave "
                          "it out to train on as the draft computes")
