@@ -115,3 +115,29 @@ def test_tokenizer_without_eos_or_template_is_refused(tmp_path):
             load_tokenizer(tokenizer=str(tmp_path / name))
     with pytest.raises(TokenizerError, match="llama3"):
         load_tokenizer(tokenizer=str(tmp_path / "tokenizer.json"), chat_template="vicuna")
+
+
+def test_a_template_file_over_a_bare_tokenizer_json_takes_its_familys_eos_and_bos(shared, tmp_path):
+    """docs/formats.md: a bare tokenizer.json is rendered with --chat-template NAME or FILE.jinja; a file was
+    always refused (a bare tokenizer.json has no EOS), and its {{ bos_token }} would have rendered empty."""
+    from toolkit.data.chat import BUILTIN_TEMPLATES
+
+    (tmp_path / "mine.jinja").write_text(BUILTIN_TEMPLATES["llama3"].source)
+    tok = load_tokenizer(tokenizer=str(shared / "tokenizers/llama3/tokenizer.json"),
+                         chat_template=str(tmp_path / "mine.jinja"))
+    assert tok.template_name == "file" and (tok.eos_token, tok.bos_token) == ("<|eot_id|>", "<|begin_of_text|>")
+    text, spans = ChatRenderer(tok).render_with_spans([{"role": "user", "content": "u"},
+                                                       {"role": "assistant", "content": "a"}])
+    assert text.startswith("<|begin_of_text|><|start_header_id|>user") and [text[a:b] for a, b in spans] == ["a"]
+
+
+def test_tools_and_documents_render_as_apply_chat_template_passes_them(shared):
+    """apply_chat_template passes tools=None and documents=None; left undefined, `tools is not none` held and a
+    template rendered its tool preamble into every sample (and the mask's prefix) though no tool was given."""
+    tok = load_tokenizer(tokenizer=str(shared / "tokenizers/qwen2/tokenizer.json"), chat_template="chatml")
+    tok.chat_template = ("{%- if tools is not none %}<|im_start|>system\nTools: {{ tools }}<|im_end|>\n{%- endif %}"
+                         "{%- if documents is not none %}Documents{%- endif %}" + tok.chat_template)
+    conv = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+    text, _ = ChatRenderer(tok).render_with_spans(conv)
+    assert text == tok.apply_chat_template(conv, tokenize=False) == "<|im_start|>user\nu<|im_end|>\n" \
+        "<|im_start|>assistant\na<|im_end|>\n"

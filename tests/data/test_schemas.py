@@ -117,3 +117,17 @@ def test_missing_file_and_unknown_type(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(SchemaError, match="parquet"):
         list(read_samples(tmp_path / "x.csv"))
+
+
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
+    """Editors on Windows save UTF-8 with a byte-order mark: it cost a JSONL file its first record and made a
+    JSON array file wholly unreadable."""
+    rec = {"question": "q", "answer": "a"}
+    files = {"x.jsonl": json.dumps(rec) + "\n" + json.dumps(rec) + "\n", "x.json": json.dumps([rec, rec]),
+             "x.txt": "line one\nline two\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+        stats = ReadStats(name)
+        samples = list(read_samples(tmp_path / name, stats))
+        assert stats.bad == 0 and len(samples) == 2, (name, stats)
+    assert samples[0] == "line one"

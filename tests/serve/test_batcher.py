@@ -1,5 +1,6 @@
 """The app and batcher in process (FastAPI's TestClient): an engine step that fails answers its requests with
-a 500 error object (a stream ends with the error event and [DONE]) and the server keeps serving."""
+a 500 error object (a stream ends with the error event and [DONE]) and the server keeps serving; request errors
+name what the client sent."""
 import json
 
 import pytest
@@ -48,6 +49,22 @@ def test_a_failing_engine_step_gives_500_and_the_server_keeps_serving(app, monke
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6
         assert engine.running == [] and client.get("/health").json()["status"] == "ok"
         assert 'toolkit_requests_total{code="500",endpoint="/v1/chat/completions"} 1.0' in client.get("/metrics").text
+
+
+def test_request_errors_name_what_the_client_sent(app):
+    """JSON nested too deep for the parser was a bare 500 (no error object); a chat request over the context
+    with max_completion_tokens (OpenAI's newer name) was told about max_tokens, a field it never sent."""
+    asgi, _ = app
+    with TestClient(asgi) as client:
+        r = client.post("/v1/chat/completions", content=b"[" * 50000, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "json_invalid", r.text
+        r = client.post("/v1/chat/completions", json={**ASK, "max_tokens": None, "max_completion_tokens": 500})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "max_completion_tokens", r.text
+        assert err["message"].startswith("max_completion_tokens (500)") and "context of 128" in err["message"]
+        r = client.post("/v1/chat/completions", json={**ASK, "max_tokens": 500})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+        assert client.post("/v1/chat/completions", json=ASK).status_code == 200
 
 
 def test_a_failing_prefill_answers_the_requests_it_was_admitting(app, monkeypatch):

@@ -55,6 +55,16 @@ def test_accepted_forms():
     ({"messages": [{"role": "function", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]}, "messages.0.content"),
     ({"messages": [{"role": "assistant", "content": "done"}]}, "messages"),
+    ({"messages": USER, "max_completion_tokens": True}, "max_completion_tokens"),  # was read as 1
+    ({"messages": USER, "max_completion_tokens": "12"}, "max_completion_tokens"),
+    # vLLM's / SGLang's extras that change the output: refused when set, no longer silently ignored
+    ({"messages": USER, "guided_choice": ["yes", "no"]}, "guided_choice"),
+    ({"messages": USER, "guided_json": {"type": "object"}}, "guided_json"),
+    ({"messages": USER, "include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"messages": USER, "skip_special_tokens": False}, "skip_special_tokens"),
+    ({"messages": USER, "add_generation_prompt": False}, "add_generation_prompt"),
+    ({"messages": USER, "chat_template": "{{ messages }}"}, "chat_template"),
+    ({"messages": USER, "functions": [{"name": "f", "parameters": {}}]}, "functions"),
 ])
 def test_chat_refusals_name_the_field(body, param):
     err = refusal(ChatRequest, body)
@@ -64,6 +74,18 @@ def test_chat_refusals_name_the_field(body, param):
 
 
 @pytest.mark.parametrize("body,param", [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "a", "echo": True}, "echo"),
-                                        ({"prompt": "a", "best_of": 2}, "best_of"), ({"prompt": ""}, "prompt")])
+                                        ({"prompt": "a", "best_of": 2}, "best_of"), ({"prompt": ""}, "prompt"),
+                                        ({"prompt": "a", "guided_regex": "[0-9]+"}, "guided_regex"),
+                                        ({"prompt": "a", "use_beam_search": True}, "use_beam_search")])
 def test_completion_refusals_name_the_field(body, param):
     assert refusal(CompletionRequest, body).param == param
+
+
+def test_extras_at_their_defaults_are_accepted():
+    """Clients that spell out vLLM's defaults (or SGLang's, or send null) are served as before."""
+    r = ChatRequest.model_validate({"messages": USER, "skip_special_tokens": True, "add_generation_prompt": True,
+                                    "include_stop_str_in_output": False, "guided_json": None, "bad_words": [],
+                                    "chat_template_kwargs": {"enable_thinking": False}, "max_completion_tokens": None,
+                                    "max_tokens": 9})
+    assert r.max_tokens == 9
+    assert CompletionRequest.model_validate({"prompt": "a", "add_generation_prompt": False}).prompt == "a"  # chat's

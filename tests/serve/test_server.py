@@ -345,3 +345,27 @@ def test_stop_token_ids_and_ignore_eos(server, serve, reference, tiny_target, tm
         forced = httpx.post(f"{base}/v1/completions", json={**body, "ignore_eos": True}, timeout=120).json()
     assert plain["usage"]["completion_tokens"] == toks.index(eos) + 1 and plain["choices"][0]["finish_reason"] == "stop"
     assert forced["usage"]["completion_tokens"] == 24 and forced["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_printed_url_brackets_an_ipv6_address():
+    """`--host ::1` printed http://::1:PORT/v1, which no client parses."""
+    import socket
+
+    from toolkit.serve.server import base_url, bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert base_url(sock) == f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        sock.close()
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        sock = bind("::1", 0)
+    except ValueError:
+        pytest.skip("::1 cannot be bound here")
+    try:
+        url = base_url(sock)
+        assert url == f"http://[::1]:{sock.getsockname()[1]}/v1" and httpx.URL(url).host == "::1"
+    finally:
+        sock.close()

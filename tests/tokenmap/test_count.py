@@ -94,3 +94,22 @@ def test_memory_stays_bounded_as_the_corpus_grows(tmp_path, smollm2_tokenizer, p
         tracemalloc.stop()
         assert res.files[0].samples == n and res.method == ("pieces" if pieces else "tokenizer")
     assert peaks[1] < 1.25 * peaks[0] + 1_000_000, peaks  # 6x the corpus, about the same peak
+
+
+def test_truncation_and_padding_saved_in_tokenizer_json_do_not_cut_counts(tmp_path, shared, qwen2_tokenizer):
+    """A tokenizer.json saved by a training run may keep `truncation` / `padding`; the Rust tokenizer counting
+    calls directly applied them: every sample was cut to 8 tokens and padded."""
+    from toolkit.data.chat import load_tokenizer
+
+    spec = json.loads((shared / "tokenizers/qwen2/tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    spec["padding"] = {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+                       "pad_id": 151643, "pad_type_id": 0, "pad_token": "<|endoftext|>"}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    tok = load_tokenizer(tokenizer=str(tmp_path / "tokenizer.json"))
+    paths = write_corpus(tmp_path)
+    for mode in ("all", "assistant"):
+        res = count_tokens(paths, ChatRenderer(tok), len(tok), mode, batch_size=3, progress=False, pieces=False)
+        ref = count_tokens(paths, ChatRenderer(qwen2_tokenizer), len(tok), mode, batch_size=3, progress=False,
+                           pieces=False)
+        assert np.array_equal(res.counts, ref.counts) and res.total > 0

@@ -51,7 +51,7 @@ def test_vocab_map_round_trip(tmp_path):
         vocab_map([1, 1], 10)
 
 
-def test_freq_file_loads_as_sglang_does(tmp_path):
+def test_freq_file_loads_as_sglang_does(tmp_path, capsys):
     save_freq(tmp_path / "freq_4.pt", [9, 2, 7, 1])
     with open(tmp_path / "freq_4.pt", "rb") as f:
         raw = torch.load(f, weights_only=True)
@@ -59,9 +59,10 @@ def test_freq_file_loads_as_sglang_does(tmp_path):
     assert torch.tensor(raw).dtype == torch.int64
     assert load_freq(tmp_path / "freq_4.pt") == [9, 2, 7, 1]
     assert not list(tmp_path.glob(".*tmp"))
-    torch.save([1, 1], tmp_path / "dup.pt")
-    with pytest.raises(TokenMapError, match="unique"):
-        load_freq(tmp_path / "dup.pt")
+    # FR-Spec's fr.py: ids[:N - 1] + tokenizer.encode(eos) = [BOS, EOS] for Llama-3, BOS already among them
+    torch.save([128000, 13, 11, 128000, 128009], tmp_path / "fr_spec.pt")
+    assert load_freq(tmp_path / "fr_spec.pt") == [128000, 13, 11, 128009]
+    assert "1 repeated id(s) dropped" in capsys.readouterr().err
     # what a user may point --token-map at by mistake: one line each, never a torch traceback
     torch.save([], tmp_path / "empty.pt")
     (tmp_path / "text.pt").write_text("not a pickle")

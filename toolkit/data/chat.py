@@ -73,6 +73,10 @@ def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_
         tok.name_or_path = model or folder.name
     if not getattr(tok, "is_fast", False):
         raise TokenizerError(f"{tok.name_or_path}: a fast (Rust `tokenizers`) tokenizer is needed for offsets")
+    # a tokenizer.json saved after a training run may keep its truncation / padding; every text here is
+    # encoded whole and unpadded (token counting calls the Rust tokenizer directly, which would apply them)
+    tok.backend_tokenizer.no_truncation()
+    tok.backend_tokenizer.no_padding()
     builtin = None
     if chat_template is not None:
         if chat_template in BUILTIN_TEMPLATES:
@@ -87,11 +91,13 @@ def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_
         builtin = infer_template(tok)
         if builtin is not None:
             tok.chat_template = builtin.source
-    if builtin is not None:
+    # a .jinja file over a bare tokenizer.json (no EOS, no BOS): those of the built-in template of its family
+    family = builtin or (infer_template(tok) if chat_template is not None else None)
+    if family is not None:
         if tok.eos_token is None:
-            tok.eos_token = builtin.eos
-        if tok.bos_token is None and builtin.bos is not None:
-            tok.bos_token = builtin.bos
+            tok.eos_token = family.eos
+        if tok.bos_token is None and family.bos is not None:
+            tok.bos_token = family.bos
     tok.template_name = builtin.name if builtin else ("file" if chat_template else "tokenizer")
     if tok.eos_token_id is None:
         raise TokenizerError(f"{tok.name_or_path}: the tokenizer has no EOS token; give a model folder whose "
@@ -128,7 +134,8 @@ class TemplateRenderer:
         from jinja2 import TemplateError
 
         try:
-            return self.compiled.render(messages=conv, add_generation_prompt=add_generation_prompt, **self.names)
+            return self.compiled.render(messages=conv, tools=None, documents=None,
+                                        add_generation_prompt=add_generation_prompt, **self.names)
         except TemplateError as e:  # raise_exception(...) in the template: e.g. no system turn (Gemma, Mistral)
             raise BadRecord(f"the chat template refused this conversation: {e}") from None
 

@@ -8,6 +8,7 @@ accepted, since it means the whole file is of a kind we do not read.
 """
 from __future__ import annotations
 
+import codecs
 import json
 import sys
 from dataclasses import dataclass, field
@@ -121,7 +122,7 @@ def _json_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
             if not raw.strip():
                 continue
             try:
-                yield f"{path}:{n}", json.loads(raw.decode("utf-8"))
+                yield f"{path}:{n}", json.loads(raw.decode("utf-8-sig" if n == 1 else "utf-8"))
             except UnicodeDecodeError:
                 stats.add_bad(f"{path}:{n}", "not UTF-8")
             except json.JSONDecodeError as e:
@@ -131,7 +132,7 @@ def _json_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
 def _json_array(path: Path, stats: ReadStats, chunk: int = 1 << 20) -> Iterator[tuple[str, Any]]:
     """Stream the elements of a top-level JSON array without holding the whole file."""
     dec = json.JSONDecoder()
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark some editors write is skipped
         buf, pos, eof, k, started = "", 0, False, 0, False
 
         def refill() -> None:  # keep the unread part, append the next chunk
@@ -198,7 +199,7 @@ def raw_records(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
             yield where, {"text": line}
     elif suffix in (".json", ".jsonl"):
         with open(path, "rb") as f:
-            head = f.read(4096).lstrip()
+            head = f.read(4096).removeprefix(codecs.BOM_UTF8).lstrip()
         yield from (_json_array if head.startswith(b"[") else _json_lines)(path, stats)
     else:
         raise SchemaError(f"{path}: unsupported file type {suffix!r}; accepted: {FILE_KINDS}")
@@ -208,7 +209,7 @@ def _text_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, str]]:
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8").rstrip("\r\n")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
                 stats.add_bad(f"{path}:{n}", "not UTF-8")
                 continue

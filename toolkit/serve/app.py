@@ -88,6 +88,8 @@ def build_app(served: Served) -> FastAPI:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"malformed JSON body: {e}", None, "json_invalid") from None
+        except RecursionError:  # arrays / objects nested thousands deep: the parser gives up (was a bare 500)
+            raise ApiError(400, "malformed JSON body: nested too deeply", None, "json_invalid") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the body must be a JSON object", None, "json_invalid")
         try:
@@ -105,9 +107,10 @@ def build_app(served: Served) -> FastAPI:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; this server's context (--max-seq-len) is {ctx} "
                                 "tokens, which leaves no room to generate", field, "context_length_exceeded")
         max_tokens = body.max_tokens if body.max_tokens is not None else ctx - len(ids)
-        if len(ids) + max_tokens > ctx:
-            raise ApiError(400, f"max_tokens ({max_tokens}) + the prompt ({len(ids)} tokens) exceed this server's "
-                                f"context of {ctx} tokens", "max_tokens", "context_length_exceeded")
+        if len(ids) + max_tokens > ctx:  # named as the client sent it (chat: max_completion_tokens wins)
+            name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+            raise ApiError(400, f"{name} ({max_tokens}) + the prompt ({len(ids)} tokens) exceed this server's "
+                                f"context of {ctx} tokens", name, "context_length_exceeded")
         params = SamplingParams(body.temperature, body.top_p, max(body.top_k, 0), max_tokens)
         gen = torch.Generator(device=engine.device)
         gen.manual_seed(body.seed) if body.seed is not None else gen.seed()

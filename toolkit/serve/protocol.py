@@ -5,12 +5,23 @@ OpenAI API returns it, with `param` naming the offending field.
 """
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator, model_validator
 
 ROLES = ("system", "developer", "user", "assistant")  # developer = OpenAI's newer name for system
 MAX_STOP_CHARS = 1024  # per stop string
+# vLLM's / SGLang's extra fields that change the output (constrained decoding, stop text kept, special tokens shown,
+# beam search, token filters), with the value that leaves it alone: refused when set, not silently ignored as
+# unknown fields are; a reply that ignored its constraint looks like an answer and is not the one asked for
+UNSERVED_EXTRAS = {"guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
+                   "structural_tag": None, "structured_outputs": None, "regex": None, "ebnf": None,
+                   "json_schema": None, "include_stop_str_in_output": False, "no_stop_trim": False,
+                   "skip_special_tokens": True, "use_beam_search": False, "prompt_logprobs": None,
+                   "allowed_token_ids": None, "bad_words": None, "logits_processors": None}
+CHAT_UNSERVED_EXTRAS = {"add_generation_prompt": True, "continue_final_message": False, "chat_template": None,
+                        "echo": False, "functions": None}  # functions: OpenAI's older tools
 
 
 class ApiError(Exception):
@@ -57,6 +68,7 @@ class StreamOptions(BaseModel):
 
 class Sampling(BaseModel):
     """Fields both endpoints share."""
+    unserved: ClassVar[dict] = UNSERVED_EXTRAS
     model: str | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
@@ -80,6 +92,16 @@ class Sampling(BaseModel):
     min_tokens: StrictInt = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def no_unserved_extras(cls, data):
+        for name, default in (cls.unserved.items() if isinstance(data, dict) else ()):
+            value = data.get(name)
+            if value is not None and value != default and value not in ([], {}, ""):
+                what = f"{name} is" if default is None else f"{name} other than {json.dumps(default)} is"
+                raise ApiError(400, f"{what} not supported by this server; leave it out", name)
+        return data
 
     @field_validator("max_tokens", "temperature", "top_p", "top_k", "n", "stream", "presence_penalty",
                      "frequency_penalty", "ignore_eos", "min_tokens", "min_p", "repetition_penalty", mode="before")
@@ -131,8 +153,9 @@ class Sampling(BaseModel):
 
 
 class ChatRequest(Sampling):
+    unserved: ClassVar[dict] = {**UNSERVED_EXTRAS, **CHAT_UNSERVED_EXTRAS}
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     tools: list | None = None
     tool_choice: str | dict | None = None
 

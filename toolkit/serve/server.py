@@ -63,6 +63,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def base_url(sock: socket.socket) -> str:
+    """The URL clients use for the bound socket: an IPv6 address goes in brackets (http://[::1]:8000/v1)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
 def main(args: argparse.Namespace) -> int:
     from toolkit.infer.tree import TreeConfig
 
@@ -121,12 +127,11 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
     served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher)
     app = Gate(build_app(served), args.max_body_bytes, metrics)
-    host, port = sock.getsockname()[:2]
     spec = f"draft {args.draft}, tree {vars(tree)}" if head is not None else "no speculation"
     if branch is not None:
         spec = ("" if head is None else spec + ", ") + f"prompt lookup {vars(branch)}"
-    print(f"toolkit serve: serving {name} ({spec}; batch {engine.max_batch}, context {engine.max_len}) on "
-          f"http://{host}:{port}/v1", flush=True)
+    where = f"batch {engine.max_batch}, context {engine.max_len}"
+    print(f"toolkit serve: serving {name} ({spec}; {where}) on {base_url(sock)}", flush=True)
     batcher.start()
 
     def interrupt(signum, frame):

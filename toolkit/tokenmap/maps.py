@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -123,10 +124,13 @@ def load_freq(path: str | Path) -> list[int]:
                             f"freq_N.pt): {str(e).splitlines()[0][:120]}") from None
     if isinstance(ids, torch.Tensor):  # FR-Spec's own scripts save a tensor; accept it too
         ids = ids.tolist()
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids) or \
-            len(set(ids)) != len(ids):
-        raise TokenMapError(f"{path}: a token map must hold a non-empty list of unique int token ids >= 0")
-    return ids
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
+        raise TokenMapError(f"{path}: a token map must hold a non-empty list of int token ids >= 0")
+    unique = list(dict.fromkeys(ids))  # FR-Spec's fr.py appends encode(eos), BOS included: its maps repeat ids
+    if len(unique) != len(ids):
+        print(f"[token map] {path}: {len(ids) - len(unique)} repeated id(s) dropped (FR-Spec's fr.py appends "
+              f"the tokenizer's encoding of EOS, BOS included); {len(unique)} unique ids kept", file=sys.stderr)
+    return unique
 
 
 def save_vocab_map(path: Path, d2t: torch.Tensor, t2d: torch.Tensor, metadata: dict[str, str]) -> None:
