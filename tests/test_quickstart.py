@@ -105,6 +105,22 @@ def test_bad_speed_is_refused_with_what_is_accepted(bad, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("flags, message", [(["--minutes", "nan"], "--minutes nan: give a finite time budget"),
+                                           (["--minutes", "inf"], "--minutes inf"), (["--out", "FILE"], "is a file")])
+def test_a_budget_that_is_no_number_or_a_file_as_out_is_refused_before_anything_runs(tmp_path, capsys, flags,
+                                                                                         message):
+    """--minutes nan / inf planned stages of NaN / unbounded size and started the target answering prompts; --out
+    naming a file failed with FileExistsError's traceback."""
+    from toolkit.cli import main
+
+    (tmp_path / "FILE").write_text("x")
+    flags = [str(tmp_path / "FILE") if f == "FILE" else f for f in flags]
+    args = ["quickstart", *flags] if "--out" in flags else ["quickstart", "--out", str(tmp_path / "q"), *flags]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "q").exists() and (tmp_path / "FILE").read_text() == "x"
+
+
 def test_quickstart_runs_the_whole_pipeline_and_resumes(tmp_path, smollm2_dir):
     out = tmp_path / "qs"
     # --speed 1 and fp32 fix the plan (31 prompts, ~20 steps) so the head is the same on a slow or fast CI box

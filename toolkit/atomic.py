@@ -30,3 +30,18 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 def write_text(path: str | Path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
+
+
+def check_out_path(flag: str, path: str | Path, folder: bool) -> None:
+    """Refuse, before any work, an output path that cannot be written: a folder where a file is written (or a file
+    where a folder is), or one below a file (`--out notes.txt/maps`), which failed at the end with an OSError."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        raise ValueError(f"{flag} {path} is a {'file' if folder else 'folder'}; give "
+                         f"{'a folder (made if absent)' if folder else 'a file name'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{flag} {path}: {parent} is a file, not a folder; give a path whose folders can "
+                                 "be made")
+            return

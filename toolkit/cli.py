@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return args.func(args) or 0
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
+    except (ValueError, OSError, RuntimeError) as err:  # OSError: a path the system refused (full disk, permission)
         if os.environ.get("TOOLKIT_DEBUG"):
             raise
         print(f"toolkit {args.command}: error: {err}", file=sys.stderr)

@@ -143,7 +143,11 @@ def ensure_embedded(alias: str) -> Path:
     final = model_dir(alias)
     if (final / MARKER).is_file():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # $TOOLKIT_CACHE is a file, or not writable
+        raise RuntimeError(f"cannot make {final.parent} ({e.strerror}): set TOOLKIT_CACHE to a writable folder "
+                           f"(now {cache_dir()})") from None
     if final.exists():  # a folder without its marker is not ours to trust: rebuild it
         shutil.rmtree(final)
     print(f"[toolkit] converting the built-in model '{alias}' once into {final} ...", file=sys.stderr)

@@ -32,6 +32,7 @@ def resolve_target(name: str | None = None) -> Path:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise TargetError(f"--model {name}: the folder has no config.json (expected a Hugging Face model folder)")
+        _refuse_a_draft(name, path / "config.json")
         return path
     if name in EMBEDDED:
         return ensure_embedded(name)
@@ -42,6 +43,23 @@ def resolve_target(name: str | None = None) -> Path:
         return _from_hub(name)
     raise TargetError(f"--model {name!r} is not a folder, not a hub id (org/name) and not a built-in alias; "
                       f"built-in aliases: {', '.join(sorted(EMBEDDED))}")
+
+
+def _refuse_a_draft(name: str, config: Path) -> None:
+    """A draft folder given as the target failed later as a weight-name mismatch that named neither."""
+    from toolkit.infer.eagle3_config import is_eagle3
+
+    try:
+        cfg = json.loads(config.read_text())
+    except (ValueError, OSError):
+        return  # the loader names a broken config.json
+    if not isinstance(cfg, dict):
+        return
+    mark = cfg.get("toolkit")
+    if is_eagle3(cfg) or (isinstance(mark, dict) and mark.get("head")):
+        archs = ", ".join(cfg.get("architectures") or []) or (mark or {}).get("head")
+        raise TargetError(f"--model {name}: this is a draft folder ({archs}), not a target model; give the target "
+                          f"it drafts for as --model, and the draft as --draft (bench, serve) or init_from= (train)")
 
 
 def _from_hub(repo_id: str) -> Path:
@@ -123,7 +141,7 @@ def add_models_args(p: argparse.ArgumentParser) -> None:
 
 
 def models_main(args: argparse.Namespace) -> int:
-    if args.prepare:
+    if args.prepare is not None:  # `--prepare ""` (an unset variable) listed as if not given
         if args.prepare not in EMBEDDED:
             raise TargetError(f"--prepare {args.prepare!r}: not a built-in alias; choose from {sorted(EMBEDDED)}")
         ensure_embedded(args.prepare)

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from toolkit.atomic import write_text
+from toolkit.atomic import check_out_path, write_text
 from toolkit.cpu_speed import BF16_MIN_GAIN, bf16_pays, measure_gflops
 from toolkit.embedded import DEFAULT_MODEL, MARKER, model_dir
 
@@ -178,9 +178,14 @@ def main(args: argparse.Namespace) -> int:
     from toolkit.infer.loading import pick_device
     from toolkit.models import resolve_target
 
+    if not 2 <= args.minutes < float("inf"):  # NaN fails too: it planned NaN-sized stages and ran them
+        raise ValueError(f"--minutes {args.minutes}: give a finite time budget; the pipeline needs at least 2 minutes")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder (made if absent, resumed if it holds a run)")
+    check_out_path("--out", out, folder=True)
     device, _ = pick_device(args.device)
     gpu = device == "cuda"
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     state_file = out / "quickstart.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {"stages": {}}

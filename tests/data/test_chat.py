@@ -117,6 +117,19 @@ def test_tokenizer_without_eos_or_template_is_refused(tmp_path):
         load_tokenizer(tokenizer=str(tmp_path / "tokenizer.json"), chat_template="vicuna")
 
 
+def test_a_folder_without_a_tokenizer_and_a_file_that_is_no_template_are_refused(shared, tmp_path):
+    """--tokenizer DIR without tokenizer files printed transformers' five-line error; --chat-template with a file
+    that never reads `messages` (a corpus, a map) was rendered as literal text for every sample and counted."""
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TokenizerError, match=r"--tokenizer .*empty: no tokenizer this folder loads") as err:
+        load_tokenizer(tokenizer=str(tmp_path / "empty"))
+    assert "\n" not in str(err.value)
+    (tmp_path / "notes.txt").write_text("hello\n")
+    with pytest.raises(TokenizerError, match=r"notes\.txt: not a chat template \(it never reads `messages`\)"):
+        load_tokenizer(tokenizer=str(shared / "tokenizers/qwen2/tokenizer.json"),
+                       chat_template=str(tmp_path / "notes.txt"))
+
+
 def test_a_template_file_over_a_bare_tokenizer_json_takes_its_familys_eos_and_bos(shared, tmp_path):
     """docs/formats.md: a bare tokenizer.json is rendered with --chat-template NAME or FILE.jinja; a file was
     always refused (a bare tokenizer.json has no EOS), and its {{ bos_token }} would have rendered empty."""

@@ -74,3 +74,19 @@ def test_no_assistant_tokens_is_a_clear_error(tmp_path, capsys):
     assert main(["prepare-data", "--data", str(src), "--out", str(tmp_path / "o")]) == 2
     assert "no sample with assistant tokens" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "broken", "not_a_dataset_folder"])
+def test_bad_data_is_a_one_line_error(smollm2_dir, tmp_path, capsys, kind):
+    """An error raised while reading --data (inside datasets' generator, which wraps it) reaches the user as
+    the reader's own one-line message, not as a DatasetGenerationError traceback."""
+    src = tmp_path / {"missing": "nosuch.jsonl", "broken": "b.jsonl", "not_a_dataset_folder": "d"}[kind]
+    if kind == "broken":
+        src.write_text('{"messages": 5}\n')
+    elif kind == "not_a_dataset_folder":
+        src.mkdir()
+    assert main(["prepare-data", "--data", str(src), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert {"missing": "not found", "broken": "all 1 records are broken",
+            "not_a_dataset_folder": "not a `datasets` folder"}[kind] in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()

@@ -174,3 +174,50 @@ def test_engine_settings_with_an_endpoint_are_refused(data, tmp_path, capsys):
 def test_several_greedy_samples_are_refused(data, tmp_path, capsys):
     assert main(["regenerate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--num-samples", "2"]) == 2
     assert "temperature" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--limit", "0"], "--limit 0: give at least 1"), (["--limit", "-2"], "--limit -2"),
+    (["--max-len", "0"], "--max-len 0"), (["--threads", "-1"], "--threads -1"),
+    (["--temperature", "inf"], "--temperature inf: give a finite number"), (["--top-p", "1.5"], "--top-p 1.5")])
+def test_bad_numbers_are_refused_before_the_target_loads(data, tmp_path, capsys, extra, message):
+    """--limit 0 read as 'no conversations with user turns found', --max-len 0 as a too-small KV cache, and
+    --temperature inf answered with uniformly random tokens."""
+    assert main(["regenerate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("folder", "--out {p} is a folder"), ("not_ours", "--out {p}: line 1 is not a record regenerate wrote"),
+    ("json_array", "--out {p}: its last line is not the start of a record"),
+    ("done_folder", "--done {p} is a folder")])
+def test_an_out_or_done_that_is_not_a_regenerate_output_is_refused_and_kept(data, tmp_path, capsys, kind, message):
+    """--out DIR and --done DIR were IsADirectoryError tracebacks, a file of other JSON said only 'Expecting
+    value: line 1 column 1', and a JSON array without a final newline was taken for a torn last line: cut to
+    nothing and overwritten."""
+    p = tmp_path / "x.json"
+    if kind.endswith("folder"):
+        p.mkdir()
+    else:
+        p.write_text({"not_ours": "x\n", "json_array": '[{"a": 1}]'}[kind])
+    before = None if p.is_dir() else p.read_text()
+    flags = ["--out", str(tmp_path / "o.jsonl"), "--done", str(p)] if kind == "done_folder" else ["--out", str(p)]
+    assert main(["regenerate", "--data", str(data), *flags, "--endpoint", "http://127.0.0.1:9/v1"]) == 2
+    assert message.format(p=p) in capsys.readouterr().err
+    assert before is None or p.read_text() == before
+
+
+def test_an_endpoint_that_is_no_url_or_does_not_answer_is_named(data, tmp_path, capsys):
+    """A bad --endpoint ended in openai's APIConnectionError traceback."""
+    out = tmp_path / "o.jsonl"
+    assert main(["regenerate", "--data", str(data), "--out", str(out), "--endpoint", "127.0.0.1:8000"]) == 2
+    assert "--endpoint 127.0.0.1:8000: give the server's base URL" in capsys.readouterr().err
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["regenerate", "--data", str(data), "--out", str(out), "--endpoint",
+                 f"http://127.0.0.1:{port}/v1", "--model", "m"]) == 2
+    assert f"--endpoint http://127.0.0.1:{port}/v1: APIConnectionError" in capsys.readouterr().err

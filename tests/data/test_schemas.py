@@ -119,6 +119,17 @@ def test_missing_file_and_unknown_type(tmp_path):
         list(read_samples(tmp_path / "x.csv"))
 
 
+def test_a_broken_parquet_file_and_a_folder_that_is_no_dataset_are_named(tmp_path):
+    """pyarrow's 'Parquet magic bytes not found' and datasets' 'neither a Dataset directory nor ...' named no file
+    and nothing that is accepted."""
+    (tmp_path / "b.parquet").write_text("garbage\n")
+    with pytest.raises(SchemaError, match=r"b\.parquet: not a readable parquet file .*accepted: \.jsonl"):
+        list(read_samples(tmp_path / "b.parquet"))
+    (tmp_path / "d").mkdir()
+    with pytest.raises(SchemaError, match=r"d: a folder, but not a `datasets` folder"):
+        list(read_samples(tmp_path / "d"))
+
+
 def test_a_utf8_byte_order_mark_is_skipped(tmp_path):
     """Editors on Windows save UTF-8 with a byte-order mark: it cost a JSONL file its first record and made a
     JSON array file wholly unreadable."""

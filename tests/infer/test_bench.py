@@ -131,7 +131,8 @@ def test_sweep_entries_take_their_own_lookup_length_or_the_runs():
     assert [own for _, own in got] == [run, None, LookupConfig(4, 2)]
     assert parse_sweep("3,1,4", None) == [(TreeConfig(3, 1, 4), None)]
     for bad, says in (("3,1", "not num_steps,topk"), ("3,1,4,5,6", "not num_steps,topk"), ("a,1,4", "not num_steps"),
-                      ("3,1,4,-1", "lookup length must be >= 0")):
+                      ("3,1,4,-1", "lookup length must be >= 0"),
+                      ("0,1,2", r"--sweep entry '0,1,2': --num-steps and --topk must be >= 1")):  # named the run's
         with pytest.raises(ValueError, match=says):
             parse_sweep(bad)
 
@@ -233,7 +234,7 @@ def test_shards_take_every_nth_prompt_and_bad_shards_are_refused(shared, tmp_pat
     (['{"turns": []}'], "non-empty list"), (['{"turns": [123]}'], "non-empty list"),
     (['{"turns": ["a", ""]}'], "non-empty list"),
     (['{"messages": [{"role": "assistant", "content": "no question"}]}'], "non-empty list"),
-    (['{broken', '{"turns": ["fine"]}'], "1 unreadable record")])
+    (['{broken', '{"turns": ["fine"]}'], "1 unreadable record"), (['{"messages": 5}'], "non-empty list")])
 def test_prompts_a_benchmark_cannot_answer_are_refused_by_line(tmp_path, lines, message):
     """An empty or non-text turn once crashed the bench deep in the chat template, and a broken line was
     dropped without a word, so the figures covered fewer prompts than the file held."""
@@ -272,3 +273,22 @@ def test_differing_answers_are_counted_and_explained_outside_fp32(capsys):
     assert capsys.readouterr().err == ""  # in fp32 a difference is a bug: no excuse printed
     assert differing([["a"], ["b"]], [["a"], ["x"]], torch.bfloat16) == 1
     assert "1 of 2 greedy answers differ: in bfloat16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--num-draft-tokens", "0"], "--num-draft-tokens 0: must be in 2..6"),
+    (["--compare-pld", "-1"], "--compare-pld -1"), (["--max-len", "0"], "--max-len 0"),
+    (["--threads", "-1"], "--threads -1"), (["--temperature", "inf"], "finite"),
+    (["--out", "DIR"], "is a folder"), (["--out", "DIR/"], "is a folder"),
+    (["--out", "DIR/b.json"], "the PNG written beside it")])
+def test_bad_bench_options_are_refused_before_loading(tmp_path, capsys, extra, message):
+    """--num-draft-tokens 0 once ran as the default, --temperature inf sampled uniformly, --out DIR ran the whole
+    bench and then failed with a traceback (a folder where the PNG goes, after writing the JSON), --compare-pld -1
+    / --max-len 0 / --threads -1 failed after loading with messages that named no option."""
+    from toolkit.cli import main
+
+    (tmp_path / "DIR" / "b.png").mkdir(parents=True)
+    extra = [str(tmp_path / "DIR") + x[3:] if x.startswith("DIR") else x for x in extra]
+    assert main(["bench", "--draft", str(tmp_path / "nowhere"), "--prompts", "p.jsonl", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "no config.json" not in err, err

@@ -177,7 +177,8 @@ def test_speculators_names_and_vllm_aux_ids_load(tmp_path):
 
 
 @pytest.mark.parametrize("ids, problem", [([1, 3, 4], None), ([4, 3, 1], "strictly increasing"),
-                                          ([1, 3, 3], "strictly increasing"), ([1, 3, 7], "must be <= 6")])
+                                          ([1, 3, 3], "strictly increasing"), ([1, 3, 7], "must be <= 6"),
+                                          ([-1, 2, 3], "aux layer -1 is not a layer id")])
 def test_aux_layers_sglang_and_vllm_would_capture_otherwise_are_named(ids, problem):
     from toolkit.infer.drafts import aux_layer_problems
 

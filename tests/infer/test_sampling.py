@@ -1,4 +1,5 @@
 """Sampling generators live on the target's device: torch.multinomial on a CUDA tensor refuses a CPU one."""
+import pytest
 import torch
 
 from toolkit.infer.sampling import SamplingParams, seeded_generator
@@ -69,3 +70,12 @@ def test_a_vanishing_temperature_is_greedy_not_nan():
         assert torch.equal(target_probs(logits, p), torch.tensor([[1.0, 0.0, 0.0]]))
     assert not SamplingParams(temperature=1e-4).greedy
     assert torch.isfinite(target_probs(logits, SamplingParams(temperature=1e-4))).all()
+
+
+def test_an_infinite_or_nan_temperature_is_refused():
+    """temperature inf divided every logit to 0 and sampled uniformly (bench and regenerate ran with it)."""
+    from toolkit.infer.sampling import SamplingParams
+
+    for t in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+            SamplingParams(temperature=t)

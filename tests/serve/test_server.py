@@ -320,6 +320,17 @@ def test_a_negative_lookup_is_refused(tiny_draft, capsys):
     assert "--lookup -1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--num-draft-tokens", "0"], "--num-draft-tokens 0: must be in 2..6"), (["--log-every", "-1"], "--log-every -1"),
+    (["--host", "nosuch.invalid"], "--host nosuch.invalid")])
+def test_bad_flags_are_refused_before_loading(capsys, extra, message):
+    """--num-draft-tokens 0 served as the default and --log-every -1 was taken; a host name that does not resolve
+    was reported as 'pick another --port'."""
+    assert main(["serve", "--draft", "nowhere", "--port", "0", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "another --port" not in err
+
+
 def test_stop_token_ids_and_ignore_eos(server, serve, reference, tiny_target, tmp_path):
     """vLLM's sampling extras that load benchmarks send: stop_token_ids end the answer at their first
     occurrence, ignore_eos generates max_tokens past the end-of-turn token the model chose."""

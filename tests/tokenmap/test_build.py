@@ -204,6 +204,10 @@ def test_an_out_that_is_a_file_and_counts_that_are_not_are_refused_in_a_line(sha
     assert main(["build-token-map", "--tokenizer", tok, "--from-counts", str(tmp_path / "counts.txt"),
                  "--sizes", "8192", "--out", str(tmp_path / "out"), "--quiet"]) == 2
     assert "not a safetensors file" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    # an --out below a file failed with NotADirectoryError's traceback, after the counting
+    assert main(["build-token-map", "--tokenizer", tok, "--data", str(shared / "data/train/gsm8k_train.jsonl"),
+                 "--sizes", "8192", "--out", str(tmp_path / "a_file" / "maps"), "--quiet"]) == 2
+    assert "a_file is a file, not a folder" in capsys.readouterr().err
 
 
 def test_sigterm_unwinds_like_ctrl_c_and_leaves_no_temp_file(tmp_path):

@@ -1,6 +1,7 @@
 """Recipes and key=value overrides."""
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,39 @@ def test_bad_values_are_named(override, words):
     assert words in str(err.value)
 
 
+@pytest.mark.parametrize("override, words", [
+    (["lr=[1"], "lr='[1': not a YAML value"),
+    (["extra={a: [1"], "extra='{a: [1': not a YAML value"),
+    (["output_dir="], "output_dir='': empty; expected str"),
+    (["model=[1,2]"], "model='[1,2]': expected str, got a list"),
+    (["aux_layers=[a,b,c]"], "a list of integers"),
+    (["max_grad_norm=-1"], "max_grad_norm -1.0: must be a finite number > 0"),
+    (["max_grad_norm=nan"], "max_grad_norm nan"),
+    (["weight_decay=-0.1"], "weight_decay -0.1: must be a finite number >= 0"),
+    (["lr=inf"], "lr inf: must be a finite number"),
+    (["epochs=.inf"], "epochs inf"),
+    (["regression_weight=nan", "head=eagle"], "regression_weight nan"),
+    (["threads=-1"], "threads -1"),
+])
+def test_values_that_once_passed_or_crashed_are_named(override, words):
+    """A YAML syntax error in an override was a yaml traceback; `output_dir=` became the folder 'None'; a list
+    for a str key or strings in aux_layers passed; a negative or NaN max_grad_norm (gradient ascent / NaN
+    weights), a negative weight decay, an infinite lr or epochs and threads=-1 reached the run."""
+    with pytest.raises(ValueError) as err:
+        load_config(None, ["data=x", *override])
+    assert words in str(err.value)
+
+
+def test_a_recipe_that_is_not_yaml_is_named(tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text("lr: [1\nttt_steps: 2\n")
+    with pytest.raises(ValueError, match=r"--config .*r\.yaml: not a YAML text \(.*line 2\)"):
+        load_config(str(bad))
+    bad.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ValueError, match="not a YAML text"):
+        load_config(str(bad))
+
+
 def test_overrides_may_come_before_or_after_the_options(capsys):
     """`toolkit train --config r.yaml --output-dir run num_layers=2` is how people type it; argparse alone
     refuses words after an option, so the command line collects them as overrides (other words still fail)."""
@@ -73,6 +107,15 @@ def test_data_is_required():
 def test_every_recipe_loads_and_its_header_gives_the_command(recipe):
     cfg = load_config(str(recipe))
     assert cfg.ttt_steps == {"eagle3": 7, "eagle": 1, "mtp": 3}[cfg.head] and cfg.max_grad_norm == 0.5
+    # it names its head, so that another kind's entry script refuses it (mtp.py trained an MTP head from an
+    # EAGLE-3 recipe that left head to the default)
+    assert f"\nhead: {cfg.head}\n" in recipe.read_text()
+    from toolkit.train.trainer import main
+
+    other = next(k for k in ("eagle3", "eagle", "mtp") if k != cfg.head)
+    with pytest.raises(ValueError, match=f"the recipe trains an {cfg.head} head"):
+        main(argparse.Namespace(config=str(recipe), overrides=[], model=None, data=None, output_dir=None,
+                                max_steps=None, token_map=None, hidden_states=None), other)
     header = " ".join(line.lstrip("#").strip().rstrip("\\").strip() for line in recipe.read_text().splitlines()
                       if line.startswith("#"))
     assert f"toolkit/train/{cfg.head}.py --config recipes/{recipe.name}" in header

@@ -209,6 +209,32 @@ def test_refusals_name_the_problem(tiny_target, prepared, tmp_path, capsys):
     assert "leaves no training rows" in capsys.readouterr().err
 
 
+def test_contradictory_flags_and_a_file_as_output_dir_are_refused_before_loading(tmp_path, capsys):
+    """--resume --overwrite deleted the run and then started afresh without a word; an output_dir that is a file
+    failed with FileExistsError's traceback after the target and data had loaded."""
+    (tmp_path / "f").write_text("x")
+    assert main(["train", "--data", "x", "--output-dir", str(tmp_path / "run"), "--resume", "--overwrite"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    assert main(["train", "--data", "x", "--output-dir", str(tmp_path / "f")]) == 2
+    assert f"output_dir {tmp_path / 'f'} is a file" in capsys.readouterr().err
+    assert (tmp_path / "f").read_text() == "x" and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--out", "FILE"], "is a file; give a folder for the shards"),
+    (["--aux-layers", "a,b"], "--aux-layers 'a,b': give 3 comma-separated layer ids"),
+    (["--max-len", "0"], "--max-len 0: give the tokens per sample"), (["--threads", "-1"], "--threads -1")])
+def test_bad_dump_options_are_named_before_loading(tmp_path, capsys, extra, message):
+    """--out FILE failed with FileExistsError's traceback after the target had run, --aux-layers a,b said only
+    'invalid literal for int()', --max-len 0 'the dataset is empty', --threads -1 named no option."""
+    (tmp_path / "FILE").write_text("x")
+    extra = [str(tmp_path / x) if x == "FILE" else x for x in extra]
+    args = ["dump-hidden-states", "--data", str(tmp_path / "nowhere"), *extra]
+    assert main(args if "--out" in extra else [*args, "--out", str(tmp_path / "shards")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "shards").exists() and (tmp_path / "FILE").read_text() == "x"
+
+
 def test_a_resume_keeps_the_runs_data_batch_optimizer_and_process_count(tiny_target, prepared, tmp_path, capsys):
     """The optimizer's saved state would restore the old lr over a new one, and another batch shape or number of
     processes would skip the wrong rows and resume the schedule elsewhere on its curve: refused, each named."""

@@ -59,7 +59,12 @@ def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_
                 raise TokenizerError(f"--tokenizer {tokenizer}: not a tokenizers JSON file "
                                      f"({str(e).splitlines()[0][:120]})") from None
         elif path.is_dir():
-            tok = AutoTokenizer.from_pretrained(path)
+            try:
+                tok = AutoTokenizer.from_pretrained(path)
+            except (OSError, ValueError) as e:  # no tokenizer files: transformers' message runs over 5 lines
+                raise TokenizerError(f"--tokenizer {tokenizer}: no tokenizer this folder loads ({type(e).__name__}); "
+                                     "give a tokenizer.json file or a folder with tokenizer.json / "
+                                     "tokenizer_config.json") from None
         else:
             what = "is not a .json file" if path.is_file() else "not found"
             raise TokenizerError(f"--tokenizer {tokenizer}: {what}; give a tokenizer.json file or a folder "
@@ -84,6 +89,9 @@ def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_
             tok.chat_template = builtin.source
         elif Path(chat_template).is_file():
             tok.chat_template = Path(chat_template).read_text()
+            if "messages" not in tok.chat_template:  # a tokenizer.json, a corpus: rendered as literal text
+                raise TokenizerError(f"--chat-template {chat_template}: not a chat template (it never reads "
+                                     f"`messages`); give a .jinja file or one of {sorted(BUILTIN_TEMPLATES)}")
         else:
             raise TokenizerError(f"--chat-template {chat_template}: not a file and not one of the built-in "
                                  f"templates {sorted(BUILTIN_TEMPLATES)}")

@@ -64,7 +64,7 @@ def tokenize(renderer, convs: list[list[dict]], max_len: int) -> tuple[list[dict
 def main(args: argparse.Namespace) -> int:
     import datasets
 
-    from toolkit.atomic import write_text
+    from toolkit.atomic import check_out_path, write_text
     from toolkit.data.chat import ChatRenderer, load_tokenizer
     from toolkit.models import fingerprint, resolve_target
 
@@ -73,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise ValueError(f"--out {out} exists; pass --overwrite to replace it")
+    check_out_path("--out", out, folder=True)  # a file there or above it failed only after the tokenizing
     folder = None if args.tokenizer else resolve_target(args.model or DEFAULT_MODEL)
     tok = load_tokenizer(model=str(folder) if folder else None, tokenizer=args.tokenizer,
                          chat_template=args.chat_template)
@@ -117,6 +118,10 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="prepare-") as cache:
         try:
             ds = datasets.Dataset.from_generator(rows, features=features, cache_dir=cache)
+        except datasets.exceptions.DatasetGenerationError as err:  # it wraps what reading --data raised
+            if isinstance(err.__cause__, (ValueError, FileNotFoundError, RuntimeError)):
+                raise err.__cause__ from None
+            raise
         except ValueError as err:  # datasets refuses a generator that yields nothing
             if totals["kept"] == 0:
                 raise no_data() from None

@@ -98,12 +98,27 @@ def done_ids(out: Path, repair: bool = True) -> set[str]:
     cut off so appending stays valid JSONL; another process's file (--done) is only read."""
     if not out.exists():
         return set()
+    flag = "--out" if repair else "--done"
+    if out.is_dir():
+        raise ValueError(f"{flag} {out} is a folder; give the JSONL file regenerate writes")
     data = out.read_bytes()
     end = data.rfind(b"\n") + 1
+    ids = set()
+    for n, line in enumerate(data[:end].splitlines(), 1):  # read before any repair: a file not ours stays whole
+        if line.strip():
+            try:
+                ids.add(json.loads(line)["id"])
+            except (ValueError, KeyError, TypeError):
+                raise ValueError(f"{flag} {out}: line {n} is not a record regenerate wrote (JSON with an id); give "
+                                 "a regenerate output, or a new file for --out") from None
     if repair and end < len(data):
+        torn, start = data[end:], b'{"id": '  # how every line we write begins
+        if not (torn.startswith(start) or start.startswith(torn)):  # a JSON array, a file of another tool
+            raise ValueError(f"--out {out}: its last line is not the start of a record regenerate wrote; give a "
+                             "regenerate output to resume, or a new file")
         with open(out, "r+b") as fh:
             fh.truncate(end)
-    return {json.loads(line)["id"] for line in data[:end].splitlines() if line.strip()}
+    return ids
 
 
 def answer_all(skeletons: list[list], answer_batch: Callable[[list[list[dict]]], list[str]]) -> list[list[dict]]:
@@ -161,10 +176,19 @@ def engine_answerer(args) -> tuple[Callable, int]:
 
 
 def endpoint_answerer(args) -> tuple[Callable, int]:
-    from openai import BadRequestError, OpenAI
+    from openai import APIConnectionError, APIStatusError, BadRequestError, OpenAI
 
     client = OpenAI(base_url=args.endpoint, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_retries=5)
-    model = args.model or client.models.list().data[0].id
+
+    def unreachable(e: Exception) -> RuntimeError:
+        return RuntimeError(f"--endpoint {args.endpoint}: {type(e).__name__} ({str(e).splitlines()[0][:200]}); give "
+                            "the base URL of a running OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 "
+                            "(answered conversations are kept; rerun to resume)")
+
+    try:
+        model = args.model or client.models.list().data[0].id
+    except (APIConnectionError, APIStatusError, IndexError) as e:
+        raise unreachable(e) from None
     pool = ThreadPoolExecutor(args.concurrency)
 
     def one(messages: list[dict]) -> str | None:
@@ -173,6 +197,8 @@ def endpoint_answerer(args) -> tuple[Callable, int]:
                                                temperature=args.temperature, top_p=args.top_p, seed=args.seed)
         except BadRequestError:  # the prompt no longer fits the server's context
             return None
+        except (APIConnectionError, APIStatusError) as e:
+            raise unreachable(e) from None
         return (r.choices[0].message.content or "").strip()
 
     return (lambda prompts: list(pool.map(one, prompts))), args.concurrency * 4
@@ -184,6 +210,18 @@ def main(args: argparse.Namespace) -> int:
                          f"(greedy answers would be identical)")
     if args.max_new_tokens < 1 or args.batch_size < 1 or args.concurrency < 1:
         raise ValueError("--max-new-tokens, --batch-size and --concurrency must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit {args.limit}: give at least 1 conversation (or leave it out for all)")
+    if args.max_len < 2:
+        raise ValueError(f"--max-len {args.max_len}: give prompt + answer tokens per turn, at least 2")
+    if args.threads is not None and args.threads < 0:
+        raise ValueError(f"--threads {args.threads}: give a number of CPU threads >= 1 (0 or none: torch's)")
+    if not 0 <= args.temperature < float("inf"):
+        raise ValueError(f"--temperature {args.temperature}: give a finite number >= 0 (0 = greedy)")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p {args.top_p}: give a nucleus mass in (0, 1]")
+    if args.endpoint and not args.endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"--endpoint {args.endpoint}: give the server's base URL, e.g. http://127.0.0.1:8000/v1")
     if args.endpoint and (args.device, args.dtype) != ("auto", "auto"):
         raise ValueError(f"--device {args.device} / --dtype {args.dtype} set the in-process engine; with --endpoint "
                          "the server answers with its own settings: drop them (or drop --endpoint)")
@@ -192,6 +230,9 @@ def main(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     out = Path(args.out)
+    from toolkit.atomic import check_out_path
+
+    check_out_path("--out", out, folder=False)
     out.parent.mkdir(parents=True, exist_ok=True)
     k, n = parse_shard(args.shard)
     done = done_ids(out)

@@ -179,7 +179,11 @@ def raw_records(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
     if path.is_dir():
         import datasets
 
-        ds = datasets.load_from_disk(str(path))
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except FileNotFoundError:  # no dataset_info.json / state.json / dataset_dict.json
+            raise SchemaError(f"{path}: a folder, but not a `datasets` folder saved with save_to_disk; accepted: "
+                              f"{FILE_KINDS}") from None
         splits = ds.values() if isinstance(ds, datasets.DatasetDict) else [ds]
         for split in splits:
             for i, row in enumerate(split):
@@ -190,7 +194,12 @@ def raw_records(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
         import pyarrow.parquet as pq
 
         i = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        try:
+            table = pq.ParquetFile(path)
+        except (OSError, ValueError) as e:  # pyarrow's message names no file
+            raise SchemaError(f"{path}: not a readable parquet file ({str(e).splitlines()[0][:120]}); accepted: "
+                              f"{FILE_KINDS}") from None
+        for batch in table.iter_batches(batch_size=1024):
             for row in batch.to_pylist():
                 yield f"{path} row {i}", row
                 i += 1

@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from toolkit.atomic import atomic_path, write_text
+from toolkit.atomic import atomic_path, check_out_path, write_text
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
 from toolkit.infer.prompts import answer_turns, parse_shard, read_prompts, warm_up_ids
@@ -125,7 +126,10 @@ def parse_sweep(text: str, branch: lookup.LookupConfig | None = None,
             raise ValueError(f"--sweep entry {item.strip()!r}: the lookup length must be >= 0 (0 = no branch)")
         own = branch if len(numbers) == 3 else (
             lookup.LookupConfig(numbers[3], max_ngram) if numbers[3] else None)
-        entries.append((TreeConfig(*numbers[:3]), own))
+        try:
+            entries.append((TreeConfig(*numbers[:3]), own))
+        except ValueError as e:  # TreeConfig names the run's flags, not this entry
+            raise ValueError(f"--sweep entry {item.strip()!r}: {e}") from None
     return entries
 
 
@@ -136,13 +140,27 @@ def main(args: argparse.Namespace) -> int:
     from toolkit.infer.metrics import summarize
     from toolkit.infer.sampling import SamplingParams
 
+    if args.threads is not None and args.threads < 0:
+        raise ValueError(f"--threads {args.threads}: give a number of CPU threads >= 1 (0 or none: torch's)")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit {args.limit}: give at least 1 prompt")
     if Path(args.out).suffix.lower() == ".png":
         raise ValueError(f"--out {args.out}: give the JSON's name; the PNG is written beside it with .png")
-    tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
+    check_out_path("--out", args.out, folder=False)
+    if Path(args.out).with_suffix(".png").is_dir():  # else the JSON was written and the PNG beside it failed
+        raise ValueError(f"--out {args.out}: the PNG written beside it, {Path(args.out).with_suffix('.png')}, is a "
+                         "folder; give another name")
+    if Path(args.out).is_dir() or args.out.endswith(("/", os.sep)):
+        raise ValueError(f"--out {args.out} is a folder; give the results JSON's file name, e.g. "
+                         f"{Path(args.out) / 'bench.json'}")
+    if args.max_len < 2:
+        raise ValueError(f"--max-len {args.max_len}: give the KV cache length per sequence, at least 2 tokens")
+    if args.compare_pld < 0:
+        raise ValueError(f"--compare-pld {args.compare_pld}: give the lookup tokens per step (>= 1), or 0 for none")
+    tree = TreeConfig(args.num_steps, args.topk,
+                      args.num_steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     branch = lookup.from_args(args)
     sweep = parse_sweep(args.sweep, branch, args.lookup_max_ngram) if args.sweep else []

@@ -136,6 +136,9 @@ def aux_layer_problems(ids: list[int], num_layers: int) -> list[str]:
     if list(ids) != sorted(set(ids)):
         problems.append(f"aux layers {list(ids)} are not strictly increasing (SGLang and vLLM capture them in "
                         "layer order, once each)")
+    if ids and min(ids) < 0:  # -1 is no layer: this engine would read its final-norm state, SGLang the embeddings
+        problems.append(f"aux layer {min(ids)} is not a layer id: ids count the target's decoder layers from 0 "
+                        f"(SGLang and vLLM capture the input of layer id + 1)")
     if ids and max(ids) > num_layers - 2:
         problems.append(f"aux layer {max(ids)} is the target's last ({num_layers} layers): SGLang and vLLM "
                         f"capture the input of layer id + 1, so ids must be <= {num_layers - 2}")

@@ -25,7 +25,8 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) 
     """[{id, category, system, turns: [user texts]}] from MT-bench `turns` records or any corpus schema; with
     `shard` (I, N) only the records I, I+N, I+2N, ... of the file."""
     if not Path(path).is_file():
-        raise ValueError(f"--prompts {path}: no such file (give a .jsonl of MT-bench `turns` records or of any "
+        what = "a folder, not a file" if Path(path).is_dir() else "no such file"
+        raise ValueError(f"--prompts {path}: {what} (give a .jsonl of MT-bench `turns` records or of any "
                          "chat schema docs/formats.md section 1 lists, e.g. examples/prompts.jsonl)")
     out, stats = [], ReadStats(path)
     for index, (where, rec) in enumerate(raw_records(Path(path), stats)):
@@ -35,7 +36,10 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) 
             item = {"id": rec.get("question_id", len(out)), "category": rec.get("category", "all"),
                     "system": None, "turns": list(rec["turns"])}
         else:
-            conv = to_samples(rec)[0]
+            try:
+                conv = to_samples(rec)[0]
+            except ValueError as e:  # BadRecord / SchemaError say what is wrong, not where
+                raise ValueError(f"{where}: {e}") from None
             if isinstance(conv, str):
                 raise ValueError(f"{where}: plain text is not a prompt; give chat records")
             system = next((m["content"] for m in conv if m["role"] == "system"), None)

@@ -59,6 +59,9 @@ def bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
+        if isinstance(e, socket.gaierror):  # the host, not the port
+            raise ValueError(f"cannot bind {host}:{port}: --host {host}: {e.strerror}; give an address or a name "
+                             "this machine resolves (127.0.0.1, 0.0.0.0, ::1)") from None
         raise ValueError(f"cannot bind {host}:{port}: {e.strerror}; pick another --port (0 = any free one)") from None
     return sock
 
@@ -82,12 +85,15 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads {args.threads}: give a positive count (0 or absent = torch's default)")
     if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
         raise ValueError("--speculative-disable-by-batch-size must be >= 0")
+    if args.log_every < 0:
+        raise ValueError(f"--log-every {args.log_every}: give a number of steps >= 1, or 0 for no log")
     if args.draft is None and not args.no_speculation:
         raise ValueError("give --draft CKPT, or --no-speculation to serve the target alone")
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    tree = TreeConfig(args.num_steps, args.topk, args.num_draft_tokens or args.num_steps + 1)
+    tree = TreeConfig(args.num_steps, args.topk,
+                      args.num_steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
     branch = lookup.from_args(args)  # bad flags fail here, before binding
     sock = bind(args.host, args.port)  # fail fast, before minutes of loading
     try:

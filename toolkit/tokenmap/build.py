@@ -199,6 +199,9 @@ def build(args: argparse.Namespace) -> dict:
     sizes = parse_sizes(args.sizes)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise TokenMapError(f"--out {args.out} is a file; give a folder (made if absent) for the maps")
+    from toolkit.atomic import check_out_path
+
+    check_out_path("--out", args.out, folder=True)  # a file above it failed only after the counting
     t0 = time.perf_counter()
     tok = load_tokenizer(args.model if args.tokenizer is None else None, args.tokenizer, args.chat_template)
     folder = model_folder(args)

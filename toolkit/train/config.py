@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,6 +110,16 @@ class TrainConfig:
             problems.append("lr and epochs must be > 0, loss_decay in (0, 1], warmup_ratio in [0, 1)")
         if self.eval_samples < 0 or self.eval_every < 0:
             problems.append("eval_samples and eval_every must be >= 0")
+        if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            problems.append(f"max_grad_norm {self.max_grad_norm}: must be a finite number > 0 (the gradient norm "
+                            "clipped to)")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            problems.append(f"weight_decay {self.weight_decay}: must be a finite number >= 0")
+        for name in ("lr", "epochs", "regression_weight", "token_weight"):
+            if not math.isfinite(getattr(self, name)):
+                problems.append(f"{name} {getattr(self, name)}: must be a finite number")
+        if self.threads is not None and self.threads < 0:
+            problems.append(f"threads {self.threads}: must be >= 1 (or null / 0: torch's default)")
         if problems:
             raise ValueError("bad training config: " + "; ".join(problems))
 
@@ -139,22 +150,35 @@ def check_resume(saved: dict, cfg: TrainConfig) -> None:
 
 def _coerce(name: str, kind, text: str):
     """Parse an override's text as YAML, then check it against the field's annotated type."""
-    value = yaml.safe_load(text) if isinstance(text, str) else text
     base = str(kind)
+    try:
+        value = yaml.safe_load(text) if isinstance(text, str) else text
+    except yaml.YAMLError as e:  # `lr=[1`, `extra={a: [1`
+        if base.startswith("str"):
+            return text.strip()
+        raise ValueError(f"{name}={text!r}: not a YAML value ({getattr(e, 'problem', None) or e}); expected "
+                         f"{base}") from None
     if value is None and "None" in base:
         return None
+    if value is None:  # `data=`: an empty value would become the string 'None'
+        raise ValueError(f"{name}={text!r}: empty; expected {base}")
     checks = [("list", list), ("dict", dict), ("float", (int, float)), ("int", int), ("bool", bool), ("str", str)]
     for word, typ in checks:
         if base.startswith(word) or base.startswith(f"{word} ") or base.startswith(f"{word}["):
             if word == "str":
                 if isinstance(value, bool):  # YAML 1.1 reads a bare no / off / yes as a bool
                     return text.strip() if isinstance(text, str) else ("yes" if value else "no")
-                return str(value) if not isinstance(value, (list, dict)) else value
+                if isinstance(value, (list, dict)):
+                    raise ValueError(f"{name}={text!r}: expected {base}, got a {type(value).__name__}")
+                return str(value)
             if word == "float" and isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
                 try:
                     value = float(value)
                 except ValueError:
                     pass
+            if word == "list" and "int" in base and not all(
+                    isinstance(v, int) and not isinstance(v, bool) for v in (value if isinstance(value, list) else [])):
+                raise ValueError(f"{name}={text!r}: expected {base}, a list of integers such as [1, 14, 26]")
             if isinstance(value, typ) and not (word in ("int", "float") and isinstance(value, bool)):
                 return float(value) if word == "float" else value
             raise ValueError(f"{name}={text!r}: expected {base}")
@@ -171,7 +195,13 @@ def load_config(path: str | None, overrides: list[str] = (), default_head: str |
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"--config {path}: no such recipe file")
-        values = yaml.safe_load(p.read_text()) or {}
+        try:
+            values = yaml.safe_load(p.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            mark = getattr(e, "problem_mark", None)
+            raise ValueError(f"--config {path}: not a YAML text ({getattr(e, 'problem', None) or e}"
+                             + (f", line {mark.line + 1}" if mark else "") + "); a recipe is a YAML mapping of "
+                             "key: value") from None
         if not isinstance(values, dict):
             raise ValueError(f"--config {path}: a recipe is a YAML mapping of key: value")
     for item in overrides:

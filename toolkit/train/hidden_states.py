@@ -36,16 +36,27 @@ def main(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    from toolkit.atomic import atomic_path, write_text
+    from toolkit.atomic import atomic_path, check_out_path, write_text
     from toolkit.infer.drafts import aux_layer_problems
     from toolkit.infer.loading import load_target
     from toolkit.models import fingerprint, resolve_target, same_target
     from toolkit.train.data import PreparedData
 
+    if args.threads is not None and args.threads < 0:
+        raise ValueError(f"--threads {args.threads}: give a number of CPU threads >= 1 (0 or none: torch's)")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.batch_size < 1 or args.shard_size < 1:
         raise ValueError("--batch-size and --shard-size must be at least 1")
+    if args.max_len < 2:
+        raise ValueError(f"--max-len {args.max_len}: give the tokens per sample training uses, at least 2")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file; give a folder for the shards (made if absent)")
+    check_out_path("--out", args.out, folder=True)
+    try:
+        asked = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None
+    except ValueError:
+        raise ValueError(f"--aux-layers {args.aux_layers!r}: give 3 comma-separated layer ids, e.g. 1,14,26") from None
     data = PreparedData(args.data, args.max_len)
     model = args.model or data.meta.get("target") or DEFAULT_MODEL
     folder = resolve_target(model)
@@ -54,8 +65,7 @@ def main(args: argparse.Namespace) -> int:
     target = load_target(folder, run_dtype, device)
     # a sliding window or a length-dependent rope: rows beyond it would be dumped wrong, refused before the first
     target.config.check_sequence(max(data.lengths))
-    aux_layers = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else \
-        target.config.default_aux_layers()
+    aux_layers = asked or target.config.default_aux_layers()
     if len(aux_layers) != 3 or not all(0 <= i < target.config.num_layers for i in aux_layers):
         raise ValueError(f"--aux-layers {aux_layers}: give 3 layer ids in 0..{target.config.num_layers - 1}")
     for note in aux_layer_problems(aux_layers, target.config.num_layers):

@@ -97,6 +97,11 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     objective = OBJECTIVES[cfg.head]
     if head_kind and cfg.head != head_kind:
         raise ValueError(f"the recipe trains an {cfg.head} head: launch {objective.script} (or toolkit train)")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the run in output_dir and --overwrite deletes it: give one of them")
+    from toolkit.atomic import check_out_path
+
+    check_out_path("output_dir", cfg.output_dir, folder=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     acc = make_accelerator(cfg)
@@ -346,6 +351,8 @@ def cli(script: str, doc: str, head_kind: str, argv: list[str] | None = None) ->
     args = parse_with_overrides(p, argv)
     try:
         return main(args, head_kind)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError, RuntimeError) as err:  # as `toolkit train` reports them (toolkit/cli.py)
+        if os.environ.get("TOOLKIT_DEBUG"):
+            raise
         print(f"{script}: error: {err}", file=sys.stderr)
         return 2
