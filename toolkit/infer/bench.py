@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
     if Path(args.out).with_suffix(".png").is_dir():  # else the JSON was written and the PNG beside it failed
         raise ValueError(f"--out {args.out}: the PNG written beside it, {Path(args.out).with_suffix('.png')}, is a "
                          "folder; give another name")
-    if Path(args.out).is_dir() or args.out.endswith(("/", os.sep)):
+    if args.out.endswith(("/", os.sep)):  # a folder yet to be made (an existing one: check_out_path)
         raise ValueError(f"--out {args.out} is a folder; give the results JSON's file name, e.g. "
                          f"{Path(args.out) / 'bench.json'}")
     if args.max_len < 2:
