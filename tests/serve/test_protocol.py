@@ -22,7 +22,7 @@ def test_accepted_forms():
                                                  {"role": "user", "content": [{"type": "text", "text": "a"},
                                                                               {"type": "text", "text": "b"}]}],
                                     "max_completion_tokens": 7, "stop": "x", "top_k": -1})
-    assert r.max_tokens == 7 and r.stop == ["x"] and r.messages[1].text() == "ab" and r.temperature == 1.0
+    assert r.max_tokens == 7 and r.stop == ["x"] and r.messages[1].text() == "a\nb" and r.temperature == 1.0
     assert CompletionRequest.model_validate({"prompt": ["one prompt"]}).prompt == "one prompt"
     assert CompletionRequest.model_validate({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
     # null where OpenAI lets a field be null means its default (clients send null for unset fields)

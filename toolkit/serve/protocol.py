@@ -57,8 +57,8 @@ class Message(BaseModel):
         return self
 
     def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+        if isinstance(self.content, list):  # text parts on lines of their own, as vLLM joins them
+            return "\n".join(part.text for part in self.content)
         return self.content or ""
 
 
