@@ -322,10 +322,12 @@ def test_a_negative_lookup_is_refused(tiny_draft, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--num-draft-tokens", "0"], "--num-draft-tokens 0: must be in 2..6"), (["--log-every", "-1"], "--log-every -1"),
-    (["--host", "nosuch.invalid"], "--host nosuch.invalid")])
+    (["--host", "nosuch.invalid"], "--host nosuch.invalid"),
+    (["--no-speculation", "--num-steps", "3", "--sample-draft"], "--num-steps, --sample-draft shape the draft's rounds"),
+    (["--no-speculation", "--token-map", "freq.pt"], "--token-map shapes the draft's rounds")])
 def test_bad_flags_are_refused_before_loading(capsys, extra, message):
     """--num-draft-tokens 0 served as the default and --log-every -1 was taken; a host name that does not resolve
-    was reported as 'pick another --port'."""
+    was reported as 'pick another --port'; drafting flags beside --no-speculation were taken and did nothing."""
     assert main(["serve", "--draft", "nowhere", "--port", "0", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "another --port" not in err

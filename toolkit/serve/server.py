@@ -29,8 +29,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                              "draft's recorded target)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes the server)")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port")
-    p.add_argument("--num-steps", type=int, default=5, help="draft depth per round")
-    p.add_argument("--topk", type=int, default=1, help="candidates per node (1 = chain)")
+    p.add_argument("--num-steps", type=int, default=None, help="draft depth per round (default 5)")
+    p.add_argument("--topk", type=int, default=None, help="candidates per node (default 1 = chain)")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="tokens verified per round, root included "
                                                                       "(default: num_steps + 1)")
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone (plain decoding)")
@@ -89,11 +89,22 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--log-every {args.log_every}: give a number of steps >= 1, or 0 for no log")
     if args.draft is None and not args.no_speculation:
         raise ValueError("give --draft CKPT, or --no-speculation to serve the target alone")
+    if args.no_speculation:  # flags that shape drafting would be taken and silently do nothing
+        drafting = [flag for flag, given in (("--num-steps", args.num_steps is not None),
+                                             ("--topk", args.topk is not None),
+                                             ("--num-draft-tokens", args.num_draft_tokens is not None),
+                                             ("--token-map", args.token_map is not None),
+                                             ("--sample-draft", args.sample_draft)) if given]
+        if drafting:
+            raise ValueError(f"{', '.join(drafting)} shape{'s' if len(drafting) == 1 else ''} the draft's rounds, "
+                             "and --no-speculation serves without a draft: drop one or the other (prompt lookup "
+                             "alone takes --lookup)")
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    tree = TreeConfig(args.num_steps, args.topk,
-                      args.num_steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
+    steps = 5 if args.num_steps is None else args.num_steps
+    tree = TreeConfig(steps, 1 if args.topk is None else args.topk,
+                      steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
     branch = lookup.from_args(args)  # bad flags fail here, before binding
     sock = bind(args.host, args.port)  # fail fast, before minutes of loading
     try:
