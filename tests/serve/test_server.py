@@ -258,11 +258,15 @@ def test_plain_decoding_modes_serve_the_draft_target(serve, tiny_target, tiny_dr
     _, chat_ref, _ = reference
     with serve("--draft", str(tiny_draft), *flags, "--max-seq-len", "256") as (base, proc):
         r = httpx.post(f"{base}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 12, "temperature": 0})
+        one = httpx.post(f"{base}/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "temperature": 0}).json()
     body = r.json()
     assert body["model"] == str(tiny_target)  # the draft's recorded target serves under its own name
     assert body["choices"][0]["message"]["content"] == chat_ref(QUESTION, 12)[0]
     spec = body["usage"]["speculative"]
     assert spec["tau"] == 1.0 and spec["verify_steps"] == body["usage"]["completion_tokens"] - 1
+    # one token comes from prefill alone: no verify step, so no tau (it read 0, as if nothing was emitted)
+    assert one["usage"]["completion_tokens"] == 1
+    assert one["usage"]["speculative"]["verify_steps"] == 0 and one["usage"]["speculative"]["tau"] is None
 
 
 @pytest.mark.parametrize("kind", ["mtp", "eagle"])

@@ -59,7 +59,9 @@ def usage(seq: Sequence, positions: int = 0, upto: int | None = None) -> dict:
     n_prompt, n_out = len(seq.prompt), len(result.tokens)
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
             "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(result.accepted),
-                            "tau": s["tau"], "accept_rate_by_position": s["accept_rate_by_position"],
+                            # null, not 0, when no verify step ran (the answer ended at prefill's token)
+                            "tau": s["tau"] if s["verify_steps"] else None,
+                            "accept_rate_by_position": s["accept_rate_by_position"],
                             "accepted_length_histogram": s["accepted_length_histogram"],
                             "accepted_from_lookup": s["accepted_from_lookup"]}}
 
