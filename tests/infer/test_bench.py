@@ -40,7 +40,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
                            str(shared / "data/eval/mt_bench.jsonl"), "--limit", "2", "--max-new-tokens", "6",
                            "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5", "--baseline",
                            "--compare-hf", "--compare-pld", "3", "--sweep", "2,1,3", "--sample-draft", "--threads", "1",
-                           "--out", str(out)],
+                           "--out", str(out), "--answers", str(tmp_path / "answers.jsonl")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -72,6 +72,15 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     assert r["prompt_lookup"]["prompt_lookup_num_tokens"] == 3 and r["hf_generate"]["tau"] == 1.0
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert "tau" in done.stdout and "best of sweep" in done.stdout
+    # --answers: FastChat llm_judge's model-answer records, each turn's figures adding up to the run's
+    answers = [json.loads(line) for line in (tmp_path / "answers.jsonl").read_text().splitlines()]
+    questions = [json.loads(line) for line in (shared / "data/eval/mt_bench.jsonl").read_text().splitlines()][:2]
+    assert [a["question_id"] for a in answers] == [q["question_id"] for q in questions]
+    assert all(a["model_id"] == str(folder) and a["category"] == "writing" for a in answers)
+    assert all(len(a["choices"][0]["turns"]) == 2 and all(a["choices"][0]["turns"]) for a in answers)
+    turns = [t for a in answers for t in a["speculative"]]
+    assert sum(t["tokens"] for t in turns) == s["tokens"] and sum(t["verify_steps"] for t in turns) == s["verify_steps"]
+    assert all(t["tau"] == (t["accepted_tokens"] + t["verify_steps"]) / t["verify_steps"] for t in turns)
 
 
 def test_bench_grafts_a_prompt_lookup_branch_and_keeps_greedy_exact(draft_dir, shared, tmp_path):
@@ -280,7 +289,8 @@ def test_differing_answers_are_counted_and_explained_outside_fp32(capsys):
     (["--compare-pld", "-1"], "--compare-pld -1"), (["--max-len", "0"], "--max-len 0"),
     (["--threads", "-1"], "--threads -1"), (["--temperature", "inf"], "finite"),
     (["--out", "DIR"], "is a folder"), (["--out", "DIR/"], "is a folder"),
-    (["--out", "DIR/b.json"], "the PNG written beside it")])
+    (["--out", "DIR/b.json"], "the PNG written beside it"), (["--answers", "DIR"], "--answers"),
+    (["--out", "DIR/a.json", "--answers", "DIR/a.json"], "is --out too")])
 def test_bad_bench_options_are_refused_before_loading(tmp_path, capsys, extra, message):
     """--num-draft-tokens 0 once ran as the default, --temperature inf sampled uniformly, --out DIR ran the whole
     bench and then failed with a traceback (a folder where the PNG goes, after writing the JSON), --compare-pld -1

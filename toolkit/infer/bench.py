@@ -20,7 +20,7 @@ import torch
 from toolkit.atomic import atomic_path, check_out_path, write_text
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
-from toolkit.infer.prompts import answer_turns, parse_shard, read_prompts, warm_up_ids
+from toolkit.infer.prompts import answer_records, answer_turns, parse_shard, read_prompts, warm_up_ids
 from toolkit.infer.tree import TreeConfig
 
 
@@ -61,6 +61,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len", type=int, default=4096, help="KV cache length per sequence")
     loading.add_args(p)
     p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
+    p.add_argument("--answers", default=None, metavar="FILE.jsonl", help="also write the speculative run's "
+                   "answers as FastChat llm_judge model answers (question_id, model_id, choices[0].turns), with "
+                   "each turn's tau")
+    p.add_argument("--model-id", default=None, help="model_id in --answers (default: --draft as given)")
 
 
 def differing(a: list, b: list, dtype: torch.dtype) -> int:
@@ -155,6 +159,10 @@ def main(args: argparse.Namespace) -> int:
     if args.out.endswith(("/", os.sep)):  # a folder yet to be made (an existing one: check_out_path)
         raise ValueError(f"--out {args.out} is a folder; give the results JSON's file name, e.g. "
                          f"{Path(args.out) / 'bench.json'}")
+    if args.answers is not None:
+        check_out_path("--answers", args.answers, folder=False)
+        if Path(args.answers).resolve() == Path(args.out).resolve():
+            raise ValueError(f"--answers {args.answers} is --out too; give the answers their own file")
     if args.max_len < 2:
         raise ValueError(f"--max-len {args.max_len}: give the KV cache length per sequence, at least 2 tokens")
     if args.compare_pld < 0:
@@ -242,6 +250,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"best of sweep: num_steps {best['num_steps']} topk {best['topk']} num_draft_tokens "
               f"{best['num_draft_tokens']} lookup {best['lookup']}: tau {best['tau']:.2f}, "
               f"{best['tokens_per_second']:.1f} tok/s")
+    if args.answers is not None:  # the speculative run's: greedy, every other run's text equals it (checked above)
+        model_id = args.model_id or args.draft.rstrip("/\\") or args.draft
+        records = answer_records(prompts, spec_answers, results, model_id)
+        write_text(args.answers, "".join(json.dumps(r) + "\n" for r in records))
     out = Path(args.out)
     write_text(out, json.dumps(report, indent=2) + "\n")
     write_png(out.with_suffix(".png"), report["speculative"])
@@ -261,5 +273,5 @@ def main(args: argparse.Namespace) -> int:
                 "greedy_identical_to_prompt_lookup"):
         if key in report:
             print(f"{key}: {report[key]:.2f}" if isinstance(report[key], float) else f"{key}: {report[key]}")
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    print(f"wrote {out} and {out.with_suffix('.png')}" + (f", answers in {args.answers}" if args.answers else ""))
     return 0

@@ -82,3 +82,25 @@ def warm_up_ids(tok, prompts) -> list[int]:
     text = tok.apply_chat_template([{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False,
                                    add_generation_prompt=True)
     return tok(text, add_special_tokens=False).input_ids
+
+
+def answer_records(prompts, answers, results, model_id: str) -> list[dict]:
+    """FastChat llm_judge's model-answer records (one per prompt: question_id, answer_id, model_id,
+    choices[0].turns, tstamp), so `gen_judgment.py` grades them as they are; `category` and each turn's
+    speculative figures are added. `results` are the engine's, one per turn in answering order."""
+    import time
+    import uuid
+
+    turns = iter(results)
+    records = []
+    for p, texts in zip(prompts, answers):
+        spec = []
+        for _ in texts:
+            r = next(turns)
+            steps = len(r.accepted)
+            spec.append({"tokens": len(r.tokens), "verify_steps": steps, "accepted_tokens": sum(r.accepted),
+                         "tau": (sum(r.accepted) + steps) / steps if steps else None})
+        records.append({"question_id": p["id"], "answer_id": uuid.uuid4().hex, "model_id": model_id,
+                        "category": p["category"], "choices": [{"index": 0, "turns": texts}],
+                        "speculative": spec, "tstamp": time.time()})
+    return records
