@@ -1,8 +1,10 @@
 """Benchmark prompts: MT-bench `turns` records or any corpus schema, split into shards, answered turn by turn
 with the chat template (turn 2 sees the model's own turn-1 answer). Shared by `toolkit bench`, transformers'
-reference runs and the benchmark scripts."""
+reference runs and the benchmark scripts; the answers written back as FastChat model answers."""
 from __future__ import annotations
 
+import time
+import uuid
 from pathlib import Path
 
 from toolkit.data.schemas import ReadStats, raw_records, to_samples
@@ -88,9 +90,6 @@ def answer_records(prompts, answers, results, model_id: str) -> list[dict]:
     """FastChat llm_judge's model-answer records (one per prompt: question_id, answer_id, model_id,
     choices[0].turns, tstamp), so `gen_judgment.py` grades them as they are; `category` and each turn's
     speculative figures are added. `results` are the engine's, one per turn in answering order."""
-    import time
-    import uuid
-
     turns = iter(results)
     records = []
     for p, texts in zip(prompts, answers):
