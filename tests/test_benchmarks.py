@@ -264,3 +264,34 @@ def test_greedy_divergence_helpers():
     assert first_difference([1, 2], [1, 2, 3]) == 2  # one answer ending early parts there
     assert step_at(20.0, torch.bfloat16) == 0.125 and step_at(1.0, torch.bfloat16) == 2 ** -7
     assert step_at(1.5, torch.float32) == 2 ** -23
+
+
+def test_compare_answers_splits_tau_by_the_cap_and_refuses_other_texts(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import compare_answers
+    finally:
+        sys.path.pop(0)
+
+    def rec(qid, turns, steps):  # turns: (text, tokens); steps: verify steps per turn
+        return {"question_id": qid, "choices": [{"index": 0, "turns": [t for t, _ in turns]}],
+                "speculative": [{"tokens": n, "verify_steps": s} for (_, n), s in zip(turns, steps)]}
+
+    turns = [("a b", 9), ("c", 5)]  # the first turn ran into a cap of 9 tokens, the second ended on its own
+    a, b = [rec(1, turns, [2, 2])], [rec(1, turns, [4, 4])]
+    g = compare_answers.split(a, b, cap=9)
+    # the capped turn: 8 tokens after prefill's first, in 2 / 4 verify steps
+    assert (g["capped"]["tau_a"], g["capped"]["tau_b"], g["capped"]["ratio"]) == (4.0, 2.0, 2.0)
+    assert (g["ended"]["tau_a"], g["ended"]["tau_b"]) == (2.0, 1.0) and g["all"]["turns"] == 2
+    assert g["all"]["tau_a"] == 12 / 4 and g["capped"]["texts"] == ["a b"]
+    with pytest.raises(ValueError, match="answers differ"):
+        compare_answers.split(a, [rec(1, [("x", 9), ("c", 5)], [4, 4])], cap=9)
+    with pytest.raises(ValueError, match="different questions"):
+        compare_answers.split(a, [rec(2, turns, [4, 4])], cap=9)
+
+    class Tok:  # one id per character
+        def __call__(self, text, add_special_tokens=False):
+            return type("T", (), {"input_ids": [ord(c) for c in text]})()
+
+    assert compare_answers.repeated_share(["ab" * 20], Tok(), n=4) == (40 - 4 - 1) / 40  # all but the first 5 repeat
+    assert compare_answers.repeated_share(["abcdefgh"], Tok(), n=4) == 0.0
