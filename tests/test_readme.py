@@ -61,7 +61,9 @@ def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir, serve)
                 fingerprint(smollm2_dir))
     subst = {"path/to/tokenizer.json": str(shared / "tokenizers/llama3/tokenizer.json"),
              "--limit 10": "--limit 1 --max-new-tokens 4 --threads 1",  # the same commands, CI-sized
-             "--max-new-tokens 64": "--max-new-tokens 8 --limit 3"}
+             "--max-new-tokens 64": "--max-new-tokens 8 --limit 3",
+             # FastChat's MT-bench question file, which a user has: the shipped example prompts stand in
+             "--prompts question.jsonl": "--prompts examples/prompts.jsonl --limit 1 --max-new-tokens 4 --threads 1"}
     train_budget = " max_steps=2 batch_size=1 eval_max_new_tokens=4 draft_vocab_size=2048 threads=1"
     cmds = readme_commands()
     assert len(cmds) >= 5
@@ -80,5 +82,7 @@ def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir, serve)
         assert done.returncode == 0, (cmd, done.stderr[-2000:])
     assert (tmp_path / "out/maps/freq_2048.pt").is_file() and (tmp_path / "out/llama3-maps/freq_32768.pt").is_file()
     assert json.loads((tmp_path / "out/bench.json").read_text())["greedy_identical_to_hf"] is True
+    answer = json.loads((tmp_path / "out/model_answer/toolkit.jsonl").read_text().splitlines()[0])
+    assert answer["model_id"] == "toolkit" and answer["choices"][0]["turns"][0]
     for run in ("eagle3", "eagle3-offline", "mtp", "eagle"):
         assert (tmp_path / "out" / run / "draft/model.safetensors").is_file()
