@@ -39,19 +39,18 @@ def split(a: list[dict], b: list[dict], cap: int) -> dict:
         raise ValueError("the two files answer different questions (or in another order)")
     if any(x["choices"][0]["turns"] != y["choices"][0]["turns"] for x, y in zip(a, b)):
         raise ValueError("the answers differ: compare greedy (T=0) runs of one target and prompt set")
-    turns = [(ta, tb) for x, y in zip(a, b) for ta, tb in zip(x["speculative"], y["speculative"])]
+    turns = [(text, ta, tb) for x, y in zip(a, b)
+             for text, ta, tb in zip(x["choices"][0]["turns"], x["speculative"], y["speculative"])]
     groups = {"all": lambda t: True, "ended": lambda t: t["tokens"] < cap, "capped": lambda t: t["tokens"] >= cap}
     out = {}
     for name, keep in groups.items():
-        chosen = [(ta, tb) for ta, tb in turns if keep(ta)]
-        tokens = sum(ta["tokens"] - 1 for ta, _ in chosen)
-        steps_a, steps_b = (sum(t[i]["verify_steps"] for t in chosen) for i in (0, 1))
+        chosen = [(text, ta, tb) for text, ta, tb in turns if keep(ta)]
+        tokens = sum(ta["tokens"] - 1 for _, ta, _ in chosen)
+        steps_a, steps_b = (sum(t[i]["verify_steps"] for t in chosen) for i in (1, 2))
         tau_a = tokens / steps_a if steps_a else None
         tau_b = tokens / steps_b if steps_b else None
         out[name] = {"turns": len(chosen), "tokens": tokens, "tau_a": tau_a, "tau_b": tau_b,
-                     "ratio": tau_a / tau_b if tau_a and tau_b else None,
-                     "texts": [x["choices"][0]["turns"][i] for x in a for i, t in enumerate(x["speculative"])
-                               if keep(t)]}
+                     "ratio": tau_a / tau_b if tau_a and tau_b else None, "texts": [text for text, _, _ in chosen]}
     return out
 
 

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 from toolkit.data.schemas import ReadStats, raw_records, to_samples
+from toolkit.infer.metrics import summarize
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -96,9 +97,9 @@ def answer_records(prompts, answers, results, model_id: str) -> list[dict]:
         spec = []
         for _ in texts:
             r = next(turns)
-            steps = len(r.accepted)
-            spec.append({"tokens": len(r.tokens), "verify_steps": steps, "accepted_tokens": sum(r.accepted),
-                         "tau": (sum(r.accepted) + steps) / steps if steps else None})
+            s = summarize([r])  # τ defined once (metrics.py); null, not 0, where no verify step ran
+            spec.append({"tokens": s["tokens"], "verify_steps": s["verify_steps"], "accepted_tokens": sum(r.accepted),
+                         "tau": s["tau"] if s["verify_steps"] else None})
         records.append({"question_id": p["id"], "answer_id": uuid.uuid4().hex, "model_id": model_id,
                         "category": p["category"], "choices": [{"index": 0, "turns": texts}],
                         "speculative": spec, "tstamp": time.time()})
