@@ -39,7 +39,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(folder), "--prompts",
                            str(shared / "data/eval/mt_bench.jsonl"), "--limit", "2", "--max-new-tokens", "6",
                            "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5", "--baseline",
-                           "--compare-hf", "--compare-pld", "3", "--sweep", "2,1,3", "--sample-draft", "--threads", "1",
+                           "--compare-hf", "--compare-pld", "3", "--sweep", "2,1,3", "--threads", "1",
                            "--out", str(out), "--answers", str(tmp_path / "answers.jsonl")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -64,7 +64,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     assert r["speedup_vs_baseline"] > 0 and r["speedup_vs_hf"] > 0 and len(r["sweep"]) == 1
     sweep = r["sweep"][0]  # a whole summary with counts, so that shards merge (benchmarks/merge_bench.py)
     assert (sweep["num_steps"], sweep["topk"], sweep["num_draft_tokens"]) == (2, 1, 3)
-    assert sweep["sample_draft"] is True and r["sample_draft"] is False  # --sample-draft: chains only
+    assert sweep["sample_draft"] is False and r["sample_draft"] is False
     assert sweep["greedy_identical_to_speculative"] is True  # at T=0 every tree of the sweep gives the same text
     assert sweep["tokens"] == s["tokens"] and sweep["tau"] == pytest.approx(
         (sweep["tokens"] - s["requests"]) / sweep["verify_steps"])  # greedy: same tokens; the first is prefill's
@@ -112,6 +112,27 @@ def test_bench_grafts_a_prompt_lookup_branch_and_keeps_greedy_exact(draft_dir, s
     assert refused.returncode == 2 and "do not mix" in refused.stderr
     refused = subprocess.run(bench + ["--sample-draft", "--sweep", "2,1,3,4"], capture_output=True, text=True)
     assert refused.returncode == 2 and "do not mix" in refused.stderr and "2,1,3,4" in refused.stderr
+
+
+def test_bench_sample_draft_applies_to_chains_at_t_above_0(draft_dir, shared, tmp_path):
+    """--sample-draft is recorded on the chains it drew (main run or sweep entry) and refused where no run
+    would use it: at T=0, or with trees only."""
+    folder, _, _ = draft_dir
+    out = tmp_path / "s.json"
+    bench = [sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(folder), "--prompts",
+             str(shared / "data/eval/mt_bench.jsonl"), "--limit", "1", "--max-new-tokens", "4", "--threads", "1",
+             "--sample-draft", "--out", str(out)]
+    done = subprocess.run(bench + ["--temperature", "1", "--num-steps", "2", "--topk", "2", "--num-draft-tokens",
+                                   "4", "--sweep", "2,1,3"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["sample_draft"] is False and r["sweep"][0]["sample_draft"] is True  # the tree proposes its top-k
+    out.unlink()
+    refused = subprocess.run(bench + ["--num-steps", "2", "--topk", "1"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--temperature 0" in refused.stderr and not out.exists()
+    refused = subprocess.run(bench + ["--temperature", "1", "--topk", "2", "--sweep", "3,2,6"],
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "no run here is one" in refused.stderr and "--sweep" in refused.stderr
 
 
 def test_bench_serves_bf16_with_fp32_logits(draft_dir, shared, tmp_path):

@@ -158,6 +158,7 @@ def no_eos_tokenizer(tmp_path):
     # refused before the corpus is read (this one is empty: its error would come first otherwise)
     ("size below the kept specials", ["--sizes", "3"], "smaller than the 4 special tokens every map keeps"),
     ("batch size zero", ["--batch-size", "0"], "--batch-size 0: must be >= 1"),
+    ("thousands of workers", ["--num-workers", "100000"], "--num-workers 100000: this machine gives the process"),
 ])
 def test_bad_input_is_refused_clearly_and_writes_nothing(case, extra, message, shared, tmp_path, capsys,
                                                          no_eos_tokenizer):

@@ -177,6 +177,12 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--sweep entry {cfg.num_steps},1,{cfg.num_draft_tokens},{own.num_tokens}: "
                              "--sample-draft and a lookup branch do not mix on a chain; give it lookup 0 or drop "
                              "--sample-draft")
+    if args.sample_draft and params.greedy:
+        raise ValueError("--sample-draft draws a chain's draft tokens at the request's temperature; with --temperature "
+                         "0 every run is greedy and it would do nothing: drop it or give --temperature > 0")
+    if args.sample_draft and tree.topk != 1 and all(cfg.topk != 1 for cfg, _ in sweep):
+        raise ValueError(f"--sample-draft applies to chains (--topk 1), and no run here is one (--topk {args.topk}"
+                         f"{', and every --sweep entry has topk > 1' if sweep else ''}): drop it or add a chain")
     loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels, args.fp32_lm_head)
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
     stops = stop_ids(tok, folder)  # the same end-of-turn set for our engine and transformers' generate

@@ -27,6 +27,11 @@ from toolkit.tokenmap.report import write_coverage
 FORMAT_VERSION = "1"
 
 
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a container's or taskset's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
 def parse_sizes(text: str) -> list[int]:
     try:
         sizes = [int(s) for s in text.split(",") if s.strip()]
@@ -57,7 +62,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--assistant-only", action="store_true",
                    help="count only assistant tokens (+ end-of-turn), what EAGLE-3 trains on")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after counting this many tokens")
-    p.add_argument("--num-workers", type=int, default=os.cpu_count(),
+    p.add_argument("--num-workers", type=int, default=usable_cpus(),
                    help="tokenizer threads (sets RAYON_NUM_THREADS before the tokenizer starts) and "
                         "piece-counting processes")
     p.add_argument("--no-piece-cache", action="store_true",
@@ -191,6 +196,10 @@ def build(args: argparse.Namespace) -> dict:
     if args.num_workers is not None:
         if args.num_workers <= 0:
             raise TokenMapError(f"--num-workers {args.num_workers}: must be >= 1")
+        cpus = usable_cpus()
+        if args.num_workers > 4 * cpus:  # each is a thread and a forked process: thousands exhaust the machine
+            raise TokenMapError(f"--num-workers {args.num_workers}: this machine gives the process {cpus} CPUs; "
+                                f"give 1..{4 * cpus} (counting is CPU-bound: more workers than CPUs do not help)")
         os.environ["RAYON_NUM_THREADS"] = str(args.num_workers)  # read once, when the thread pool starts
     if args.from_counts and args.data:
         raise TokenMapError("give either --data (count now) or --from-counts (reuse counts), not both")
