@@ -146,5 +146,25 @@ def test_a_resume_keeps_the_fc_bias_and_older_eagle_runs_had_one():
     cfg = load_config(None, ["data=x", "head=eagle"])
     with pytest.raises(ValueError, match="fc_bias was True, now False"):
         check_resume({"head": "eagle", "data": "x"}, cfg)      # a train_config.json from before the key
-    check_resume({"head": "eagle", "data": "x", "fc_bias": False}, cfg)
+    check_resume({"head": "eagle", "data": "x", "fc_bias": False, "feature_noise": 0.1}, cfg)
     check_resume({"head": "eagle3", "data": "x"}, load_config(None, ["data=x"]))
+
+
+def test_eagle_heads_read_noisy_features_by_default_and_older_runs_read_clean_ones():
+    """EAGLE's augmentation: U(-0.1, 0.1) on an eagle head's input features unless told otherwise; the heads
+    trained with training-time test take none. A run saved before the key trained on clean features, and a
+    resume keeps that."""
+    from toolkit.train.config import check_resume
+
+    assert load_config(None, ["data=x", "head=eagle"]).feature_noise == 0.1
+    assert load_config(None, ["data=x", "head=eagle", "feature_noise=0"]).feature_noise == 0.0
+    assert load_config(None, ["data=x"]).feature_noise == 0.0 and TrainConfig(data="x", head="mtp").feature_noise == 0
+    for bad, words in ((["feature_noise=0.1"], "an eagle3 head trains on clean features"),
+                       (["head=eagle", "feature_noise=-1"], "feature_noise -1.0: give the uniform noise's half-width"),
+                       (["head=eagle", "feature_noise=nan"], "feature_noise nan")):
+        with pytest.raises(ValueError, match=words):
+            load_config(None, ["data=x", *bad])
+    old = {"head": "eagle", "data": "x", "fc_bias": False}  # a train_config.json from before the key
+    with pytest.raises(ValueError, match="feature_noise was 0.0, now 0.1"):
+        check_resume(old, load_config(None, ["data=x", "head=eagle"]))
+    check_resume(old, load_config(None, ["data=x", "head=eagle", "feature_noise=0"]))

@@ -4,6 +4,7 @@ layer, offline shards give the online loss, and a recipe for another head is ref
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,36 @@ def test_eagle_regression_training_exports_the_safeailab_layout(tiny_target, pre
     head = lossless(tiny_target, out / "draft", TreeConfig(3, 3, 8))
     assert type(head).__name__ == "Eagle2Head" and head.fc.bias is None
 
+
+def test_eagle_noise_is_uniform_seeded_and_on_the_inputs_only(tiny_target, prepared, tmp_path):
+    """The EAGLE paper's U(-a, a) on the features the head reads: bounded, centred, the same for the same key
+    (a resumed run draws what the whole run drew) and another for the next; no other head gets any."""
+    from toolkit.train.config import TrainConfig
+    from toolkit.train.objectives import OBJECTIVES
+
+    feats = torch.zeros(4, 96, 64)
+    cfg = TrainConfig(data="x", head="eagle")
+    noisy = OBJECTIVES["eagle"].inputs(cfg, feats, 7)
+    assert noisy.abs().max() <= 0.1 and abs(float(noisy.mean())) < 2e-3
+    assert float(noisy.std()) == pytest.approx(0.1 / 3 ** 0.5, rel=0.02)  # a uniform's spread, not a normal's
+    assert torch.equal(noisy, OBJECTIVES["eagle"].inputs(cfg, feats, 7))
+    assert not torch.equal(noisy, OBJECTIVES["eagle"].inputs(cfg, feats, 8))
+    clean = TrainConfig(data="x", head="eagle", feature_noise=0)
+    assert OBJECTIVES["eagle"].inputs(clean, feats, 7) is feats
+    for head in ("eagle3", "mtp"):
+        assert OBJECTIVES[head].inputs(TrainConfig(data="x", head=head), feats, 7) is feats
+    # in training: the noise changes what the head learns, and a run resumed halfway draws the same noise
+    steps = ["ttt_steps=1", "eval_samples=0", "save_every=2"]
+    assert train("eagle", tiny_target, prepared, tmp_path / "whole", "max_steps=4", *steps) == 0
+    assert train("eagle", tiny_target, prepared, tmp_path / "off", "max_steps=4", "feature_noise=0", *steps) == 0
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")  # the run as it stood at its step-2 checkpoint
+    shutil.rmtree(tmp_path / "cut/checkpoint-4")
+    (tmp_path / "cut/metrics.jsonl").write_text("")
+    assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(tmp_path / "cut"),
+                 "head=eagle", *COMMON, "max_steps=4", *steps, "--resume"]) == 0
+    whole, off, cut = ({r["step"]: r["loss"] for r in records(tmp_path / run)} for run in ("whole", "off", "cut"))
+    assert whole[1] != off[1] and sorted(cut) == [3, 4] and all(cut[s] == whole[s] for s in cut), (whole, cut, off)
+    assert json.loads((tmp_path / "whole/train_config.json").read_text())["feature_noise"] == 0.1
 
 # What picks the model class (read from their sources): SGLang's ModelRegistry.resolve_model_cls and vLLM's
 # _ModelRegistry.resolve_model_cls both take the first name of `architectures` they register; before that

@@ -29,6 +29,8 @@ class TrainConfig:
     init_from: str | None = None             # a trained draft folder to start from (its vocabulary, aux layers)
     regression_weight: float = 1.0           # eagle: smooth-L1 on the next hidden state (EAGLE paper: 1.0)
     token_weight: float = 0.1                # eagle: soft cross-entropy through the frozen lm_head (paper: 0.1)
+    feature_noise: float | None = None       # eagle: U(-a, a) noise added to the target features the head
+    #                                          reads (EAGLE paper: 0.1, the default for eagle; 0 for the others)
     fc_bias: bool = False                    # eagle: fc with a bias (SafeAILab's default). vLLM's EAGLE-1 fc has
     #                                          none: a head without one serves in SGLang and vLLM alike
     norm_before_residual: bool = False       # eagle3: the first layer's residual taken after hidden_norm
@@ -67,6 +69,14 @@ class TrainConfig:
 
     def __post_init__(self):
         problems = []
+        if self.feature_noise is None:
+            self.feature_noise = 0.1 if self.head == "eagle" else 0.0
+        if not (math.isfinite(self.feature_noise) and 0 <= self.feature_noise <= 10):
+            problems.append(f"feature_noise {self.feature_noise}: give the uniform noise's half-width, 0..10 "
+                            "(EAGLE paper: 0.1; 0 = none)")
+        elif self.feature_noise and self.head != "eagle":
+            problems.append(f"feature_noise {self.feature_noise}: EAGLE-1/2's augmentation; an {self.head} head "
+                            "trains on clean features (training-time test feeds it its own)")
         if not self.data:
             problems.append("data: give the prepared dataset folder (toolkit prepare-data --out)")
         if self.head not in ("eagle3", "eagle", "mtp"):
@@ -130,10 +140,10 @@ class TrainConfig:
 # what a resumed run must keep: the rows it trains on and their order (data, max_len, eval_samples, seed), what a
 # step is (batch_size, grad_accum: the data is skipped by steps done x micro-batches per step), what the
 # optimizer's saved state restores over the recipe (lr, weight_decay) and the head's parameters and forward
-# (fc_bias, norm_before_residual, norm_before_fc). The
+# (fc_bias, norm_before_residual, norm_before_fc) and what it reads (feature_noise). The
 # length (max_steps, epochs), the schedule's shape, the clock and the logging cadence may change.
 RESUME_FIXED = ("data", "max_len", "eval_samples", "seed", "batch_size", "grad_accum", "lr", "weight_decay",
-                "fc_bias", "norm_before_residual", "norm_before_fc")
+                "fc_bias", "norm_before_residual", "norm_before_fc", "feature_noise")
 
 
 def check_resume(saved: dict, cfg: TrainConfig) -> None:
@@ -141,6 +151,8 @@ def check_resume(saved: dict, cfg: TrainConfig) -> None:
     now = dataclasses.asdict(cfg)
     if saved.get("head") == "eagle" and "fc_bias" not in saved:
         saved = {**saved, "fc_bias": True}  # runs from before the key had an fc bias
+    if saved.get("head") == "eagle" and "feature_noise" not in saved:
+        saved = {**saved, "feature_noise": 0.0}  # runs from before the key trained on clean features
     diff = [f"{k} was {saved[k]!r}, now {now[k]!r}" for k in RESUME_FIXED if k in saved and saved[k] != now[k]]
     if diff:
         raise ValueError(f"cannot resume {cfg.output_dir}: " + "; ".join(diff) + ". A resumed run keeps its data, "

@@ -47,6 +47,11 @@ class Objective:
         """Step 0's input from a dumped-hidden-states batch (online runs take the target's aux_layers)."""
         return offline_batch["final_hidden"]
 
+    def inputs(self, cfg, feats: torch.Tensor, key: int) -> torch.Tensor:
+        """Step 0's input as the head sees it in training; the loss keeps the clean feats. key: a seed unique
+        to (run seed, step, micro-batch, rank), so that a resumed run draws the same noise."""
+        return feats
+
     def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d, norm=None):
         """-> (weighted loss, per-step token losses [K], per-step accuracies [K], per-step counted rows [K]);
         norm [K]: each step's denominator (losses.step_counts over the optimizer step), None: this batch's rows."""
@@ -83,6 +88,15 @@ class Eagle(Objective):
 
         torch.manual_seed(cfg.seed)
         return Eagle2Head(draft_config(tcfg, cfg.num_layers), parts["lm_head.weight"].float(), fc_bias=cfg.fc_bias)
+
+    def inputs(self, cfg, feats, key):
+        # EAGLE's data augmentation: U(-a, a) noise on the target features the head reads, so that at draft
+        # depth 2+ it copes with its own predicted features' error; the regression and token targets stay clean
+        if cfg.feature_noise == 0:
+            return feats
+        gen = torch.Generator(device=feats.device).manual_seed(key)
+        noise = torch.rand(feats.shape, generator=gen, device=feats.device, dtype=torch.float32)
+        return feats + ((noise * 2 - 1) * cfg.feature_noise).to(feats.dtype)
 
     def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d, norm=None):
         token, losses, accs, counts = ttt_loss(step_logits, target_logits, loss_mask, t2d, cfg.loss_decay, norm)

@@ -270,7 +270,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         # DDP averages the ranks, hence the denominators are the counts over their product.
         counts_step = sum(step_counts(b["loss_mask"], cfg.ttt_steps) for b in step_batches).to(device)
         norm = acc.reduce(counts_step, "sum") / (cfg.grad_accum * acc.num_processes)
-        for batch in step_batches:
+        for micro, batch in enumerate(step_batches):
             batch = {k: v.to(device) for k, v in batch.items()}
             with torch.no_grad():  # the frozen target's features (3 aux layers, or the final normed state)
                 if offline:
@@ -279,7 +279,10 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                     target_logits, hs = target(batch["input_ids"], aux_layers=head.aux_layers)
                     feats = torch.cat(hs, -1)
             with acc.accumulate(model):
-                step_logits, step_hidden = model(feats, batch["input_ids"], batch["valid"])
+                key = ((cfg.seed * 1_000_003 + progress.step) * cfg.grad_accum + micro) * acc.num_processes \
+                    + acc.process_index
+                step_logits, step_hidden = model(objective.inputs(cfg, feats, key), batch["input_ids"],
+                                                 batch["valid"])
                 loss, losses, accs, counts = objective.loss(cfg, step_logits, step_hidden, feats, target_logits,
                                                             batch["loss_mask"], t2d, norm)
                 acc.backward(loss)
