@@ -27,10 +27,10 @@ from toolkit.tokenmap.report import write_coverage
 FORMAT_VERSION = "1"
 
 
-
 def usable_cpus() -> int:
     """The CPUs this process may run on (a container's or taskset's share, not the host's count)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
 
 def parse_sizes(text: str) -> list[int]:
     try:
