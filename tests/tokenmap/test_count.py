@@ -113,3 +113,21 @@ def test_truncation_and_padding_saved_in_tokenizer_json_do_not_cut_counts(tmp_pa
         ref = count_tokens(paths, ChatRenderer(qwen2_tokenizer), len(tok), mode, batch_size=3, progress=False,
                            pieces=False)
         assert np.array_equal(res.counts, ref.counts) and res.total > 0
+
+
+def test_piece_workers_default_to_the_cpus_this_process_may_use(tmp_path, smollm2_tokenizer, monkeypatch):
+    """Not the host's count: a container or taskset limited to 1 CPU gets 1 worker, not os.cpu_count()'s 64."""
+    import os
+
+    import toolkit.tokenmap.count as count
+
+    seen = []
+    real = count._count_by_pieces
+    monkeypatch.setattr(count, "_count_by_pieces", lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    rec = json.dumps({"question": "How many apples?", "answer": "There are 42 apples."})
+    (tmp_path / "qa.jsonl").write_text("\n".join([rec] * 600))
+    res = count.count_tokens([tmp_path / "qa.jsonl"], ChatRenderer(smollm2_tokenizer), len(smollm2_tokenizer),
+                             batch_size=256, progress=False)
+    assert res.method == "pieces" and seen == [1]

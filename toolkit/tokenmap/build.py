@@ -19,17 +19,12 @@ from toolkit.atomic import atomic_path
 from toolkit.data.chat import BUILTIN_TEMPLATES, ChatRenderer, load_tokenizer
 from toolkit.embedded import DEFAULT_MODEL, sha256_file
 from toolkit.models import fingerprint, resolve_target
-from toolkit.tokenmap.count import count_tokens
+from toolkit.tokenmap.count import count_tokens, usable_cpus
 from toolkit.tokenmap.maps import (TokenMapError, check_sizes, fit_counts, freq_list, load_counts, load_freq,
                                    save_counts, save_freq, save_vocab_map, vocab_map)
 from toolkit.tokenmap.report import write_coverage
 
 FORMAT_VERSION = "1"
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (a container's or taskset's share, not the host's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def parse_sizes(text: str) -> list[int]:

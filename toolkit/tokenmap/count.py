@@ -49,6 +49,11 @@ class CountResult:
     method: str = "tokenizer"  # or "pieces"
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a container's or taskset's share, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _sample_batches(files, mode: str, batch_size: int, result: CountResult, first_size: int | None = None):
     """Batches of samples; the first may be smaller (it is counted twice when checking piece counting)."""
     batch: Batch = []
@@ -187,7 +192,7 @@ def count_tokens(files: list[str | Path], renderer: ChatRenderer, vocab_size: in
         add(exact, errors)
         if np.array_equal(counter.token_counts(*counter.splitter.count_pieces(texts), vocab_size), exact):
             result.method = "pieces"
-            _count_by_pieces(batches, counter, renderer, vocab_size, add, max(1, num_workers or os.cpu_count() or 1))
+            _count_by_pieces(batches, counter, renderer, vocab_size, add, max(1, num_workers or usable_cpus()))
         else:
             print("note: counting by pieces disagrees with the tokenizer on this corpus; tokenizing every "
                   "text instead", file=sys.stderr)
