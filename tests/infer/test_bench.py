@@ -260,6 +260,21 @@ def test_shards_take_every_nth_prompt_and_bad_shards_are_refused(shared, tmp_pat
         read_prompts(str(two), None, (5, 6))
 
 
+def test_prompt_ids_are_the_records_question_ids_or_places_in_the_file_across_shards(tmp_path):
+    """FastChat pairs answers with questions by question_id: the shards of one file must never reuse an id,
+    and a chat record's own question_id is kept."""
+    from toolkit.infer.prompts import read_prompts
+
+    chat = lambda q, **k: json.dumps({"messages": [{"role": "user", "content": q}], **k})  # noqa: E731
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join([chat("a"), json.dumps({"turns": ["b"]}), chat("c", question_id=81),
+                               json.dumps({"turns": ["d"], "question_id": 90}), chat("e")]) + "\n")
+    assert [p["id"] for p in read_prompts(str(path), None)] == [0, 1, 81, 90, 4]
+    shards = [[p["id"] for p in read_prompts(str(path), None, (i, 2))] for i in (0, 1)]
+    assert shards == [[0, 81, 4], [1, 90]]
+    assert [p["id"] for p in read_prompts(str(path), 2, (0, 2))] == [0, 81]
+
+
 @pytest.mark.parametrize("lines, message", [
     (['{"turns": []}'], "non-empty list"), (['{"turns": [123]}'], "non-empty list"),
     (['{"turns": ["a", ""]}'], "non-empty list"),

@@ -26,7 +26,8 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) -> list[dict]:
     """[{id, category, system, turns: [user texts]}] from MT-bench `turns` records or any corpus schema; with
-    `shard` (I, N) only the records I, I+N, I+2N, ... of the file."""
+    `shard` (I, N) only the records I, I+N, I+2N, ... of the file. id: the record's `question_id`, else its
+    0-based place in the file (not in the shard), so that the shards of one file never share an id."""
     if not Path(path).is_file():
         what = "a folder, not a file" if Path(path).is_dir() else "no such file"
         raise ValueError(f"--prompts {path}: {what} (give a .jsonl of MT-bench `turns` records or of any "
@@ -36,7 +37,7 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) 
         if index % shard[1] != shard[0]:
             continue
         if isinstance(rec, dict) and isinstance(rec.get("turns"), list):
-            item = {"id": rec.get("question_id", len(out)), "category": rec.get("category", "all"),
+            item = {"id": rec.get("question_id", index), "category": rec.get("category", "all"),
                     "system": None, "turns": list(rec["turns"])}
         else:
             try:
@@ -46,7 +47,9 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) 
             if isinstance(conv, str):
                 raise ValueError(f"{where}: plain text is not a prompt; give chat records")
             system = next((m["content"] for m in conv if m["role"] == "system"), None)
-            item = {"id": len(out), "category": rec.get("category", "all") if isinstance(rec, dict) else "all",
+            known = isinstance(rec, dict) and rec.get("question_id") is not None
+            item = {"id": rec["question_id"] if known else index,
+                    "category": rec.get("category", "all") if isinstance(rec, dict) else "all",
                     "system": system, "turns": [m["content"] for m in conv if m["role"] == "user"]}
         if not item["turns"] or not all(isinstance(t, str) and t for t in item["turns"]):
             raise ValueError(f"{where}: turns must be a non-empty list of non-empty strings (the user turns)")
