@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from toolkit.atomic import atomic_path, write_text
+
 
 def generate_rows(args, loaded) -> list[dict]:
     """Greedy answers turn by turn (the engine with the head's chain + lookup: the same text as plain decoding,
@@ -44,7 +46,7 @@ def generate_rows(args, loaded) -> list[dict]:
         return out
 
     answer_turns(tok, read_prompts(args.prompts, args.limit), generate)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))  # a killed run leaves no cut cache to reuse
     return rows
 
 
@@ -171,7 +173,8 @@ def main() -> None:
     cached = Path(f"{args.answers}.chains{args.steps}.pt")  # the head's passes take minutes: kept
     every = torch.load(cached) if cached.exists() else [
         head_chains(loaded.head, loaded.target, r["prompt"] + r["answer"], args.steps).tolist() for r in rows]
-    torch.save(every, cached)
+    with atomic_path(cached) as tmp:
+        torch.save(every, tmp)
     totals = simulate(rows, every, policies, lambda n: args.draft_ms + step_ms(n))
     tokens = sum(len(r["answer"]) for r in rows)
     plain = (tokens - len(rows)) * step_ms(1)  # plain decoding: one step per token after prefill's
@@ -181,7 +184,7 @@ def main() -> None:
         report["policies"].append({"policy": name, "rounds": r, "tau": (tokens - len(rows)) / r,
                                    "predicted_vs_plain": plain / s})
         print(f"{name:32s} rounds {r:6d}  tau {(tokens - len(rows)) / r:5.2f}  predicted {plain / s:5.2f}x plain")
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_text(args.out, json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

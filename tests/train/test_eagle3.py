@@ -152,7 +152,8 @@ def test_offline_training_refuses_shards_dumped_from_other_data(tiny_target, pre
                                                            "other tokens there" in err), err
 
 
-def test_a_dump_into_shards_of_another_setup_names_what_differs(tiny_target, prepared, tmp_path, capsys):
+def test_a_dump_into_shards_of_another_setup_names_what_differs(tiny_target, prepared, tmp_path, capsys,
+                                                                monkeypatch):
     shards = tmp_path / "hidden"
     args = ["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out", str(shards),
             "--shard-size", "12"]
@@ -161,6 +162,11 @@ def test_a_dump_into_shards_of_another_setup_names_what_differs(tiny_target, pre
     assert main([*args, "--max-len", "64"]) == 2
     err = capsys.readouterr().err
     assert "holds shards of another setup (max_len 96 there, 64 now); use a new folder" in err, err
+    # the same data and target, named another way (a relative path, a trailing /.): the same setup, resumed
+    monkeypatch.chdir(prepared.parent)
+    again = ["dump-hidden-states", "--model", f"{tiny_target}/.", "--data", prepared.name, "--out", str(shards),
+             "--shard-size", "12", "--max-len", "96"]
+    assert main(again) == 0, capsys.readouterr().err
 
 
 def test_a_killed_dump_leaves_no_half_shard_and_resumes_with_another_shard_size(tiny_target, prepared, tmp_path,

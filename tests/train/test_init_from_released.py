@@ -52,6 +52,11 @@ def test_a_speculators_head_is_trained_on_with_its_norm_before_residual(tiny_tar
         runs[flag] = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r][0]
         w_in, w_out = load_file(str(spec / "model.safetensors")), load_file(str(out / "draft" / "model.safetensors"))
         assert torch.allclose(w_in["fc.weight"].float(), w_out["fc.weight"].float(), atol=1e-2)
+        from safetensors import safe_open
+
+        (vmap,) = out.glob("vocab_map_*.safetensors")
+        with safe_open(str(vmap), "pt") as f:  # the vocabulary is the started-from draft's, and says so
+            assert f.metadata()["method"] == "init_from"
     # the same weights under the two forwards: a different loss, so the variant is what was trained
     assert abs(runs[True] - runs[False]) > 1e-3 * runs[False]
 

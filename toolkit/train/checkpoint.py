@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from toolkit.atomic import write_text
+
 
 class Progress:
     """Counters saved with the accelerate state (register_for_checkpointing needs state_dict/load_state_dict)."""
@@ -54,7 +56,7 @@ def save(accelerator, model, template_head, output_dir: Path, step: int, keep: i
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         replace_dir(tmp, final)
-        (output_dir / "latest").write_text(final.name + "\n")
+        write_text(output_dir / "latest", final.name + "\n")
         old = sorted((int(p.name.split("-")[1]), p) for p in output_dir.glob("checkpoint-*") if p.is_dir())
         for _, p in old[:-keep]:
             shutil.rmtree(p, ignore_errors=True)

@@ -76,11 +76,19 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     head = {"format_version": 1, "target": model, "target_fingerprint": fingerprint(folder),
-            "dataset": str(args.data), "aux_layer_ids": aux_layers, "hidden_size": target.config.hidden_size,
+            "dataset": str(Path(args.data).resolve()), "aux_layer_ids": aux_layers, "hidden_size": target.config.hidden_size,
             "dtype": args.dtype, "max_len": args.max_len}
     index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else None
-    differ = [k for k in head if index is not None and index.get(k) != head[k] and not (
-        k == "target_fingerprint" and index.get(k) and same_target(index[k], folder))]  # an id of the older rule
+    def same(k) -> bool:  # the target by its weights, not by how it was named; the data folder by where it is
+        if k == "target_fingerprint" and index.get(k):
+            return same_target(index[k], folder)  # also an id of the older rule
+        if k == "target":
+            return index.get("target_fingerprint") is not None and same_target(index["target_fingerprint"], folder)
+        if k == "dataset" and index.get(k):
+            return Path(index[k]).resolve() == Path(head[k])  # folders dumped before paths were resolved
+        return False
+
+    differ = [k for k in head if index is not None and index.get(k) != head[k] and not same(k)]
     if differ:
         raise ValueError(f"--out {out} holds shards of another setup (" + ", ".join(
             f"{k} {index.get(k)!r} there, {head[k]!r} now" for k in differ) + "); use a new folder")

@@ -218,8 +218,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         write_text(out / "train_config.json", cfg.to_json() + "\n")
         if cfg.head == "eagle3":
             save_vocab_map(out / f"vocab_map_{len(vocab_ids)}.safetensors", d2t, t2d,
-                           {"source": cfg.data, "method": "assistant-token frequency" if not cfg.token_map else
-                            "given"})
+                           {"source": cfg.data, "method": "init_from" if cfg.init_from else "given" if cfg.token_map
+                            else "assistant-token frequency"})
     t2d = t2d.to(device)
     lm_w = parts["lm_head.weight"].to(device, dtype) if offline else None
     export_args = (objective.save, target_hf, cfg.model, target_fp, {"ttt_steps": cfg.ttt_steps,
