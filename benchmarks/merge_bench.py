@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 
 SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling", "sample_draft", "lookup",
-        "prompts_sha256", "limit", "seed", "dtype", "fp32_lm_head")
+        "prompts_sha256", "limit", "seed", "dtype", "fp32_lm_head", "chat_template_kwargs")
 # what a JSON from before the field existed ran with (dtype: not recorded then)
-DEFAULTS = {"sample_draft": False, "lookup": None, "dtype": None, "fp32_lm_head": False}
+DEFAULTS = {"sample_draft": False, "lookup": None, "dtype": None, "fp32_lm_head": False, "chat_template_kwargs": {}}
 RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup")
 
 

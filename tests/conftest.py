@@ -74,6 +74,25 @@ def tiny_target(smollm2_dir, tmp_path_factory) -> Path:
     return folder
 
 
+# Qwen3's switch in a ChatML template: with enable_thinking false the generation prompt closes an empty think block
+THINKING_TEMPLATE = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}")
+
+
+@pytest.fixture(scope="session")
+def thinking_target(tiny_target, tmp_path_factory) -> Path:
+    """tiny_target with a chat template that reads the variable `enable_thinking` (as Qwen3's does)."""
+    folder = tmp_path_factory.mktemp("thinking-target")
+    for f in tiny_target.iterdir():
+        (folder / f.name).symlink_to(f)
+    (folder / "chat_template.jinja").unlink()
+    (folder / "chat_template.jinja").write_text(THINKING_TEMPLATE)
+    return folder
+
+
 @contextlib.contextmanager
 def running_server(*args: str, threads: int = 1, ready_timeout: float = 300, cwd=None):
     """Yields (base URL without /v1, process). The server picks its port (--port 0) and names it."""

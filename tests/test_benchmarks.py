@@ -148,8 +148,9 @@ def test_merged_shards_equal_one_run_over_every_prompt(tmp_path):
     (lambda r: r["hf_generate"].update(prompt_lookup_num_tokens=5), "lengths"),
     (lambda r: r.update(dtype="bfloat16"), "dtype"),  # the other shard predates the field
     (lambda r: r.update(fp32_lm_head=True), "fp32_lm_head"),
+    (lambda r: r.update(chat_template_kwargs={"enable_thinking": False}), "chat_template_kwargs"),  # asked otherwise
 ], ids=["tree", "duplicate-shard", "legacy-category", "legacy-sweep", "missing-run", "sample-draft", "sweep-lookup",
-        "two-ns", "prompt-file", "limit", "pld-length", "dtype", "fp32-lm-head"])
+        "two-ns", "prompt-file", "limit", "pld-length", "dtype", "fp32-lm-head", "template-kwargs"])
 def test_merge_refuses_shards_that_do_not_belong_together(tmp_path, change, message):
     spec = fake_results(6, seed=2)
     files = []

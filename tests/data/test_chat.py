@@ -154,3 +154,16 @@ def test_tools_and_documents_render_as_apply_chat_template_passes_them(shared):
     text, _ = ChatRenderer(tok).render_with_spans(conv)
     assert text == tok.apply_chat_template(conv, tokenize=False) == "<|im_start|>user\nu<|im_end|>\n" \
         "<|im_start|>assistant\na<|im_end|>\n"
+
+
+@pytest.mark.parametrize("value, message", [
+    ("{bad", "not JSON"), ("[1, 2]", "give a JSON object"), ('"x"', "give a JSON object"),
+    ('{"add_generation_prompt": false}', "add_generation_prompt set how the template is applied"),
+    ('{"tokenize": true, "messages": []}', "messages, tokenize set how")])
+def test_template_kwargs_are_a_json_object_of_the_templates_own_variables(value, message):
+    from toolkit.data.chat import template_kwargs
+
+    with pytest.raises(ValueError, match=message):
+        template_kwargs(value, "--chat-template-kwargs")
+    assert template_kwargs(None) == {} and template_kwargs('{"enable_thinking": false}') == {"enable_thinking": False}
+    assert template_kwargs({"reasoning_effort": "low"}, "chat_template_kwargs") == {"reasoning_effort": "low"}

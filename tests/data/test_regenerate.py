@@ -153,6 +153,40 @@ def test_endpoint_mode_talks_openai_and_feeds_turn_one_into_turn_two(data, tmp_p
     assert recs[2]["source"] == f"{data}:3"
 
 
+def test_template_variables_reach_the_engines_prompts_and_the_endpoints_requests(thinking_target, data, tmp_path,
+                                                                                monkeypatch):
+    """--chat-template-kwargs '{"enable_thinking": false}': the in-process engine's prompts close Qwen3's think block,
+    and an endpoint gets the object as chat_template_kwargs (vLLM / SGLang apply it there)."""
+    from toolkit.infer.engine import Engine
+
+    prompts, real = [], Engine.generate_batch
+    monkeypatch.setattr(Engine, "generate_batch",
+                        lambda self, ids, *a, **k: prompts.extend(ids) or real(self, ids, *a, **k))
+    args = ["regenerate", "--model", str(thinking_target), "--data", str(data), "--max-new-tokens", "4",
+            "--limit", "1"]
+    assert main(args + ["--out", str(tmp_path / "plain.jsonl")]) == 0
+    assert main(args + ["--out", str(tmp_path / "off.jsonl"), "--chat-template-kwargs",
+                        '{"enable_thinking": false}']) == 0
+    from toolkit.data.chat import load_tokenizer
+
+    tok = load_tokenizer(model=str(thinking_target))
+    texts = [tok.decode(ids) for ids in prompts]
+    assert len(texts) == 4 and [t.endswith("<think>\n\n</think>\n\n") for t in texts] == [False] * 2 + [True] * 2
+
+    FakeServer.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        for flag, out in (([], "a.jsonl"), (["--chat-template-kwargs", '{"enable_thinking": false}'], "b.jsonl")):
+            assert main(["regenerate", "--endpoint", url, "--data", str(data), "--out", str(tmp_path / out),
+                         "--limit", "1", *flag]) == 0
+    finally:
+        server.shutdown()
+    off = {"enable_thinking": False}
+    assert [b.get("chat_template_kwargs") for b in FakeServer.seen] == [None, None, off, off]  # two turns each
+
+
 def test_data_files_of_one_name_are_refused(data, tmp_path, capsys):
     """Ids are file name:index: two train.jsonl files would share ids and a resume would skip one's rows."""
     other = tmp_path / "b" / data.name

@@ -52,6 +52,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     assert s["seconds"]["other"] >= 0 and r["baseline"]["accept_rate_by_position"] == []
     assert set(r["per_category"]) == {"writing"} and r["per_category"]["writing"]["verify_steps"] == s["verify_steps"]
     assert r["shard"] is None and r["dtype"] == "float32" and r["fp32_lm_head"] is False
+    assert r["chat_template_kwargs"] == {}
     assert r["hf_generate"]["logits_dtype"] == "float32"  # transformers' readout, beside the engine's
     for run in (r, r["prompt_lookup"]):  # τ per turn: the turns' figures make up the whole run's
         turns = run["per_turn"].values()
@@ -240,6 +241,28 @@ def test_turn_two_sees_the_models_own_turn_one_answer(smollm2_tokenizer):
     assert first.rstrip().endswith("assistant") and second.rstrip().endswith("assistant")  # generation prompts
 
 
+def test_every_turn_and_the_warm_up_are_asked_with_the_template_variables(thinking_target, tmp_path):
+    """bench --chat-template-kwargs: each turn (and the untimed warm-up) is asked as a client sending
+    chat_template_kwargs would ask it, so a Qwen3 target is benchmarked without thinking."""
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.prompts import answer_turns, read_prompts, warm_up_ids
+
+    tok, seen = load_tokenizer(model=str(thinking_target)), []
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"turns": ["Capital of France?", "Its population?"]}) + "\n")
+
+    def generate(ids, prompt):
+        seen.append(tok.decode(ids))
+        return tok("Paris.", add_special_tokens=False).input_ids
+
+    for variables, closed in ((None, False), ({"enable_thinking": False}, True)):
+        prompts = read_prompts(str(path), None, (0, 1), variables)
+        seen.clear()
+        answer_turns(tok, prompts, generate)
+        seen.append(tok.decode(warm_up_ids(tok, prompts)))
+        assert [t.endswith("<think>\n\n</think>\n\n") for t in seen] == [closed] * 3
+
+
 def test_shards_take_every_nth_prompt_and_bad_shards_are_refused(shared, tmp_path):
     from toolkit.infer.prompts import parse_shard, read_prompts
 
@@ -326,7 +349,8 @@ def test_differing_answers_are_counted_and_explained_outside_fp32(capsys):
     (["--threads", "-1"], "--threads -1"), (["--temperature", "inf"], "finite"),
     (["--out", "DIR"], "is a folder"), (["--out", "DIR/"], "is a folder"),
     (["--out", "DIR/b.json"], "the PNG written beside it"), (["--answers", "DIR"], "--answers"),
-    (["--out", "DIR/a.json", "--answers", "DIR/a.json"], "is --out too")])
+    (["--out", "DIR/a.json", "--answers", "DIR/a.json"], "is --out too"),
+    (["--chat-template-kwargs", '{"tokenize": true}'], "tokenize set how the template is applied")])
 def test_bad_bench_options_are_refused_before_loading(tmp_path, capsys, extra, message):
     """--num-draft-tokens 0 once ran as the default, --temperature inf sampled uniformly, --out DIR ran the whole
     bench and then failed with a traceback (a folder where the PNG goes, after writing the JSON), --compare-pld -1

@@ -269,6 +269,31 @@ def test_plain_decoding_modes_serve_the_draft_target(serve, tiny_target, tiny_dr
     assert one["usage"]["speculative"]["verify_steps"] == 0 and one["usage"]["speculative"]["tau"] is None
 
 
+def test_chat_template_kwargs_reach_the_template_over_the_servers_defaults(serve, thinking_target):
+    """vLLM's / SGLang's chat_template_kwargs (Qwen3's enable_thinking) were dropped as an unknown field: a client
+    asking for no thinking got the thinking prompt. The server's defaults apply unless a request sets the key."""
+    tok = load_tokenizer(model=str(thinking_target))
+
+    def prompt_tokens(**variables) -> int:
+        return len(tok(tok.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True, **variables),
+                       add_special_tokens=False).input_ids)
+
+    with serve("--model", str(thinking_target), "--no-speculation", "--max-seq-len", "256",
+               "--default-chat-template-kwargs", '{"enable_thinking": false}') as (base, proc):
+        def ask(**extra):
+            return httpx.post(f"{base}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 2, **extra})
+
+        default, on = ask().json(), ask(chat_template_kwargs={"enable_thinking": True}).json()
+        reserved = ask(chat_template_kwargs={"add_generation_prompt": False})
+        wrong = ask(chat_template_kwargs=["enable_thinking"])
+    assert prompt_tokens(enable_thinking=False) > prompt_tokens()  # + <think>\n\n</think>\n\n
+    assert default["usage"]["prompt_tokens"] == prompt_tokens(enable_thinking=False)
+    assert on["usage"]["prompt_tokens"] == prompt_tokens(enable_thinking=True) == prompt_tokens()
+    assert reserved.status_code == 400 and reserved.json()["error"]["param"] == "chat_template_kwargs"
+    assert "add_generation_prompt set how the template is applied" in reserved.json()["error"]["message"]
+    assert wrong.status_code == 400 and "chat_template_kwargs" in wrong.json()["error"]["param"]
+
+
 @pytest.mark.parametrize("kind", ["mtp", "eagle"])
 def test_mtp_and_eagle_drafts_serve_as_chains_equal_to_plain_greedy(serve, tiny_target, reference, tmp_path, kind):
     """`toolkit serve --draft` takes the folders toolkit/train/mtp.py and eagle.py write (random weights here),
@@ -328,7 +353,8 @@ def test_a_negative_lookup_is_refused(tiny_draft, capsys):
     (["--num-draft-tokens", "0"], "--num-draft-tokens 0: must be in 2..6"), (["--log-every", "-1"], "--log-every -1"),
     (["--host", "nosuch.invalid"], "--host nosuch.invalid"),
     (["--no-speculation", "--num-steps", "3", "--sample-draft"], "--num-steps, --sample-draft shape the draft's rounds"),
-    (["--no-speculation", "--token-map", "freq.pt"], "--token-map shapes the draft's rounds")])
+    (["--no-speculation", "--token-map", "freq.pt"], "--token-map shapes the draft's rounds"),
+    (["--default-chat-template-kwargs", "enable_thinking=false"], "--default-chat-template-kwargs 'enable_thinking")])
 def test_bad_flags_are_refused_before_loading(capsys, extra, message):
     """--num-draft-tokens 0 served as the default and --log-every -1 was taken; a host name that does not resolve
     was reported as 'pick another --port'; drafting flags beside --no-speculation were taken and did nothing."""

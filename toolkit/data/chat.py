@@ -42,6 +42,36 @@ class TokenizerError(ValueError):
     """A tokenizer we cannot use as asked; the message says what was wrong and what is accepted."""
 
 
+# apply_chat_template's own arguments and the variables it sets: never a template variable a caller may override
+RESERVED_TEMPLATE_ARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message",
+    "tokenize", "chat_template", "return_dict", "return_tensors", "padding", "truncation", "max_length",
+    "tokenizer_kwargs", "return_assistant_tokens_mask"})
+
+
+def template_kwargs(value, flag: str = "--chat-template-kwargs") -> dict:
+    """Extra chat-template variables, as vLLM's and SGLang's `chat_template_kwargs` (e.g. Qwen3's
+    {"enable_thinking": false}); `value` is a JSON text (a command-line flag), a dict (a request) or None."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ValueError(f"{flag} {value!r}: not JSON ({e}); give an object, e.g. "
+                             '\'{"enable_thinking": false}\'') from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag}: give a JSON object of template variables, e.g. {{\"enable_thinking\": false}}; "
+                         f"got {type(value).__name__}")
+    reserved = sorted(RESERVED_TEMPLATE_ARGS & value.keys())
+    if reserved:
+        raise ValueError(f"{flag}: {', '.join(reserved)} set how the template is applied, not a variable it reads; "
+                         "give the template's own variables only (e.g. enable_thinking)")
+    return value
+
+
 def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_template: str | None = None):
     """A transformers fast tokenizer with a chat template and an EOS token, or a clear TokenizerError.
 

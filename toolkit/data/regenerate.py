@@ -35,6 +35,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default=None, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
                                                     "(API key from $OPENAI_API_KEY)")
     p.add_argument("--max-new-tokens", type=int, default=512, help="per assistant turn")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='extra template variables, e.g. \'{"enable_thinking": false}\' (Qwen3: answers without '
+                        "thinking); sent to --endpoint as chat_template_kwargs, as vLLM / SGLang read them")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     p.add_argument("--num-samples", type=int, default=1, help="answers per conversation (needs temperature > 0)")
@@ -160,7 +163,7 @@ def engine_answerer(args) -> tuple[Callable, int]:
     stop = stop_ids(tok, loaded.folder)
 
     def answer_batch(prompts: list[list[dict]]) -> list[str | None]:
-        ids = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+        ids = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True, **args.variables),
                    add_special_tokens=False).input_ids for m in prompts]
         # by length: the engine prefills neighbours of similar length together (less padding)
         fits = sorted((j for j, x in enumerate(ids) if len(x) + args.max_new_tokens <= max_len),
@@ -190,11 +193,13 @@ def endpoint_answerer(args) -> tuple[Callable, int]:
     except (APIConnectionError, APIStatusError, IndexError) as e:
         raise unreachable(e) from None
     pool = ThreadPoolExecutor(args.concurrency)
+    extra = {"extra_body": {"chat_template_kwargs": args.variables}} if args.variables else {}
 
     def one(messages: list[dict]) -> str | None:
         try:
             r = client.chat.completions.create(model=model, messages=messages, max_tokens=args.max_new_tokens,
-                                               temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+                                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                                               **extra)
         except BadRequestError:  # the prompt no longer fits the server's context
             return None
         except (APIConnectionError, APIStatusError) as e:
@@ -220,6 +225,9 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--temperature {args.temperature}: give a finite number >= 0 (0 = greedy)")
     if not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p {args.top_p}: give a nucleus mass in (0, 1]")
+    from toolkit.data.chat import template_kwargs
+
+    args.variables = template_kwargs(args.chat_template_kwargs)
     if args.endpoint and not args.endpoint.startswith(("http://", "https://")):
         raise ValueError(f"--endpoint {args.endpoint}: give the server's base URL, e.g. http://127.0.0.1:8000/v1")
     if args.endpoint and (args.device, args.dtype) != ("auto", "auto"):

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from toolkit.atomic import atomic_path, check_out_path, write_text
+from toolkit.data.chat import template_kwargs
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
 from toolkit.infer.prompts import answer_records, answer_turns, parse_shard, read_prompts, warm_up_ids
@@ -37,6 +38,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "long set across processes or sessions; on a category-sorted file like MT-bench each shard takes "
                    "every category. Join the shards' JSONs with benchmarks/merge_bench.py")
     p.add_argument("--max-new-tokens", type=int, default=256, help="per turn")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help='extra template variables every turn is asked with (every run alike), e.g. '
+                        '\'{"enable_thinking": false}\' (Qwen3), as vLLM / SGLang take them')
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -167,6 +171,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-len {args.max_len}: give the KV cache length per sequence, at least 2 tokens")
     if args.compare_pld < 0:
         raise ValueError(f"--compare-pld {args.compare_pld}: give the lookup tokens per step (>= 1), or 0 for none")
+    variables = template_kwargs(args.chat_template_kwargs)
     tree = TreeConfig(args.num_steps, args.topk,
                       args.num_steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
@@ -187,7 +192,7 @@ def main(args: argparse.Namespace) -> int:
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
     stops = stop_ids(tok, folder)  # the same end-of-turn set for our engine and transformers' generate
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
-    prompts = read_prompts(args.prompts, args.limit, parse_shard(args.shard))
+    prompts = read_prompts(args.prompts, args.limit, parse_shard(args.shard), variables)
     max_len = min(args.max_len, target.config.max_position_embeddings)
 
     def make(draft, cfg, own=branch):  # CUDA graphs on a GPU unless --eager
@@ -209,7 +214,7 @@ def main(args: argparse.Namespace) -> int:
               "probe_agreement": agree, "shard": args.shard, "dtype": str(dtype).removeprefix("torch."),
               "fp32_lm_head": target.logits_fp32, "sample_draft": sampled(head, tree),
               "prompts_sha256": hashlib.sha256(Path(args.prompts).read_bytes()).hexdigest(), "limit": args.limit,
-              "seed": args.seed,
+              "seed": args.seed, "chat_template_kwargs": variables,
               "lookup": None if branch is None else vars(branch),
               "prompts": len(prompts), "speculative": summarize(results, wall, depth(tree)),
               "per_category": {}, "per_turn": {}}

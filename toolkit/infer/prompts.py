@@ -24,8 +24,10 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     return i, n
 
 
-def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) -> list[dict]:
-    """[{id, category, system, turns: [user texts]}] from MT-bench `turns` records or any corpus schema; with
+def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1),
+                 template_kwargs: dict | None = None) -> list[dict]:
+    """[{id, category, system, turns: [user texts], template_kwargs}] from MT-bench `turns` records or any corpus
+    schema (template_kwargs: extra chat-template variables every turn is asked with, e.g. enable_thinking); with
     `shard` (I, N) only the records I, I+N, I+2N, ... of the file. id: the record's `question_id`, else its
     0-based place in the file (not in the shard), so that the shards of one file never share an id."""
     if not Path(path).is_file():
@@ -53,7 +55,7 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1)) 
                     "system": system, "turns": [m["content"] for m in conv if m["role"] == "user"]}
         if not item["turns"] or not all(isinstance(t, str) and t for t in item["turns"]):
             raise ValueError(f"{where}: turns must be a non-empty list of non-empty strings (the user turns)")
-        out.append(item)
+        out.append({**item, "template_kwargs": dict(template_kwargs or {})})
         if limit is not None and len(out) >= limit:
             break
     if stats.bad:  # a benchmark over fewer prompts than its file holds would say nothing of the missing ones
@@ -74,7 +76,8 @@ def answer_turns(tok, prompts, generate) -> list[list[str]]:
         texts = []
         for number, turn in enumerate(p["turns"], 1):
             messages.append({"role": "user", "content": turn})
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                           **p.get("template_kwargs", {}))
             out = generate(tok(text, add_special_tokens=False).input_ids, {**p, "turn": number})
             texts.append(tok.decode(out, skip_special_tokens=True))
             messages.append({"role": "assistant", "content": texts[-1]})
@@ -86,7 +89,7 @@ def warm_up_ids(tok, prompts) -> list[int]:
     """The first turn of the first prompt, tokenized with the chat template: each engine generates a few
     tokens from it before it is timed, so first-call initialisation is not counted against one of them."""
     text = tok.apply_chat_template([{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False,
-                                   add_generation_prompt=True)
+                                   add_generation_prompt=True, **prompts[0].get("template_kwargs", {}))
     return tok(text, add_special_tokens=False).input_ids
 
 

@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from fastapi import FastAPI, Request
@@ -36,6 +36,7 @@ class Served:
     stop_ids: frozenset  # end-of-turn tokens
     batcher: Batcher
     created: int = 0
+    template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs; a request's keys win
 
 
 def through(result: Result, n: int) -> Result:
@@ -156,7 +157,8 @@ def build_app(served: Served) -> FastAPI:
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                     for m in body.messages]
         try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                           **{**served.template_kwargs, **body.chat_template_kwargs})
         except Exception as e:  # a template may refuse a role order (e.g. no system turn)
             raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
         seq = sequence(body, tok(text, add_special_tokens=False).input_ids, "messages")

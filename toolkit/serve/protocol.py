@@ -158,9 +158,16 @@ class ChatRequest(Sampling):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     tools: list | None = None
     tool_choice: str | dict | None = None
+    chat_template_kwargs: dict | None = None  # vLLM's / SGLang's extra template variables (Qwen3: enable_thinking)
 
     @model_validator(mode="after")
     def chat_supported(self):
+        from toolkit.data.chat import template_kwargs
+
+        try:
+            self.chat_template_kwargs = template_kwargs(self.chat_template_kwargs, "chat_template_kwargs")
+        except ValueError as e:
+            raise ApiError(400, str(e), "chat_template_kwargs") from None
         if self.tools:
             raise ApiError(400, "tools are not supported by this server", "tools")
         if self.tool_choice not in (None, "none", "auto"):  # with no tools, auto is none

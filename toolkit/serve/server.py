@@ -37,6 +37,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-disable-by-batch-size", type=int, default=None, metavar="N",
                    help="decode without drafting while more than N sequences run (as vLLM's option): under load "
                         "a large verify batch can cost more than speculation saves")
+    p.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON",
+                   help='template variables for every chat request, e.g. \'{"enable_thinking": false}\' (Qwen3); a '
+                        "request's chat_template_kwargs override them key by key (as vLLM's flag)")
     p.add_argument("--max-batch-size", type=int, default=16, help="sequences in the running batch")
     p.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generation per sequence (capped by the "
                                                                  "model); 0 = size the KV cache from free memory")
@@ -106,6 +109,9 @@ def main(args: argparse.Namespace) -> int:
     tree = TreeConfig(steps, 1 if args.topk is None else args.topk,
                       steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
     branch = lookup.from_args(args)  # bad flags fail here, before binding
+    from toolkit.data.chat import template_kwargs
+
+    args.template_kwargs = template_kwargs(args.default_chat_template_kwargs, "--default-chat-template-kwargs")
     sock = bind(args.host, args.port)  # fail fast, before minutes of loading
     try:
         return serve(args, tree, branch, sock)
@@ -142,7 +148,8 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1)  # the most tokens one verify step emits
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
-    served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher)
+    served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher,
+                    template_kwargs=args.template_kwargs)
     app = Gate(build_app(served), args.max_body_bytes, metrics)
     spec = f"draft {args.draft}, tree {vars(tree)}" if head is not None else "no speculation"
     if branch is not None:
