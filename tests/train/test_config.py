@@ -114,6 +114,20 @@ def test_every_recipe_loads_and_its_header_gives_the_command(recipe):
     assert recipe.name.endswith(f"-{cfg.head}.yaml")
     if "8b" in recipe.name:
         assert 5e-5 <= cfg.lr <= 1e-4 and cfg.max_len == 2048
+    # every `toolkit ...` command the header gives parses as written (the Llama recipe's prepare-data line once
+    # lacked its required --data and --out)
+    import re
+    import shlex
+
+    from toolkit.cli import build_parser
+
+    lines = [line.lstrip("#").strip() for line in recipe.read_text().splitlines() if line.startswith("#")]
+    joined = "\n".join(lines).replace("\\\n", " ")
+    for command in (line for line in joined.splitlines() if line.startswith("toolkit ")):
+        try:
+            build_parser().parse_args(shlex.split(re.sub(r"\[([^]]*)\]", r"\1", command))[1:])  # [optional]
+        except SystemExit:
+            pytest.fail(f"{recipe.name}: its header's command does not parse: {command}")
 
 
 def test_launcher_configs_name_files_that_exist():
