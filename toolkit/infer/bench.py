@@ -42,9 +42,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help='extra template variables every turn is asked with (every run alike), e.g. '
                         '\'{"enable_thinking": false}\' (Qwen3), as vLLM / SGLang take them')
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0 = off)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--num-steps", type=int, default=5, help="draft depth per round")
     p.add_argument("--topk", type=int, default=1, help="candidates per node (1 = chain)")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="tokens verified per round, root "
