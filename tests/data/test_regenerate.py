@@ -138,19 +138,20 @@ def test_endpoint_mode_talks_openai_and_feeds_turn_one_into_turn_two(data, tmp_p
                      "--max-new-tokens", "32", "--concurrency", "2"]) == 0
     finally:
         server.shutdown()
-    recs = read(out)
-    assert len(recs) == 4
-    first = recs[0]["messages"]
+    # written as each conversation finishes (one task per conversation): found by id
+    recs = {r["id"]: r for r in read(out)}
+    assert sorted(recs) == [f"convs.jsonl:{i}" for i in range(4)]
+    first = recs["convs.jsonl:0"]["messages"]
     assert first[2]["content"] == "answer to Hi after 2 messages"
     assert first[4]["content"] == "answer to More? after 4 messages"
     second_turn = next(b for b in FakeServer.seen if b["messages"][-1]["content"] == "More?")
     assert second_turn["messages"][2] == {"role": "assistant", "content": "answer to Hi after 2 messages"}
     assert {b["model"] for b in FakeServer.seen} == {"served-model"} and second_turn["max_tokens"] == 32
     # MT-bench turns are one conversation: turn 2 is asked after the model's own turn-1 answer
-    assert [m["content"] for m in recs[2]["messages"]] == [
+    assert [m["content"] for m in recs["convs.jsonl:2"]["messages"]] == [
         "Tell me a joke.", "answer to Tell me a joke. after 1 messages", "Another one?",
         "answer to Another one? after 3 messages"]
-    assert recs[2]["source"] == f"{data}:3"
+    assert recs["convs.jsonl:2"]["source"] == f"{data}:3"
 
 
 def test_template_variables_reach_the_engines_prompts_and_the_endpoints_requests(thinking_target, data, tmp_path,
@@ -255,3 +256,133 @@ def test_an_endpoint_that_is_no_url_or_does_not_answer_is_named(data, tmp_path, 
     assert main(["regenerate", "--data", str(data), "--out", str(out), "--endpoint",
                  f"http://127.0.0.1:{port}/v1", "--model", "m"]) == 2
     assert f"--endpoint http://127.0.0.1:{port}/v1: APIConnectionError" in capsys.readouterr().err
+
+
+class Misbehaving(BaseHTTPRequestHandler):
+    """An OpenAI server that answers by the last user turn: 500s, context and other 400s, a reasoning parser's
+    split answer, no content, an answer cut at max_tokens; else it echoes the request's seed."""
+    seen: list = []
+
+    def do_GET(self):
+        self._send(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Misbehaving.seen.append(body)
+        last = body["messages"][-1]["content"]
+        message, finish = {"role": "assistant", "content": f"ok seed={body.get('seed')}"}, "stop"
+        if last == "POISON":
+            return self._send(500, {"error": {"message": "boom", "type": "server_error"}})
+        if last in ("LONG", "BAD"):
+            return self._send(400, {"error": {"message": "This model's maximum context length is 64 tokens"
+                                              if last == "LONG" else "temperature: bad value", "type": "invalid"}})
+        if last == "THINK":
+            message = {"role": "assistant", "content": "42", "reasoning_content": "Six times seven."}
+        if last == "EMPTY":
+            message, finish = {"role": "assistant", "content": None, "reasoning_content": "Hmm, let me"}, "length"
+        if last == "CUT":
+            message, finish = {"role": "assistant", "content": "a cut-off ans"}, "length"
+        self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                         "choices": [{"index": 0, "finish_reason": finish, "message": message}]})
+
+    def _send(self, status, obj):
+        raw = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *a):
+        pass
+
+
+def misbehaving(tmp_path, turns: list[list[str]], *flags: str) -> tuple[int, dict, list, str]:
+    """regenerate against Misbehaving: (exit code, {id: messages}, error records, stderr)."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "d.jsonl"
+    if not data.exists():
+        data.write_text("".join(json.dumps({"turns": t}) + "\n" for t in turns))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = tmp_path / "o.jsonl"
+    try:
+        done = subprocess.run([sys.executable, "-m", "toolkit.cli", "regenerate", "--endpoint",
+                               f"http://127.0.0.1:{server.server_address[1]}/v1", "--data", str(data), "--out",
+                               str(out), "--max-retries", "0", "--concurrency", "3", *flags],
+                              capture_output=True, text=True)
+    finally:
+        server.shutdown()
+    errors = tmp_path / "o.jsonl.errors.jsonl"
+    return (done.returncode, {r["id"]: [m["content"] for m in r["messages"]] for r in read(out)} if out.exists()
+            else {}, read(errors) if errors.exists() else [], done.stderr)
+
+
+def test_a_failing_conversation_fails_alone_and_each_answer_is_kept_as_the_target_wrote_it(tmp_path):
+    """One conversation the server always fails no longer ends the run (nor stops every rerun at it); a 400 that is
+    not about the context is a failure with the server's reason, not 'prompt too long'; a reasoning parser's
+    reasoning is folded back; no content is a failure, not an empty turn; cut answers are counted."""
+    turns = [["Hi", "CUT", "after"], ["POISON"], ["Hi", "LONG"], ["BAD"], ["THINK", "Hi"], ["EMPTY"]]
+    Misbehaving.seen = []
+    rc, recs, errors, err = misbehaving(tmp_path, turns)
+    assert rc == 1, err  # some failed: said by the exit code too
+    assert recs == {"d.jsonl:0": ["Hi", "ok seed=None", "CUT", "a cut-off ans", "after", "ok seed=None"],
+                    "d.jsonl:2": ["Hi", "ok seed=None"],  # ended at the turn beyond the context
+                    "d.jsonl:4": ["THINK", "<think>\nSix times seven.\n</think>\n\n42", "Hi", "ok seed=None"]}
+    assert {e["id"]: (e["turn"], e["error"].split(":")[0]) for e in errors} == {
+        "d.jsonl:1": (1, "InternalServerError"), "d.jsonl:3": (1, "HTTP 400"),
+        "d.jsonl:5": (1, "no answer after the reasoning (it used up --max-new-tokens)")}
+    assert "temperature: bad value" in next(e["error"] for e in errors if e["id"] == "d.jsonl:3")
+    assert "1 answers cut at --max-new-tokens 512 kept" in err and "1 ended early at a prompt beyond" in err
+    assert "3 FAILED, not written" in err
+    assert all("seed" not in b and "top_p" not in b for b in Misbehaving.seen)  # the server's own defaults apply
+    # a rerun asks the failed conversations again, and only them
+    Misbehaving.seen = []
+    rc, recs, errors, err = misbehaving(tmp_path, turns)
+    assert rc == 1 and len(recs) == 3 and len(errors) == 3
+    assert sorted(b["messages"][-1]["content"] for b in Misbehaving.seen) == ["BAD", "EMPTY", "POISON"]
+
+
+def test_on_length_drop_ends_a_conversation_before_its_cut_answer(tmp_path):
+    rc, recs, errors, err = misbehaving(tmp_path, [["Hi", "CUT", "after"]], "--on-length", "drop")
+    assert rc == 0 and recs == {"d.jsonl:0": ["Hi", "ok seed=None"]} and errors == []
+    assert "1 ended before an answer cut at --max-new-tokens" in err
+
+
+def test_a_server_failing_everything_stops_the_run_after_many_in_a_row(tmp_path):
+    rc, recs, errors, err = misbehaving(tmp_path, [["POISON"]] * 12, "--concurrency", "1")
+    assert rc == 2 and recs == {} and len(errors) == 8, err
+    assert "the last 8 conversations all failed (the last: InternalServerError" in err
+
+
+def test_samples_of_a_conversation_get_their_own_seeds(tmp_path):
+    """vLLM seeds a generator per request: one seed for all would make --num-samples' samples identical."""
+    rc, recs, _, err = misbehaving(tmp_path, [["Hi", "More"]], "--num-samples", "3", "--temperature", "1",
+                                   "--seed", "7")
+    assert rc == 0, err
+    seeds = [m for r in recs.values() for m in r[1::2]]
+    assert len(seeds) == 6 and len(set(seeds)) == 6 and all(s.startswith("ok seed=") and s != "ok seed=None"
+                                                             for s in seeds)
+
+
+def test_the_engine_skips_a_conversation_its_template_refuses(tiny_target, tmp_path):
+    """A template that refuses a system turn (Gemma's) failed the whole engine run with a traceback."""
+    target = tmp_path / "strict"
+    target.mkdir()
+    for f in tiny_target.iterdir():
+        if f.name != "chat_template.jinja":
+            (target / f.name).symlink_to(f)
+    (target / "chat_template.jinja").write_text(
+        "{%- if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{%- endif %}"
+        "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+    data = tmp_path / "convs.jsonl"
+    data.write_text("".join(json.dumps(c) + "\n" for c in CONVS))  # the first has a system turn
+    out = tmp_path / "o.jsonl"
+    assert main(["regenerate", "--model", str(target), "--data", str(data), "--out", str(out),
+                 "--max-new-tokens", "4"]) == 1
+    assert sorted(r["id"] for r in read(out)) == ["convs.jsonl:1", "convs.jsonl:2", "convs.jsonl:3"]
+    (error,) = read(tmp_path / "o.jsonl.errors.jsonl")
+    assert error["id"] == "convs.jsonl:0" and "System role not supported" in error["error"]

@@ -7,8 +7,10 @@
 
 Answers come from our engine (batched, in-process) or from any OpenAI-compatible endpoint (vLLM, SGLang,
 `toolkit serve`). The output is JSONL in the OpenAI chat schema, one line per finished conversation:
-{"id", "source", "messages"}. A line is written only when its conversation is complete, so a killed run
-resumes from the file (a torn last line is cut off) with no duplicate and no gap.
+{"id", "source", "messages"}. A line is written only when its conversation is done, so a killed run resumes
+from the file (a torn last line is cut off) with no duplicate and no gap. A conversation whose prompt outgrows
+the context keeps the turns answered before; one that fails (a server error after retries, a template that
+refuses it, an empty answer) is not written, but listed in OUT.errors.jsonl, and a rerun asks it again.
 """
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 from toolkit.data.schemas import ReadStats, read_places
+from toolkit.data.turns import ON_LENGTH, Answer, answer_all
 from toolkit.embedded import DEFAULT_MODEL
 
 
@@ -38,10 +41,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help='extra template variables, e.g. \'{"enable_thinking": false}\' (Qwen3: answers without '
                         "thinking); sent to --endpoint as chat_template_kwargs, as vLLM / SGLang read them")
+    p.add_argument("--on-length", choices=ON_LENGTH, default="keep",
+                   help="an answer cut at --max-new-tokens: keep it (as SpecForge does), or drop it and the turns "
+                        "after it; either way the summary counts them")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (engine default 1; an endpoint "
+                                                             "is sent none, so its own default applies)")
     p.add_argument("--num-samples", type=int, default=1, help="answers per conversation (needs temperature > 0)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (engine default 0); an endpoint gets one "
+                                                          "per conversation and turn derived from it, none without")
     p.add_argument("--limit", type=int, default=None, help="first N conversations only")
     p.add_argument("--shard", default="0/1", metavar="K/N",
                    help="answer only conversations whose index %% N == K (run N processes or machines, each "
@@ -49,7 +57,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--done", nargs="*", default=[], metavar="FILE",
                    help="other outputs whose ids count as answered (e.g. a shard's or an earlier run's file)")
     p.add_argument("--batch-size", type=int, default=16, help="conversations decoded together (engine)")
-    p.add_argument("--concurrency", type=int, default=16, help="requests in flight (endpoint)")
+    p.add_argument("--concurrency", type=int, default=16, help="conversations in flight (endpoint), each asking "
+                                                                  "its turns in order")
+    p.add_argument("--max-retries", type=int, default=5, help="retries of a failed request (endpoint: connection "
+                                                              "errors, 429, 5xx), with backoff")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request (endpoint)")
     p.add_argument("--max-len", type=int, default=2048, help="prompt + answer tokens per turn (engine)")
     add_device_args(p, "bfloat16 on a CPU with native bf16 answers ~1.5x as fast, as the target served in bf16 "
                        "would; the in-process engine's, refused with --endpoint")
@@ -97,26 +109,30 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def done_ids(out: Path, repair: bool = True) -> set[str]:
-    """Ids already written. A torn last line (killed mid-write) is ignored, and with repair (our own --out)
-    cut off so appending stays valid JSONL; another process's file (--done) is only read."""
+    """Ids already written, read line by line (memory stays flat on a large output). A torn last line (killed
+    mid-write) is ignored, and with repair (our own --out) cut off so appending stays valid JSONL; another
+    process's file (--done) is only read."""
     if not out.exists():
         return set()
     flag = "--out" if repair else "--done"
     if out.is_dir():
         raise ValueError(f"{flag} {out} is a folder; give the JSONL file regenerate writes")
-    data = out.read_bytes()
-    end = data.rfind(b"\n") + 1
-    ids = set()
-    for n, line in enumerate(data[:end].splitlines(), 1):  # read before any repair: a file not ours stays whole
-        if line.strip():
-            try:
-                ids.add(json.loads(line)["id"])
-            except (ValueError, KeyError, TypeError):
-                raise ValueError(f"{flag} {out}: line {n} is not a record regenerate wrote (JSON with an id); give "
-                                 "a regenerate output, or a new file for --out") from None
-    if repair and end < len(data):
-        torn, start = data[end:], b'{"id": '  # how every line we write begins
-        if not (torn.startswith(start) or start.startswith(torn)):  # a JSON array, a file of another tool
+    ids, end, torn = set(), 0, b""
+    with open(out, "rb") as fh:  # read before any repair: a file not ours stays whole
+        for n, line in enumerate(fh, 1):
+            if not line.endswith(b"\n"):
+                torn = line
+                break
+            end += len(line)
+            if line.strip():
+                try:
+                    ids.add(json.loads(line)["id"])
+                except (ValueError, KeyError, TypeError):
+                    raise ValueError(f"{flag} {out}: line {n} is not a record regenerate wrote (JSON with an id); "
+                                     "give a regenerate output, or a new file for --out") from None
+    if repair and torn:
+        start = b'{"id": '  # how every line we write begins
+        if not (torn.startswith(start) or start.startswith(torn[:len(start)])):  # a JSON array, another tool's
             raise ValueError(f"--out {out}: its last line is not the start of a record regenerate wrote; give a "
                              "regenerate output to resume, or a new file")
         with open(out, "r+b") as fh:
@@ -124,32 +140,10 @@ def done_ids(out: Path, repair: bool = True) -> set[str]:
     return ids
 
 
-def answer_all(skeletons: list[list], answer_batch: Callable[[list[list[dict]]], list[str]]) -> list[list[dict]]:
-    """Fill every None in the skeletons turn by turn: each round answers the next open turn of every
-    conversation in one batch. A conversation whose prompt no longer fits stops at its answered turns."""
-    convs = [[] for _ in skeletons]
-    pos = [0] * len(skeletons)
-    while True:
-        todo = []
-        for j, sk in enumerate(skeletons):
-            while pos[j] < len(sk) and sk[pos[j]] is not None:
-                convs[j].append(sk[pos[j]])
-                pos[j] += 1
-            if pos[j] < len(sk):
-                todo.append(j)
-        if not todo:
-            return convs
-        answers = answer_batch([convs[j] for j in todo])
-        for j, a in zip(todo, answers):
-            if a is None:  # prompt too long: keep what is answered
-                pos[j] = len(skeletons[j])
-                convs[j] = convs[j][:-1] if convs[j] and convs[j][-1]["role"] == "user" else convs[j]
-            else:
-                convs[j].append({"role": "assistant", "content": a})
-                pos[j] += 1
+def engine_runner(args):
+    """-> run(todo) yielding ((id, source, skeleton), (conversation, Outcome)), a batch of conversations at a time."""
+    from jinja2 import TemplateError
 
-
-def engine_answerer(args) -> tuple[Callable, int]:
     from toolkit.infer.engine import Engine
     from toolkit.infer.loading import load, stop_ids
     from toolkit.infer.sampling import SamplingParams, seeded_generator
@@ -158,55 +152,34 @@ def engine_answerer(args) -> tuple[Callable, int]:
     tok, target = loaded.tok, loaded.target
     max_len = min(args.max_len, target.config.max_position_embeddings)
     engine = Engine(target, None, None, max_len, max_batch=args.batch_size)
-    params = SamplingParams(args.temperature, args.top_p, 0, args.max_new_tokens)
-    gen = seeded_generator(engine.device, args.seed)  # the target's device: CUDA sampling refuses a CPU one
+    params = SamplingParams(args.temperature, 1.0 if args.top_p is None else args.top_p, 0, args.max_new_tokens)
+    gen = seeded_generator(engine.device, args.seed or 0)  # the target's device: CUDA sampling refuses a CPU one
     stop = stop_ids(tok, loaded.folder)
 
-    def answer_batch(prompts: list[list[dict]]) -> list[str | None]:
-        ids = [tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True, **args.variables),
-                   add_special_tokens=False).input_ids for m in prompts]
+    def answer_batch(prompts: list[list[dict]]) -> list[Answer]:
+        out, ids = [Answer(too_long=True) for _ in prompts], {}
+        for j, m in enumerate(prompts):
+            try:
+                text = tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True, **args.variables)
+            except TemplateError as e:  # e.g. a template that takes no system turn (Gemma): this conversation only
+                out[j] = Answer(error=f"the chat template refused it: {e}")
+                continue
+            ids[j] = tok(text, add_special_tokens=False).input_ids
         # by length: the engine prefills neighbours of similar length together (less padding)
-        fits = sorted((j for j, x in enumerate(ids) if len(x) + args.max_new_tokens <= max_len),
-                      key=lambda j: len(ids[j]))
-        out: list[str | None] = [None] * len(prompts)
+        fits = sorted((j for j, x in ids.items() if len(x) + args.max_new_tokens <= max_len), key=lambda j: len(ids[j]))
         for s in range(0, len(fits), args.batch_size):
             chunk = fits[s:s + args.batch_size]
             for j, r in zip(chunk, engine.generate_batch([ids[j] for j in chunk], params, stop, gen)):
-                out[j] = tok.decode(r.tokens, skip_special_tokens=True).strip()
+                text = tok.decode(r.tokens, skip_special_tokens=True).strip()
+                out[j] = Answer(text or None, cut=r.finish == "length", error=None if text else "an empty answer")
         return out
 
-    return answer_batch, args.batch_size
+    def run(todo: list) -> Iterator:
+        for s in range(0, len(todo), args.batch_size):
+            chunk = todo[s:s + args.batch_size]
+            yield from zip(chunk, answer_all([c[2] for c in chunk], answer_batch, args.on_length))
 
-
-def endpoint_answerer(args) -> tuple[Callable, int]:
-    from openai import APIConnectionError, APIStatusError, BadRequestError, OpenAI
-
-    client = OpenAI(base_url=args.endpoint, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), max_retries=5)
-
-    def unreachable(e: Exception) -> RuntimeError:
-        return RuntimeError(f"--endpoint {args.endpoint}: {type(e).__name__} ({str(e).splitlines()[0][:200]}); give "
-                            "the base URL of a running OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 "
-                            "(answered conversations are kept; rerun to resume)")
-
-    try:
-        model = args.model or client.models.list().data[0].id
-    except (APIConnectionError, APIStatusError, IndexError) as e:
-        raise unreachable(e) from None
-    pool = ThreadPoolExecutor(args.concurrency)
-    extra = {"extra_body": {"chat_template_kwargs": args.variables}} if args.variables else {}
-
-    def one(messages: list[dict]) -> str | None:
-        try:
-            r = client.chat.completions.create(model=model, messages=messages, max_tokens=args.max_new_tokens,
-                                               temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                               **extra)
-        except BadRequestError:  # the prompt no longer fits the server's context
-            return None
-        except (APIConnectionError, APIStatusError) as e:
-            raise unreachable(e) from None
-        return (r.choices[0].message.content or "").strip()
-
-    return (lambda prompts: list(pool.map(one, prompts))), args.concurrency * 4
+    return run
 
 
 def main(args: argparse.Namespace) -> int:
@@ -223,8 +196,11 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads {args.threads}: give a number of CPU threads >= 1 (0 or none: torch's)")
     if not 0 <= args.temperature < float("inf"):
         raise ValueError(f"--temperature {args.temperature}: give a finite number >= 0 (0 = greedy)")
-    if not 0 < args.top_p <= 1:
+    if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ValueError(f"--top-p {args.top_p}: give a nucleus mass in (0, 1]")
+    if args.max_retries < 0 or not 0 < args.request_timeout < float("inf"):
+        raise ValueError(f"--max-retries {args.max_retries} / --request-timeout {args.request_timeout}: give retries "
+                         ">= 0 and a finite timeout > 0 seconds")
     from toolkit.data.chat import template_kwargs
 
     args.variables = template_kwargs(args.chat_template_kwargs)
@@ -248,29 +224,68 @@ def main(args: argparse.Namespace) -> int:
         if not Path(f).exists():
             raise ValueError(f"--done {f}: no such file")
         done |= done_ids(Path(f), repair=False)
-    todo = [c for i, c in enumerate(conversations(args.data, args.num_samples, args.limit))
-            if i % n == k and c[0] not in done]
+    mine = [c for i, c in enumerate(conversations(args.data, args.num_samples, args.limit)) if i % n == k]
+    todo = [c for c in mine if c[0] not in done and None in c[2]]  # None: a user turn to answer
+    asking = sum(None not in c[2] for c in mine)
     if not todo and not done:
         raise ValueError(f"--data {' '.join(args.data)}: no conversations with user turns found")
     where = " and ".join([str(out)] + args.done)
     print(f"regenerate: {len(done)} conversations already in {where}, {len(todo)} to answer"
-          + (f" (shard {k}/{n})" if n > 1 else ""), file=sys.stderr)
+          + (f" (shard {k}/{n})" if n > 1 else "")
+          + (f"; {asking} without a user turn left out" if asking else ""), file=sys.stderr)
     if not todo:
         return 0
-    answer_batch, group = endpoint_answerer(args) if args.endpoint else engine_answerer(args)
+    if args.endpoint:
+        from toolkit.data.endpoint import endpoint_runner
+
+        run = endpoint_runner(args)
+    else:
+        run = engine_runner(args)
     from tqdm import tqdm
 
-    start, written = time.perf_counter(), 0
+    errors = out.with_name(out.name + ".errors.jsonl")  # this run's failures (a rerun asks them again)
+    errors.unlink(missing_ok=True)
+    start, synced, counts, last_error = time.perf_counter(), time.monotonic(), Counter(), None
     with open(out, "a", encoding="utf-8") as fh, tqdm(total=len(todo), unit="conv", desc="regenerate") as bar:
-        for s in range(0, len(todo), group):
-            chunk = todo[s:s + group]
-            for (cid, source, _), conv in zip(chunk, answer_all([c[2] for c in chunk], answer_batch)):
-                if any(m["role"] == "assistant" for m in conv):
+        try:
+            for (cid, source, _), (conv, outcome) in run(todo):
+                counts[outcome.stop or "whole"] += 1
+                counts["cut answers"] += outcome.cut
+                if outcome.stop == "failed":  # not written: a rerun asks it again
+                    last_error = outcome.error
+                    with open(errors, "a", encoding="utf-8") as ef:
+                        ef.write(json.dumps({"id": cid, "source": source, "turn": outcome.turn,
+                                             "error": outcome.error}, ensure_ascii=False) + "\n")
+                elif outcome.answered:
                     fh.write(json.dumps({"id": cid, "source": source, "messages": conv}, ensure_ascii=False) + "\n")
-                    written += 1
+                    counts["written"] += 1
+                bar.update(1)
+                if time.monotonic() - synced > 2:  # a killed run loses at most ~2 s of answers
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                    synced = time.monotonic()
+        finally:
             fh.flush()
             os.fsync(fh.fileno())
-            bar.update(len(chunk))
-    print(f"regenerate: wrote {written} conversations to {out} in {time.perf_counter() - start:.0f} s "
-          f"({len(todo) - written} skipped: prompt longer than --max-len)", file=sys.stderr)
-    return 0
+            print(summary(counts, out, errors, time.perf_counter() - start, args), file=sys.stderr)
+    if counts["failed"] == len(todo) and not done:  # nothing ever answered: the setup is at fault, not a conversation
+        where = f"--endpoint {args.endpoint}" if args.endpoint else f"--model {args.model or DEFAULT_MODEL}"
+        raise RuntimeError(f"{where}: {last_error}; every one of the {len(todo)} conversations failed (listed in "
+                           f"{errors})")
+    return 1 if counts["failed"] else 0  # some failed: a rerun asks them again
+
+
+def summary(counts: Counter, out: Path, errors: Path, seconds: float, args) -> str:
+    parts = [f"regenerate: wrote {counts['written']} conversations to {out} in {seconds:.0f} s"]
+    if counts["too long"]:
+        parts.append(f"{counts['too long']} ended early at a prompt beyond the context (--max-len with the engine; "
+                     "kept up to there, none when at the first turn)")
+    if counts["cut answers"]:
+        parts.append(f"{counts['cut answers']} answers cut at --max-new-tokens {args.max_new_tokens} kept "
+                     "(--on-length drop drops them)")
+    if counts["cut"]:
+        parts.append(f"{counts['cut']} ended before an answer cut at --max-new-tokens {args.max_new_tokens} "
+                     "(--on-length drop)")
+    if counts["failed"]:
+        parts.append(f"{counts['failed']} FAILED, not written (reasons in {errors}; a rerun asks them again)")
+    return "; ".join(parts)
