@@ -159,12 +159,12 @@ def pick_precision(precision: str, minutes: float, state: dict, gpu: bool) -> tu
     return chosen, pays
 
 
-def _run(argv: list[str]) -> None:
+def _run(argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
     from toolkit.cli import main
 
     print(f"\n$ toolkit {' '.join(argv)}", flush=True)
     rc = main(argv)
-    if rc:
+    if rc not in ok:
         raise RuntimeError(f"`toolkit {argv[0]}` failed (exit {rc}); fix the cause and rerun: finished stages "
                            "are kept")
 
@@ -217,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
     stage("regenerate", regen, done=answered, run=lambda: _run(
         ["regenerate", "--data", str(out / "prompts.jsonl"), "--out", str(regen), "--max-new-tokens",
          str(plan.max_new_tokens), "--batch-size", "32", "--max-len", "1024", "--threads", str(plan.threads), *dev,
-         "--dtype", plan.answer_dtype]))
+         "--dtype", plan.answer_dtype], ok=(0, 1)))  # 1: a few conversations got no answer; the rest go on
     vocab_map = out / "maps" / f"vocab_map_{plan.draft_vocab}.safetensors"
     stage("token map", vocab_map, lambda: _run(
         ["build-token-map", "--data", str(regen), "--sizes", str(plan.draft_vocab), "--out", str(out / "maps"),
