@@ -36,20 +36,38 @@ def test_engine_answers_every_turn_and_resume_neither_repeats_nor_skips(tiny_tar
     args = ["regenerate", "--model", str(tiny_target), "--data", str(data), "--max-new-tokens", "6",
             "--batch-size", "3"]
     assert main(args + ["--out", str(full)]) == 0
-    recs = read(full)
-    assert [r["id"] for r in recs] == ["convs.jsonl:0", "convs.jsonl:1", "convs.jsonl:2", "convs.jsonl:3"]
-    roles = [m["role"] for m in recs[0]["messages"]]
+    recs = read(full)  # written as each conversation finishes (continuous batching): found by id
+    by_id = {r["id"]: r for r in recs}
+    assert sorted(by_id) == ["convs.jsonl:0", "convs.jsonl:1", "convs.jsonl:2", "convs.jsonl:3"]
+    roles = [m["role"] for m in by_id["convs.jsonl:0"]["messages"]]
     assert roles == ["system", "user", "assistant", "user", "assistant"]
     assert all(m["content"] != "OLD" for r in recs for m in r["messages"])
-    assert recs[0]["messages"][1]["content"] == "Hi" and recs[0]["messages"][3]["content"] == "More?"
+    first = by_id["convs.jsonl:0"]["messages"]
+    assert first[1]["content"] == "Hi" and first[3]["content"] == "More?"
+    # continuous batching answers each turn as the target alone does (greedy)
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import load_target
+    from toolkit.infer.sampling import SamplingParams
+
+    tok, engine = load_tokenizer(model=str(tiny_target)), Engine(load_target(tiny_target), max_len=2048)
+    for r in recs:
+        msgs = r["messages"]
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                ids = tok(tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=True),
+                          add_special_tokens=False).input_ids
+                alone = engine.generate(ids, SamplingParams(max_new_tokens=6), {tok.eos_token_id}).tokens
+                assert tok.decode(alone, skip_special_tokens=True).strip() == m["content"], (r["id"], i)
     # a run killed while writing line 3: two whole lines and a torn one
     killed = tmp_path / "killed.jsonl"
     text = full.read_text().splitlines(keepends=True)
     killed.write_text(text[0] + text[1] + text[2][:17])
     assert main(args + ["--out", str(killed)]) == 0
-    assert read(killed) == recs  # greedy: the resumed file is the uninterrupted one
+    resumed = read(killed)  # greedy: the resumed file holds the uninterrupted one's lines, each once
+    assert len(resumed) == 4 and {r["id"]: r for r in resumed} == by_id
     assert main(args + ["--out", str(killed)]) == 0  # nothing left to do
-    assert read(killed) == recs
+    assert read(killed) == resumed
 
 
 def test_engine_answers_in_the_dtype_asked(tiny_target, data, tmp_path, monkeypatch):
@@ -85,13 +103,14 @@ def test_shards_with_done_files_answer_each_conversation_once(tiny_target, data,
     assert main(args + ["--out", str(full)]) == 0
     want = {r["id"]: r for r in read(full)}
     first = tmp_path / "first.jsonl"  # an earlier run that answered conversation 1 (odd) and was killed
-    torn = full.read_text().splitlines(keepends=True)[1] + '{"id": "torn'
+    torn = next(line for line in full.read_text().splitlines(keepends=True) if '"convs.jsonl:1"' in line) \
+        + '{"id": "torn'
     first.write_text(torn)
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     assert main(args + ["--out", str(a), "--shard", "0/2"]) == 0
     assert main(args + ["--out", str(b), "--shard", "1/2", "--done", str(first)]) == 0
     assert first.read_text() == torn  # another process's file is only read
-    assert [r["id"] for r in read(a)] == ["convs.jsonl:0", "convs.jsonl:2"]
+    assert sorted(r["id"] for r in read(a)) == ["convs.jsonl:0", "convs.jsonl:2"]
     assert [r["id"] for r in read(b)] == ["convs.jsonl:3"]
     joined = read(a) + read(b) + [json.loads(torn.splitlines()[0])]
     assert sorted(r["id"] for r in joined) == sorted(want) and all(r == want[r["id"]] for r in joined)
@@ -160,9 +179,8 @@ def test_template_variables_reach_the_engines_prompts_and_the_endpoints_requests
     and an endpoint gets the object as chat_template_kwargs (vLLM / SGLang apply it there)."""
     from toolkit.infer.engine import Engine
 
-    prompts, real = [], Engine.generate_batch
-    monkeypatch.setattr(Engine, "generate_batch",
-                        lambda self, ids, *a, **k: prompts.extend(ids) or real(self, ids, *a, **k))
+    prompts, real = [], Engine.admit
+    monkeypatch.setattr(Engine, "admit", lambda self, seqs: prompts.extend(q.prompt for q in seqs) or real(self, seqs))
     args = ["regenerate", "--model", str(thinking_target), "--data", str(data), "--max-new-tokens", "4",
             "--limit", "1"]
     assert main(args + ["--out", str(tmp_path / "plain.jsonl")]) == 0

@@ -19,12 +19,12 @@ import json
 import os
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Iterator
 
 from toolkit.data.schemas import ReadStats, read_places
-from toolkit.data.turns import ON_LENGTH, Answer, answer_all
+from toolkit.data.turns import ON_LENGTH, Answer, Turns
 from toolkit.embedded import DEFAULT_MODEL
 
 
@@ -141,12 +141,13 @@ def done_ids(out: Path, repair: bool = True) -> set[str]:
 
 
 def engine_runner(args):
-    """-> run(todo) yielding ((id, source, skeleton), (conversation, Outcome)), a batch of conversations at a time."""
+    """-> run(todo) yielding ((id, source, skeleton), (conversation, Outcome)) as conversations finish."""
     from jinja2 import TemplateError
 
     from toolkit.infer.engine import Engine
     from toolkit.infer.loading import load, stop_ids
     from toolkit.infer.sampling import SamplingParams, seeded_generator
+    from toolkit.infer.sequence import Sequence
 
     loaded = load(None, args.model, None, args.device, args.dtype)
     tok, target = loaded.tok, loaded.target
@@ -154,30 +155,56 @@ def engine_runner(args):
     engine = Engine(target, None, None, max_len, max_batch=args.batch_size)
     params = SamplingParams(args.temperature, 1.0 if args.top_p is None else args.top_p, 0, args.max_new_tokens)
     gen = seeded_generator(engine.device, args.seed or 0)  # the target's device: CUDA sampling refuses a CPU one
-    stop = stop_ids(tok, loaded.folder)
+    stop = frozenset(stop_ids(tok, loaded.folder))
 
-    def answer_batch(prompts: list[list[dict]]) -> list[Answer]:
-        out, ids = [Answer(too_long=True) for _ in prompts], {}
-        for j, m in enumerate(prompts):
-            try:
-                text = tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True, **args.variables)
-            except TemplateError as e:  # e.g. a template that takes no system turn (Gemma): this conversation only
-                out[j] = Answer(error=f"the chat template refused it: {e}")
-                continue
-            ids[j] = tok(text, add_special_tokens=False).input_ids
-        # by length: the engine prefills neighbours of similar length together (less padding)
-        fits = sorted((j for j, x in ids.items() if len(x) + args.max_new_tokens <= max_len), key=lambda j: len(ids[j]))
-        for s in range(0, len(fits), args.batch_size):
-            chunk = fits[s:s + args.batch_size]
-            for j, r in zip(chunk, engine.generate_batch([ids[j] for j in chunk], params, stop, gen)):
-                text = tok.decode(r.tokens, skip_special_tokens=True).strip()
-                out[j] = Answer(text or None, cut=r.finish == "length", error=None if text else "an empty answer")
-        return out
+    def encode(messages: list[dict]) -> list[int] | Answer:
+        try:
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **args.variables)
+        except TemplateError as e:  # e.g. a template that takes no system turn (Gemma): this conversation only
+            return Answer(error=f"the chat template refused it: {e}")
+        ids = tok(text, add_special_tokens=False).input_ids
+        return ids if len(ids) + args.max_new_tokens <= max_len else Answer(too_long=True)
+
+    def answered(seq: Sequence) -> Answer:
+        text = tok.decode(seq.result.tokens, skip_special_tokens=True).strip()
+        return Answer(text or None, cut=seq.result.finish == "length", error=None if text else "an empty answer")
 
     def run(todo: list) -> Iterator:
-        for s in range(0, len(todo), args.batch_size):
-            chunk = todo[s:s + args.batch_size]
-            yield from zip(chunk, answer_all([c[2] for c in chunk], answer_batch, args.on_length))
+        # continuous batching: a conversation's next turn joins the batch as soon as its last answer is in, and a
+        # new conversation as soon as a row is free, so no row waits for the longest answer of a group
+        items, ready, live, more = iter(todo), deque(), {}, True
+        while True:
+            admit = []
+            while len(engine.running) + len(admit) < engine.max_batch and (ready or more):
+                if ready:
+                    item, turns = ready.popleft()
+                else:
+                    item = next(items, None)
+                    if item is None:
+                        more = False
+                        continue
+                    turns = Turns(item[2], args.on_length)
+                while (messages := turns.prompt()) is not None and isinstance(ids := encode(messages), Answer):
+                    turns.answer(ids)  # no prompt to ask: the conversation ends here
+                if messages is None:
+                    yield item, (turns.conv, turns.outcome)
+                    continue
+                seq = Sequence(ids, params, stop, None, gen)
+                live[id(seq)] = (item, turns)
+                admit.append(seq)
+            if not admit and not engine.running:
+                return
+            finished = []
+            if admit:
+                admit.sort(key=lambda q: len(q.prompt))  # neighbours of similar length prefill together
+                engine.admit(admit)
+                finished += [q for q in admit if q.done]  # stopped at their first token
+            if engine.running:
+                finished += [q for q in engine.step() if q.done]
+            for q in finished:
+                item, turns = live.pop(id(q))
+                turns.answer(answered(q))
+                ready.append((item, turns))
 
     return run
 

@@ -30,34 +30,46 @@ class Outcome:
     error: str | None = None
 
 
+class Turns:
+    """One conversation being answered: `prompt()` gives the messages up to its next open turn (None when it is
+    done), `answer(a)` records that turn's answer or ends the conversation at the turns answered before."""
+
+    def __init__(self, skeleton: list, on_length: str = "keep"):
+        self.skeleton, self.on_length, self.pos = skeleton, on_length, 0
+        self.conv: list[dict] = []
+        self.outcome = Outcome()
+
+    def prompt(self) -> list[dict] | None:
+        sk = self.skeleton
+        while self.pos < len(sk) and sk[self.pos] is not None:
+            self.conv.append(sk[self.pos])
+            self.pos += 1
+        return self.conv if self.pos < len(sk) else None
+
+    def answer(self, a: Answer) -> None:
+        o = self.outcome
+        if a.text is None or (a.cut and self.on_length == "drop"):
+            o.stop = "too long" if a.too_long else "failed" if a.error or not a.cut else "cut"
+            o.error = a.error or (None if a.too_long or a.cut else "no answer")
+            o.turn = o.answered + 1
+            self.pos = len(self.skeleton)
+            if self.conv and self.conv[-1]["role"] == "user":  # the unanswered question goes too
+                self.conv = self.conv[:-1]
+        else:
+            self.conv.append({"role": "assistant", "content": a.text})
+            o.answered += 1
+            o.cut += a.cut
+            self.pos += 1
+
+
 def answer_all(skeletons: list[list], answer_batch: Callable[[list[list[dict]]], list[Answer]],
                on_length: str = "keep") -> list[tuple[list[dict], Outcome]]:
     """Fill every None in the skeletons turn by turn: each round asks the next open turn of every conversation
     in one batch. A turn without an answer (or cut, with on_length "drop") ends its conversation there."""
-    convs: list[list[dict]] = [[] for _ in skeletons]
-    outcomes = [Outcome() for _ in skeletons]
-    pos = [0] * len(skeletons)
+    states = [Turns(sk, on_length) for sk in skeletons]
     while True:
-        todo = []
-        for j, sk in enumerate(skeletons):
-            while pos[j] < len(sk) and sk[pos[j]] is not None:
-                convs[j].append(sk[pos[j]])
-                pos[j] += 1
-            if pos[j] < len(sk):
-                todo.append(j)
-        if not todo:
-            return list(zip(convs, outcomes))
-        for j, a in zip(todo, answer_batch([convs[j] for j in todo])):
-            o = outcomes[j]
-            if a.text is None or (a.cut and on_length == "drop"):
-                o.stop = "too long" if a.too_long else "failed" if a.error or not a.cut else "cut"
-                o.error = a.error or (None if a.too_long or a.cut else "no answer")
-                o.turn = o.answered + 1
-                pos[j] = len(skeletons[j])
-                if convs[j] and convs[j][-1]["role"] == "user":  # the unanswered question goes too
-                    convs[j] = convs[j][:-1]
-            else:
-                convs[j].append({"role": "assistant", "content": a.text})
-                o.answered += 1
-                o.cut += a.cut
-                pos[j] += 1
+        open_ = [(t, p) for t in states if (p := t.prompt()) is not None]
+        if not open_:
+            return [(t.conv, t.outcome) for t in states]
+        for (t, _), a in zip(open_, answer_batch([p for _, p in open_])):
+            t.answer(a)
