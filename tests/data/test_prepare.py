@@ -66,6 +66,17 @@ def test_prepare_data_cli_writes_the_documented_folder(smollm2_dir, tmp_path):
     # an existing folder is kept unless --overwrite
     assert main(["prepare-data", "--data", str(src), "--out", str(out)]) == 2
     assert main(["prepare-data", "--data", str(src), "--out", str(out), "--overwrite"]) == 0
+    # the rows are staged beside --out, not in $TMPDIR (a small or in-memory /tmp failed a big corpus at its end)
+    import tempfile
+
+    nowhere = tmp_path / "no-tmp"  # never made: a staging file there would fail
+    real = tempfile.tempdir
+    tempfile.tempdir = str(nowhere)
+    try:
+        assert main(["prepare-data", "--data", str(src), "--out", str(out), "--overwrite"]) == 0
+    finally:
+        tempfile.tempdir = real
+    assert not nowhere.exists() and not [p.name for p in tmp_path.iterdir() if ".prepare-" in p.name]
 
 
 def test_no_assistant_tokens_is_a_clear_error(tmp_path, capsys):

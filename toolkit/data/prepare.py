@@ -115,7 +115,9 @@ def main(args: argparse.Namespace) -> int:
         return ValueError(f"--data {' '.join(args.data)}: no sample with assistant tokens ({totals}); give "
                           "conversations with assistant turns")
 
-    with tempfile.TemporaryDirectory(prefix="prepare-") as cache:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # the rows are staged beside --out, not in $TMPDIR: a small or in-memory /tmp failed a big corpus at its end
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.prepare-", dir=out.parent) as cache:
         try:
             ds = datasets.Dataset.from_generator(rows, features=features, cache_dir=cache)
         except datasets.exceptions.DatasetGenerationError as err:  # it wraps what reading --data raised

@@ -42,13 +42,46 @@ class PreparedData:
         r = self.ds[row]
         return {"input_ids": r["input_ids"][:self.max_len].long(), "loss_mask": r["loss_mask"][:self.max_len].long()}
 
-    def assistant_tokens(self, rows: list[int]) -> torch.Tensor:
-        """Every assistant-token id of `rows` (builds the draft vocabulary from the training data)."""
-        out = []
+    def assistant_tokens(self, rows: list[int], chunk: int = 1 << 20) -> Iterator[torch.Tensor]:
+        """The assistant-token ids of `rows` (the draft vocabulary is counted from them), in tensors of about
+        `chunk` ids: a corpus's hundreds of millions of ids are never held at once."""
+        out, held = [], 0
         for row in rows:
             r = self[row]
             out.append(r["input_ids"][r["loss_mask"].bool()])
-        return torch.cat(out)
+            held += len(out[-1])
+            if held >= chunk:
+                yield torch.cat(out)
+                out, held = [], 0
+        if out:
+            yield torch.cat(out)
+
+
+def read_index(folder: Path) -> tuple[dict, list[tuple[Path, dict]]]:
+    """(the dump's setup, [(folder, index.json)]): one folder's index, or those of its part-I-of-N folders
+    (`dump-hidden-states --part`, torchrun), which must all be there and share one setup."""
+    if (folder / "index.json").is_file():
+        index = json.loads((folder / "index.json").read_text())
+        return index, [(folder, index)]
+    found = sorted(folder.glob("part-*-of-*/index.json")) if folder.is_dir() else []
+    if not found:
+        raise ValueError(f"hidden_states {folder}: no index.json, nor part-I-of-N folders holding one (run `toolkit "
+                         "dump-hidden-states` first)")
+    parts = [(p.parent, json.loads(p.read_text())) for p in found]
+    names = {p.name for p, _ in parts}
+    counts = {int(name.rsplit("-of-", 1)[1]) for name in names}
+    missing = sorted({f"part-{i}-of-{n}" for n in counts for i in range(n)} - names)
+    if len(counts) > 1 or missing:
+        raise ValueError(f"hidden_states {folder}: its parts do not make one dump (" + (
+            f"parts of {sorted(counts)} processes" if len(counts) > 1 else f"{', '.join(missing)} missing") +
+            "); finish the dump with the same --part count, or use another folder")
+    setup = lambda index: {k: v for k, v in index.items() if k not in ("shards", "num_samples", "num_tokens")}  # noqa: E731
+    first = setup(parts[0][1])
+    for p, index in parts[1:]:
+        if setup(index) != first:
+            raise ValueError(f"hidden_states {folder}: {p.name} was dumped with another setup than {parts[0][0].name}")
+    total = {k: sum(index[k] for _, index in parts) for k in ("num_samples", "num_tokens")}
+    return {**first, **total, "shards": [s for _, index in parts for s in index["shards"]]}, parts
 
 
 class HiddenStateShards:
@@ -56,15 +89,14 @@ class HiddenStateShards:
 
     def __init__(self, folder: str | Path, max_len: int):
         folder = Path(folder)
-        if not (folder / "index.json").is_file():
-            raise ValueError(f"hidden_states {folder}: no index.json (run `toolkit dump-hidden-states` first)")
-        self.index = json.loads((folder / "index.json").read_text())
+        self.index, parts = read_index(folder)
         self.where: dict[int, tuple[Path, int, int]] = {}
-        for s in self.index["shards"]:
-            with safe_open(str(folder / s["file"]), "pt") as f:
-                ids, offs = f.get_tensor("sample_ids").tolist(), f.get_tensor("offsets").tolist()
-            for j, row in enumerate(ids):
-                self.where[row] = (folder / s["file"], offs[j], offs[j + 1])
+        for part, index in parts:
+            for s in index["shards"]:
+                with safe_open(str(part / s["file"]), "pt") as f:
+                    ids, offs = f.get_tensor("sample_ids").tolist(), f.get_tensor("offsets").tolist()
+                for j, row in enumerate(ids):
+                    self.where[row] = (part / s["file"], offs[j], offs[j + 1])
         self.max_len = max_len
 
     def covers(self, rows: int) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -58,13 +59,17 @@ def target_layer(folder: str | Path, index: int) -> dict[str, torch.Tensor]:
     return found
 
 
-def draft_vocab(assistant_ids: torch.Tensor, size: int, vocab_size: int, forced: list[int]) -> list[int]:
-    """The `size` most frequent assistant-token ids (FR-Spec's rule), the template's special tokens kept."""
+def draft_vocab(assistant_ids: torch.Tensor | Iterable[torch.Tensor], size: int, vocab_size: int,
+                forced: list[int]) -> list[int]:
+    """The `size` most frequent assistant-token ids (FR-Spec's rule), the template's special tokens kept;
+    assistant_ids: one tensor of ids or an iterator of them (counted chunk by chunk)."""
     from toolkit.tokenmap.maps import check_ids_fit, freq_list
 
-    # an id past the target's vocabulary would lengthen the counts and could be chosen
-    check_ids_fit([int(assistant_ids.max())] if len(assistant_ids) else [], vocab_size, "the training data")
-    counts = np.bincount(assistant_ids.numpy(), minlength=vocab_size).astype(np.int64)
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for ids in [assistant_ids] if isinstance(assistant_ids, torch.Tensor) else assistant_ids:
+        # an id past the target's vocabulary would lengthen the counts and could be chosen
+        check_ids_fit([int(ids.max())] if len(ids) else [], vocab_size, "the training data")
+        counts += np.bincount(ids.numpy(), minlength=vocab_size)
     return freq_list(counts, min(size, vocab_size), forced)
 
 

@@ -5,12 +5,15 @@ normed hidden state (target logits are recomputed from it in training, 100x smal
     toolkit dump-hidden-states --data out/prepared --out out/hidden --dtype bfloat16
 
 Shards are written atomically and `index.json` is rewritten after each one, so a killed run resumes after
-the last listed shard.
+the last listed shard. Several GPUs split the rows: `torchrun --nproc_per_node 8 -m toolkit.cli dump-hidden-states
+...` (or `--part I/N` per process) writes OUT/part-I-of-N folders, which training reads as one.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -29,6 +32,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-size", type=int, default=512, help="samples per shard")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="stored dtype")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
+    p.add_argument("--part", default=None, metavar="I/N",
+                   help="dump rows I, I+N, ... into OUT/part-I-of-N (training reads the N parts as one); under "
+                        "torchrun the default is RANK/WORLD_SIZE, on GPU LOCAL_RANK")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
 
@@ -57,11 +63,14 @@ def main(args: argparse.Namespace) -> int:
         asked = [int(x) for x in args.aux_layers.split(",")] if args.aux_layers else None
     except ValueError:
         raise ValueError(f"--aux-layers {args.aux_layers!r}: give 3 comma-separated layer ids, e.g. 1,14,26") from None
+    part, parts = parse_part(args.part)
     data = PreparedData(args.data, args.max_len)
     model = args.model or data.meta.get("target") or DEFAULT_MODEL
     folder = resolve_target(model)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    run_dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if device == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    run_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     target = load_target(folder, run_dtype, device)
     # a sliding window or a length-dependent rope: rows beyond it would be dumped wrong, refused before the first
     target.config.check_sequence(max(data.lengths))
@@ -73,12 +82,14 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--aux-layers: {note}")
         print(f"WARNING: the default aux layers of this {target.config.num_layers}-layer target: {note}",
               file=sys.stderr)
-    out = Path(args.out)
+    out = Path(args.out) / (f"part-{part}-of-{parts}" if parts > 1 else "")
     out.mkdir(parents=True, exist_ok=True)
+    H = target.config.hidden_size
     head = {"format_version": 1, "target": model, "target_fingerprint": fingerprint(folder),
-            "dataset": str(Path(args.data).resolve()), "aux_layer_ids": aux_layers, "hidden_size": target.config.hidden_size,
+            "dataset": str(Path(args.data).resolve()), "aux_layer_ids": aux_layers, "hidden_size": H,
             "dtype": args.dtype, "max_len": args.max_len}
     index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else None
+
     def same(k) -> bool:  # the target by its weights, not by how it was named; the data folder by where it is
         if k == "target_fingerprint" and index.get(k):
             return same_target(index[k], folder)  # also an id of the older rule
@@ -94,36 +105,71 @@ def main(args: argparse.Namespace) -> int:
             f"{k} {index.get(k)!r} there, {head[k]!r} now" for k in differ) + "); use a new folder")
     shards = index["shards"] if index else []
     store = getattr(torch, args.dtype)
-    # resume after the rows the listed shards hold: len(shards) x --shard-size would skip rows (or dump some
-    # twice) when the resumed command gives another --shard-size
-    starts = range(sum(s["num_samples"] for s in shards), len(data), args.shard_size)
-    for first in tqdm(starts, desc="shards", unit="shard"):
-        rows = list(range(first, min(first + args.shard_size, len(data))))
-        parts = {k: [] for k in ("input_ids", "loss_mask", "aux_hidden_states", "final_hidden")}
-        for s in range(0, len(rows), args.batch_size):
-            items = [data[r] for r in rows[s:s + args.batch_size]]
-            width = max(len(x["input_ids"]) for x in items)
-            ids = torch.stack([torch.nn.functional.pad(x["input_ids"], (0, width - len(x["input_ids"])))
-                               for x in items]).to(device)
-            with torch.no_grad():
-                _, hs = target(ids, aux_layers=aux_layers + [-1])
-            for b, x in enumerate(items):
-                n = len(x["input_ids"])
-                parts["input_ids"].append(x["input_ids"])
-                parts["loss_mask"].append(x["loss_mask"].to(torch.uint8))
-                parts["aux_hidden_states"].append(torch.cat(hs[:3], -1)[b, :n].to(store).cpu())
-                parts["final_hidden"].append(hs[3][b, :n].to(store).cpu())
-        lengths = torch.tensor([len(x) for x in parts["input_ids"]])
-        tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
-        tensors["sample_ids"] = torch.tensor(rows, dtype=torch.int64)
-        tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    # this part's rows, resumed after the ones its listed shards hold: len(shards) x --shard-size would skip rows
+    # (or dump some twice) when the resumed command gives another --shard-size
+    rows = list(range(part, len(data), parts))[sum(s["num_samples"] for s in shards):]
+    per_token = 4 * H * store.itemsize + 9  # 3 aux states + the final one, an int64 id and a uint8 mask
+    need, free = sum(data.lengths[r] for r in rows) * per_token, shutil.disk_usage(out).free
+    print(f"dump-hidden-states: {len(rows)} rows to dump into {out}, {need / 1e9:.1f} GB ({per_token} bytes a "
+          f"token); {free / 1e9:.1f} GB free there", file=sys.stderr)
+    if need > free:
+        raise ValueError(f"--out {out}: the shards need {need / 1e9:.1f} GB and the disk has {free / 1e9:.1f} GB "
+                         "free; free space or give a folder on a larger disk (what is dumped is kept: rerun to resume)")
+    for first in tqdm(range(0, len(rows), args.shard_size), desc="shards", unit="shard"):
+        window = rows[first:first + args.shard_size]
+        tensors = dump_shard(target, data, window, aux_layers, args.batch_size, store, device)
         name = f"shard-{len(shards):05d}.safetensors"
         with atomic_path(out / name) as tmp:
             save_file(tensors, str(tmp))
-        shards.append({"file": name, "first_sample": rows[0], "num_samples": len(rows),
-                       "num_tokens": int(lengths.sum())})
+        shards.append({"file": name, "first_sample": window[0], "num_samples": len(window),
+                       "num_tokens": int(tensors["offsets"][-1])})
         write_text(out / "index.json", json.dumps({**head, "num_samples": sum(s["num_samples"] for s in shards),
                                                    "num_tokens": sum(s["num_tokens"] for s in shards),
                                                    "shards": shards}, indent=2) + "\n")
-    print(f"dump-hidden-states: {len(shards)} shards for {len(data)} samples in {out}", file=sys.stderr)
+    print(f"dump-hidden-states: {len(shards)} shards for {sum(s['num_samples'] for s in shards)} samples in {out}",
+          file=sys.stderr)
     return 0
+
+
+def parse_part(text: str | None) -> tuple[int, int]:
+    """'I/N' -> (I, N); None -> torchrun's RANK / WORLD_SIZE, else (0, 1)."""
+    if text is None:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        i = n = -1
+    if not 0 <= i < n:
+        raise ValueError(f"--part {text!r}: give I/N with 0 <= I < N, e.g. 0/8 ... 7/8 for eight processes")
+    return i, n
+
+
+@torch.no_grad()
+def dump_shard(target, data, rows: list[int], aux_layers: list[int], batch_size: int, store: torch.dtype,
+               device) -> dict[str, torch.Tensor]:
+    """One shard's tensors (docs/formats.md section 8), written into tensors allocated once (a list of rows joined
+    at the end held every state twice: 2x the shard in host memory). Rows go through the target sorted by length,
+    so a batch pads little; `sample_ids` records the order."""
+    rows = sorted(rows, key=lambda r: data.lengths[r])
+    lengths = torch.tensor([data.lengths[r] for r in rows])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    T, H = int(offsets[-1]), target.config.hidden_size
+    out = {"input_ids": torch.empty(T, dtype=torch.int64), "loss_mask": torch.empty(T, dtype=torch.uint8),
+           "aux_hidden_states": torch.empty(T, 3 * H, dtype=store), "final_hidden": torch.empty(T, H, dtype=store)}
+    for s in range(0, len(rows), batch_size):
+        items = [data[r] for r in rows[s:s + batch_size]]
+        width = max(len(x["input_ids"]) for x in items)
+        ids = torch.stack([torch.nn.functional.pad(x["input_ids"], (0, width - len(x["input_ids"])))
+                           for x in items]).to(device)
+        # logits at one position only: the full [B, T, V] projection would be computed and thrown away
+        _, hs = target(ids, aux_layers=aux_layers + [-1], logits_at=torch.zeros(len(items), dtype=torch.long,
+                                                                                  device=ids.device))
+        fused = torch.cat(hs[:3], -1).to(store).cpu()                    # [B, T, 3H]
+        final = hs[3].to(store).cpu()                                    # [B, T, H]
+        for b, x in enumerate(items):
+            a, n = int(offsets[s + b]), len(x["input_ids"])
+            out["input_ids"][a:a + n] = x["input_ids"]
+            out["loss_mask"][a:a + n] = x["loss_mask"]
+            out["aux_hidden_states"][a:a + n] = fused[b, :n]
+            out["final_hidden"][a:a + n] = final[b, :n]
+    return {**out, "sample_ids": torch.tensor(rows, dtype=torch.int64), "offsets": offsets}
