@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
 import torch
 
 from toolkit.train.data import batch_order, collate, micro_batches
@@ -52,3 +53,37 @@ def test_the_draft_vocabulary_is_counted_chunk_by_chunk(prepared):
     chunks = list(data.assistant_tokens(rows, chunk=50))
     assert len(chunks) > 3 and torch.equal(torch.cat(chunks), whole)
     assert draft_vocab(iter(chunks), 40, 49152, [2]) == draft_vocab(whole, 40, 49152, [2])
+
+
+def test_prefetch_yields_every_item_in_order_and_reads_the_next_one_ahead():
+    """A step's rows are read on a background thread while the step before computes; the order is unchanged
+    (a resumed run skips by count) and an error reading them reaches the loop."""
+    import threading
+
+    from toolkit.train.data import prefetch
+
+    made = []
+
+    def items():
+        for i in range(5):
+            made.append((i, threading.current_thread().name))
+            yield i
+
+    got = []
+    for item in prefetch(items()):
+        got.append(item)
+        if item == 1:  # item 2 is made while item 1 is in use, without the loop asking for it
+            import time
+
+            deadline = time.monotonic() + 10
+            while len(made) < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(made) == 3
+    assert got == [0, 1, 2, 3, 4] and all(name.startswith("prefetch") for _, name in made)
+
+    def broken():
+        yield 0
+        raise OSError("shard unreadable")
+
+    with pytest.raises(OSError, match="shard unreadable"):
+        list(prefetch(broken()))

@@ -124,6 +124,18 @@ class HiddenStateShards:
                     "aux": get("aux_hidden_states"), "final_hidden": get("final_hidden")}
 
 
+def prefetch(items: Iterator) -> Iterator:
+    """`items`, each produced on a background thread while the caller works on the one before: a training step's
+    batches (offline: tens of MB per row read from the shards) are read while the last step computes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="prefetch") as pool:
+        ahead = pool.submit(next, items, StopIteration)
+        while (item := ahead.result()) is not StopIteration:
+            ahead = pool.submit(next, items, StopIteration)
+            yield item
+
+
 def batch_order(lengths: list[int], rows: list[int], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     """Micro-batches of row ids for one epoch (see the module docstring)."""
     rng = random.Random(seed * 1_000_003 + epoch)

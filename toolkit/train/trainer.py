@@ -15,6 +15,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -84,7 +85,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.tokenmap.maps import save_vocab_map
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.config import check_resume, load_config
-    from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches
+    from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches, prefetch
     from toolkit.train.head import (check_signature, head_signature, keep_variant, pick_vocabulary, serving_notes,
                                      start_from, take_weights, target_tensors)
     from toolkit.train.losses import simulated_tau, step_counts
@@ -254,6 +255,13 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     batches = micro_batches(data.lengths, train_rows, cfg.batch_size, cfg.seed, acc.process_index,
                             acc.num_processes, skip=progress.step * cfg.grad_accum)
     source = shards if offline else data
+
+    def step_batches_of(micro) -> Iterator[tuple[int, list[dict]]]:  # (epoch, the grad_accum micro-batches of a step)
+        while True:
+            step = [next(micro) for _ in range(cfg.grad_accum)]
+            yield step[-1][0], [collate([source[r] for r in rows]) for _, rows in step]
+
+    steps = prefetch(step_batches_of(batches))  # the next step's rows are read while this one computes
     window = {"loss": 0.0, "losses": 0.0, "acc": 0.0, "count": 0.0, "tokens": 0, "n": 0}
     uncounted = 0  # this rank's tokens since progress.tokens was last brought up to date (at a log or a save)
     bar = tqdm(total=total, initial=progress.step, disable=not acc.is_main_process, unit="step", desc="train")
@@ -261,10 +269,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     t_start = t_log
     model.train()
     while progress.step < total:
-        step_batches = []
-        for _ in range(cfg.grad_accum):
-            epoch, rows = next(batches)
-            step_batches.append(collate([source[r] for r in rows]))
+        epoch, step_batches = next(steps)
         # Each step's loss is a mean over the assistant tokens of the whole optimizer step (every micro-batch,
         # every rank), not a mean of micro-batch means: accelerate divides a micro-batch's loss by grad_accum and
         # DDP averages the ranks, hence the denominators are the counts over their product.
