@@ -135,9 +135,9 @@ class FakeServer(BaseHTTPRequestHandler):
                     "choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": answer}}]})
 
-    def _send(self, obj):
+    def _send(self, obj, status=200):
         raw = json.dumps(obj).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(raw)))
         self.end_headers()
@@ -276,13 +276,13 @@ def test_an_endpoint_that_is_no_url_or_does_not_answer_is_named(data, tmp_path, 
     assert f"--endpoint http://127.0.0.1:{port}/v1: APIConnectionError" in capsys.readouterr().err
 
 
-class Misbehaving(BaseHTTPRequestHandler):
+class Misbehaving(FakeServer):
     """An OpenAI server that answers by the last user turn: 500s, context and other 400s, a reasoning parser's
     split answer, no content, an answer cut at max_tokens; else it echoes the request's seed."""
     seen: list = []
 
     def do_GET(self):
-        self._send(200, {"object": "list", "data": [{"id": "m", "object": "model"}]})
+        self._send({"object": "list", "data": [{"id": "m", "object": "model"}]})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -290,29 +290,18 @@ class Misbehaving(BaseHTTPRequestHandler):
         last = body["messages"][-1]["content"]
         message, finish = {"role": "assistant", "content": f"ok seed={body.get('seed')}"}, "stop"
         if last == "POISON":
-            return self._send(500, {"error": {"message": "boom", "type": "server_error"}})
+            return self._send({"error": {"message": "boom", "type": "server_error"}}, 500)
         if last in ("LONG", "BAD"):
-            return self._send(400, {"error": {"message": "This model's maximum context length is 64 tokens"
-                                              if last == "LONG" else "temperature: bad value", "type": "invalid"}})
+            return self._send({"error": {"message": "This model's maximum context length is 64 tokens"
+                                         if last == "LONG" else "temperature: bad value", "type": "invalid"}}, 400)
         if last == "THINK":
             message = {"role": "assistant", "content": "42", "reasoning_content": "Six times seven."}
         if last == "EMPTY":
             message, finish = {"role": "assistant", "content": None, "reasoning_content": "Hmm, let me"}, "length"
         if last == "CUT":
             message, finish = {"role": "assistant", "content": "a cut-off ans"}, "length"
-        self._send(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                         "choices": [{"index": 0, "finish_reason": finish, "message": message}]})
-
-    def _send(self, status, obj):
-        raw = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *a):
-        pass
+        self._send({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                    "choices": [{"index": 0, "finish_reason": finish, "message": message}]})
 
 
 def misbehaving(tmp_path, turns: list[list[str]], *flags: str) -> tuple[int, dict, list, str]:

@@ -14,7 +14,7 @@ import re
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Iterator
 
-from toolkit.data.turns import Answer, answer_all
+from toolkit.data.turns import Answer, Turns
 
 # how vLLM, SGLang and OpenAI word a prompt (+ max_tokens) beyond the context: such a 400 ends the conversation
 # at its answered turns, as a prompt over --max-len does in the engine; any other 400 is a failure with its reason
@@ -79,7 +79,10 @@ def endpoint_runner(args):
 
     def one(item):
         cid, _, skeleton = item
-        return answer_all([skeleton], lambda prompts: [ask(cid, p) for p in prompts], args.on_length)[0]
+        turns = Turns(skeleton, args.on_length)
+        while (messages := turns.prompt()) is not None:  # turn k+1 after the server's own answer to turn k
+            turns.answer(ask(cid, messages))
+        return turns.conv, turns.outcome
 
     def run(todo: list) -> Iterator:
         # many conversations in a row failing with nothing answered: the server is down or refuses every request

@@ -99,13 +99,9 @@ def conversations(files: list[str], num_samples: int, limit: int | None) -> Iter
 
 def parse_shard(text: str) -> tuple[int, int]:
     """'K/N' -> (K, N) with 0 <= K < N."""
-    try:
-        k, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        k = n = -1
-    if not 0 <= k < n:
-        raise ValueError(f"--shard {text!r}: give K/N with 0 <= K < N, e.g. 0/2 and 1/2 for two processes")
-    return k, n
+    from toolkit.split import parse_split
+
+    return parse_split(text, "--shard", "0/2 and 1/2 for two processes")
 
 
 def done_ids(out: Path, repair: bool = True) -> set[str]:

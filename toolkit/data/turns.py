@@ -4,7 +4,6 @@ at the turns answered before it, with the reason kept."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 ON_LENGTH = ("keep", "drop")  # an answer cut at --max-new-tokens: kept as it is, or the conversation ends before it
 
@@ -61,15 +60,3 @@ class Turns:
             o.cut += a.cut
             self.pos += 1
 
-
-def answer_all(skeletons: list[list], answer_batch: Callable[[list[list[dict]]], list[Answer]],
-               on_length: str = "keep") -> list[tuple[list[dict], Outcome]]:
-    """Fill every None in the skeletons turn by turn: each round asks the next open turn of every conversation
-    in one batch. A turn without an answer (or cut, with on_length "drop") ends its conversation there."""
-    states = [Turns(sk, on_length) for sk in skeletons]
-    while True:
-        open_ = [(t, p) for t in states if (p := t.prompt()) is not None]
-        if not open_:
-            return [(t.conv, t.outcome) for t in states]
-        for (t, _), a in zip(open_, answer_batch([p for _, p in open_])):
-            t.answer(a)

@@ -13,15 +13,9 @@ from toolkit.infer.metrics import summarize
 
 def parse_shard(text: str | None) -> tuple[int, int]:
     """'I/N' -> (I, N) with 0 <= I < N; None -> (0, 1), every prompt."""
-    if text is None:
-        return 0, 1
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise ValueError(f"--shard {text!r}: give I/N, e.g. 0/10 for prompts 0, 10, 20, ...") from None
-    if not 0 <= i < n:
-        raise ValueError(f"--shard {text!r}: I must be in 0..N-1 and N >= 1")
-    return i, n
+    from toolkit.split import parse_split
+
+    return (0, 1) if text is None else parse_split(text, "--shard", "0/10 for prompts 0, 10, 20, ...")
 
 
 def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1),

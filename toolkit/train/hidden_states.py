@@ -133,15 +133,11 @@ def main(args: argparse.Namespace) -> int:
 
 def parse_part(text: str | None) -> tuple[int, int]:
     """'I/N' -> (I, N); None -> torchrun's RANK / WORLD_SIZE, else (0, 1)."""
+    from toolkit.split import parse_split
+
     if text is None:
         return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        i = n = -1
-    if not 0 <= i < n:
-        raise ValueError(f"--part {text!r}: give I/N with 0 <= I < N, e.g. 0/8 ... 7/8 for eight processes")
-    return i, n
+    return parse_split(text, "--part", "0/8 ... 7/8 for eight processes")
 
 
 @torch.no_grad()
