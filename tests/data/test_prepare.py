@@ -36,7 +36,7 @@ def test_masked_tokens_decode_to_exactly_the_assistant_texts(name, request):
     tok = request.getfixturevalue(name)
     renderer = ChatRenderer(tok)
     rows, counts = tokenize(renderer, CONVS, 4096)
-    assert counts == {"truncated": 0, "no_assistant": 0, "bad": 0} and len(rows) == 2
+    assert counts == {"truncated": 0, "no_assistant": 0, "bad": 0, "per_turn": 0} and len(rows) == 2
     for conv, row in zip(CONVS, rows):
         answers = [m["content"] for m in conv if m["role"] == "assistant"]
         spans = runs(row["loss_mask"])
@@ -101,3 +101,74 @@ def test_bad_data_is_a_one_line_error(smollm2_dir, tmp_path, capsys, kind):
     assert {"missing": "not found", "broken": "all 1 records are broken",
             "not_a_dataset_folder": "not a `datasets` folder"}[kind] in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+# Qwen3's rule for thinking, written small: an answer before the last user turn is rendered without its
+# `<think>...</think>` block; one after it always with a think block (empty when the answer has none)
+QWEN3_LIKE = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m['role'] == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}"
+    "{%- endfor %}"
+    "{%- for m in messages %}{%- set content = m['content'] %}{%- set reasoning = '' %}"
+    "{%- if m['role'] == 'assistant' and '</think>' in content %}"
+    "{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{%- if m['role'] == 'assistant' and loop.index0 > ns.last_user %}"
+    "{%- set content = '<think>\\n' + reasoning + '\\n</think>\\n\\n' + content %}{%- endif %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+THOUGHT = [{"role": "user", "content": "What is 6 * 7?"},
+           {"role": "assistant", "content": "<think>\nSix sevens: 42.\n</think>\n\n42."},
+           {"role": "user", "content": "And 6 * 8?"},
+           {"role": "assistant", "content": "<think>\nOne more six: 48.\n</think>\n\n48."}]
+
+
+@pytest.fixture()
+def qwen3_like(qwen2_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(qwen2_tokenizer)
+    tok.chat_template = QWEN3_LIKE
+    return tok
+
+
+def test_a_template_that_drops_earlier_thinking_gives_one_sample_per_answer(qwen3_like):
+    """Qwen3 renders turn 1's answer without its thinking once turn 2 follows, so the whole conversation cannot
+    hold turn 1 as the target wrote it: each answer becomes a sample of the conversation up to it, as the target
+    read it when it wrote that answer (the prompt a server renders), with that answer, thinking included, masked."""
+    renderer = ChatRenderer(qwen3_like)
+    plain = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+             {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye."}]
+    rows, counts = tokenize(renderer, [THOUGHT, plain], 4096)
+    assert counts == {"truncated": 0, "no_assistant": 0, "bad": 0, "per_turn": 1}
+    assert [(r["index"], r["turn"]) for r in rows] == [(0, 1), (0, 2), (1, 0)]  # the plain one stays whole
+    for row, k in zip(rows[:2], (1, 3)):
+        (a, b), = runs(row["loss_mask"])
+        assert qwen3_like.decode(row["input_ids"][a:b]) == THOUGHT[k]["content"] + "<|im_end|>"
+        prompt = renderer.render(THOUGHT[:k], add_generation_prompt=True)  # what a server renders for that turn
+        assert qwen3_like.decode(row["input_ids"][:a]) == prompt
+    assert "Six sevens" not in prompt and "42." in prompt  # turn 2 read turn 1's answer without its thinking
+    assert len(runs(rows[2]["loss_mask"])) == 2
+
+
+def test_prepare_data_and_token_counts_take_per_answer_samples(qwen3_like, tmp_path, capsys):
+    import numpy as np
+
+    from toolkit.tokenmap.count import count_tokens
+
+    folder = tmp_path / "tok"
+    qwen3_like.save_pretrained(folder)
+    src = tmp_path / "t.jsonl"
+    src.write_text(json.dumps({"messages": THOUGHT}) + "\n")
+    out = tmp_path / "prepared"
+    assert main(["prepare-data", "--tokenizer", str(folder), "--data", str(src), "--out", str(out)]) == 0
+    assert "1 conversations one sample per answer" in capsys.readouterr().err
+    ds = datasets.load_from_disk(str(out))
+    assert ds["source"] == [f"{src}:1 turn 1", f"{src}:1 turn 2"]
+    meta = json.loads((out / "toolkit_prepare.json").read_text())
+    assert meta["per_turn"] == 1 and meta["kept"] == 2 and meta["bad"] == 0
+    # build-token-map --assistant-only counts each answer once, thinking included
+    res = count_tokens([src], ChatRenderer(qwen3_like), len(qwen3_like), mode="assistant", progress=False)
+    answers = qwen3_like("".join(m["content"] + "<|im_end|>" for m in THOUGHT[1::2]), add_special_tokens=False)
+    assert res.counts.sum() == sum(sum(r) for r in ds["loss_mask"])
+    assert np.array_equal(np.nonzero(res.counts)[0], np.unique(answers["input_ids"]))

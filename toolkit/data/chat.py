@@ -195,12 +195,27 @@ class ChatRenderer:
         self.special = special_ids(tok)
         self.render = TemplateRenderer(tok.chat_template, dict(tok.special_tokens_map))
 
-    def render_with_spans(self, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
-        """Full text and the [start, end) character span of every assistant message's content in it."""
+    def render_samples(self, conv: Conversation) -> list[tuple[str, list[tuple[int, int]]]]:
+        """The training samples of a conversation, each (text, assistant spans): the whole conversation, or one
+        sample per assistant turn when the template renders an earlier answer differently once another user turn
+        follows (Qwen3 and DeepSeek-R1 drop an earlier answer's thinking): the conversation up to that turn, as
+        the target read it when it wrote that answer, with that answer's span only."""
+        try:
+            return [self.render_with_spans(conv)]
+        except BadRecord:
+            if sum(m["role"] == "assistant" for m in conv) < 2:
+                raise
+        return [self.render_with_spans(conv[:i + 1], last_only=True)
+                for i, m in enumerate(conv) if m["role"] == "assistant"]
+
+    def render_with_spans(self, conv: Conversation, last_only: bool = False) -> tuple[str, list[tuple[int, int]]]:
+        """Full text and the [start, end) character span of every assistant message's content in it (of the last
+        one only with `last_only`)."""
         text = self.render(conv)
         spans, cursor = [], 0
+        last = max(i for i, m in enumerate(conv) if m["role"] == "assistant") if last_only else -1
         for i, msg in enumerate(conv):
-            if msg["role"] != "assistant":
+            if msg["role"] != "assistant" or i < last:
                 continue
             prefix = self.render(conv[:i], add_generation_prompt=True) if i else self._preamble(msg, text)
             if not text.startswith(prefix):

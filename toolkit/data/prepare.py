@@ -5,7 +5,9 @@
 
 loss_mask is 1 exactly on assistant tokens and the end-of-turn token that closes each assistant turn, found
 from the rendered template through character offsets (no per-model regex). Multi-turn conversations stay
-whole; longer ones are truncated to --max-len (counted). Samples left with no assistant token are dropped.
+whole, except where the template renders an earlier answer differently once more turns follow (Qwen3's thinking
+is dropped from earlier answers): those give one sample per answer (counted as per_turn). Longer samples are
+truncated to --max-len (counted). Samples left with no assistant token are dropped.
 """
 from __future__ import annotations
 
@@ -32,24 +34,26 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def tokenize(renderer, convs: list[list[dict]], max_len: int) -> tuple[list[dict], dict]:
-    """Rendered, tokenized and masked samples (`index` = position in convs) plus counts (truncated,
-    no_assistant, bad)."""
-    counts = {"truncated": 0, "no_assistant": 0, "bad": 0}
+    """Rendered, tokenized and masked samples (`index` = position in convs, `turn` = the assistant turn a
+    per-turn sample ends with, else 0) plus counts (truncated, no_assistant, bad, per_turn)."""
+    counts = {"truncated": 0, "no_assistant": 0, "bad": 0, "per_turn": 0}
     texts, all_spans, index = [], [], []
     for i, conv in enumerate(convs):
         try:
-            text, spans = renderer.render_with_spans(conv)
+            samples = renderer.render_samples(conv)
         except BadRecord:
             counts["bad"] += 1
             continue
-        texts.append(text)
-        all_spans.append(spans)
-        index.append(i)
+        counts["per_turn"] += len(samples) > 1  # Qwen3-style thinking: one sample per answer (chat.py)
+        for turn, (text, spans) in enumerate(samples, 1):
+            texts.append(text)
+            all_spans.append(spans)
+            index.append((i, turn if len(samples) > 1 else 0))
     rows = []
     if not texts:
         return rows, counts
     enc = renderer.tok(texts, add_special_tokens=False, return_offsets_mapping=True)
-    for i, ids, offsets, spans in zip(index, enc["input_ids"], enc["offset_mapping"], all_spans):
+    for (i, turn), ids, offsets, spans in zip(index, enc["input_ids"], enc["offset_mapping"], all_spans):
         mask = renderer.assistant_mask(ids, offsets, spans)
         if len(ids) > max_len:
             counts["truncated"] += 1
@@ -57,7 +61,7 @@ def tokenize(renderer, convs: list[list[dict]], max_len: int) -> tuple[list[dict
         if not any(mask):
             counts["no_assistant"] += 1
             continue
-        rows.append({"input_ids": ids, "loss_mask": mask, "num_tokens": len(ids), "index": i})
+        rows.append({"input_ids": ids, "loss_mask": mask, "num_tokens": len(ids), "index": i, "turn": turn})
     return rows, counts
 
 
@@ -79,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
                          chat_template=args.chat_template)
     renderer = ChatRenderer(tok)
     totals = {"samples": 0, "kept": 0, "tokens": 0, "assistant_tokens": 0, "truncated": 0, "no_assistant": 0,
-              "bad": 0, "plain_text": 0}
+              "bad": 0, "plain_text": 0, "per_turn": 0}
 
     def rows():
         for f in args.data:
@@ -106,7 +110,8 @@ def main(args: argparse.Namespace) -> int:
             totals["kept"] += 1
             totals["tokens"] += r["num_tokens"]
             totals["assistant_tokens"] += sum(r["loss_mask"])
-            yield {**r, "source": sources[r.pop("index")]}
+            source, turn = sources[r.pop("index")], r.pop("turn")
+            yield {**r, "source": f"{source} turn {turn}" if turn else source}
 
     features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
                                   "loss_mask": datasets.Sequence(datasets.Value("int8")),
@@ -142,5 +147,7 @@ def main(args: argparse.Namespace) -> int:
     tmp.rename(out)
     print(f"prepare-data: {totals['kept']} samples, {totals['tokens']} tokens ({totals['assistant_tokens']} "
           f"assistant) -> {out}; truncated {totals['truncated']}, without assistant tokens "
-          f"{totals['no_assistant'] + totals['plain_text']}, broken {totals['bad']}", file=sys.stderr)
+          f"{totals['no_assistant'] + totals['plain_text']}, broken {totals['bad']}"
+          + (f", {totals['per_turn']} conversations one sample per answer (the template rewrites earlier answers)"
+             if totals["per_turn"] else ""), file=sys.stderr)
     return 0

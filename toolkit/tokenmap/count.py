@@ -79,16 +79,17 @@ def _render(render, batch: Batch, mode: str, spans_of=None):
     for f, i, sample in batch:
         try:
             if isinstance(sample, str):
-                text, span = sample, None
-            elif mode == "assistant":
-                text, span = spans_of(sample)
+                samples = [(sample, None)]
+            elif mode == "assistant":  # one sample per answer where the template rewrites earlier ones (Qwen3)
+                samples = spans_of(sample)
             else:
-                text, span = render(sample), None
+                samples = [(render(sample), None)]
         except (BadRecord, TemplateError) as e:
             errors.append((f, f"sample {i}", f"cannot render ({e})"))
             continue
-        texts.append(text)
-        spans.append(span)
+        for text, span in samples:
+            texts.append(text)
+            spans.append(span)
     return texts, spans, errors
 
 
@@ -187,7 +188,7 @@ def count_tokens(files: list[str | Path], renderer: ChatRenderer, vocab_size: in
     counter = PieceCounter.build(renderer.tok.backend_tokenizer) if use_pieces else None
     batches = iter(_sample_batches(files, mode, batch_size, result, 256 if counter is not None else None))
     if counter is not None and (first := next(batches, None)) is not None:
-        texts, spans, errors = _render(renderer.render, first, mode, renderer.render_with_spans)
+        texts, spans, errors = _render(renderer.render, first, mode, renderer.render_samples)
         exact = np.bincount(_tokenize_and_count(renderer, texts, spans, mode), minlength=vocab_size)
         add(exact, errors)
         if np.array_equal(counter.token_counts(*counter.splitter.count_pieces(texts), vocab_size), exact):
@@ -200,7 +201,7 @@ def count_tokens(files: list[str | Path], renderer: ChatRenderer, vocab_size: in
     with ThreadPoolExecutor(max_workers=1) as pool:  # what is left (everything, unless pieces were used)
         last: tuple[Future, list] | None = None
         for batch in batches:
-            texts, spans, errors = _render(renderer.render, batch, mode, renderer.render_with_spans)
+            texts, spans, errors = _render(renderer.render, batch, mode, renderer.render_samples)
             job = pool.submit(_tokenize_and_count, renderer, texts, spans, mode)
             if last is not None and absorb(last[0].result(), last[1]):
                 last = None
