@@ -198,7 +198,7 @@ class ChatRenderer:
     def render_samples(self, conv: Conversation) -> list[tuple[str, list[tuple[int, int]]]]:
         """The training samples of a conversation, each (text, assistant spans): the whole conversation, or one
         sample per assistant turn when the template renders an earlier answer differently once another user turn
-        follows (Qwen3 and DeepSeek-R1 drop an earlier answer's thinking): the conversation up to that turn, as
+        follows (Qwen3 drops an earlier answer's thinking): the conversation up to that turn, as
         the target read it when it wrote that answer, with that answer's span only."""
         try:
             return [self.render_with_spans(conv)]
