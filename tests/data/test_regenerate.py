@@ -393,3 +393,73 @@ def test_the_engine_skips_a_conversation_its_template_refuses(tiny_target, tmp_p
     assert sorted(r["id"] for r in read(out)) == ["convs.jsonl:1", "convs.jsonl:2", "convs.jsonl:3"]
     (error,) = read(tmp_path / "o.jsonl.errors.jsonl")
     assert error["id"] == "convs.jsonl:0" and "System role not supported" in error["error"]
+
+
+class Named(FakeServer):
+    """A server that answers with its own name (`name`), after `delay` seconds, or fails every request (`down`)."""
+    name, delay, down, model = "a", 0.0, False, "served-model"
+
+    def do_GET(self):
+        self._send({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    def do_POST(self):
+        import time
+
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.down:
+            return self._send({"error": {"message": "overloaded", "type": "server_error"}}, 503)
+        time.sleep(self.delay)
+        self._send({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": f"from {self.name}"}}]})
+
+
+def several(tmp_path, kinds: list[dict], n: int, *flags: str) -> tuple[int, dict]:
+    """regenerate n one-turn conversations against one server per kind (Named's attributes): (exit code,
+    {id: answer})."""
+    data = tmp_path / "many.jsonl"
+    data.write_text("".join(json.dumps({"turns": [f"q{i}"]}) + "\n" for i in range(n)))
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), type("S", (Named,), kind)) for kind in kinds]
+    for s in servers:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    out = tmp_path / "o.jsonl"
+    try:
+        rc = main(["regenerate", "--data", str(data), "--out", str(out), "--max-retries", "0", *flags, "--endpoint",
+                   *[f"http://127.0.0.1:{s.server_address[1]}/v1" for s in servers]])
+    finally:
+        for s in servers:
+            s.shutdown()
+    return rc, {r["id"]: r["messages"][-1]["content"] for r in read(out)} if out.exists() else {}
+
+
+def test_several_endpoints_share_the_conversations_by_their_speed(tmp_path, capsys):
+    rc, answers = several(tmp_path, [{"name": "fast"}, {"name": "slow", "delay": 0.2}], 24, "--concurrency", "1")
+    assert rc == 0 and len(answers) == 24
+    by = {name: sum(a == f"from {name}" for a in answers.values()) for name in ("fast", "slow")}
+    assert by["slow"] >= 1 and by["fast"] > by["slow"], by  # the slow one is never idle, the fast one takes more
+    err = capsys.readouterr().err
+    assert "conversations answered per endpoint:" in err and f" {by['fast']}, " in err
+
+
+def test_a_server_that_fails_everything_is_dropped_and_its_conversations_asked_of_the_others(tmp_path, capsys):
+    """A dead node among several costs no conversation: after 8 failures in a row it is dropped and they (and
+    those queued on it) go to the live ones; with every server down the run still stops, failures listed."""
+    rc, answers = several(tmp_path, [{"name": "up", "delay": 0.1}, {"name": "dead", "down": True}], 32,
+                          "--concurrency", "1")
+    err = capsys.readouterr().err
+    assert rc == 0 and len(answers) == 32 and set(answers.values()) == {"from up"}, err
+    assert "dropped: the last 8 conversations all failed (the last: InternalServerError" in err
+    assert not (tmp_path / "o.jsonl.errors.jsonl").exists()  # the dead server's conversations are not failures
+    (tmp_path / "o.jsonl").unlink()
+    rc, answers = several(tmp_path, [{"down": True}, {"down": True}], 24, "--concurrency", "1")
+    err = capsys.readouterr().err
+    assert rc == 2 and answers == {} and "the last 8 conversations all failed" in err
+    assert len(read(tmp_path / "o.jsonl.errors.jsonl")) == 8  # the last server's 8; the first's were asked again
+
+
+def test_endpoints_of_different_models_or_given_twice_are_refused(tmp_path, capsys):
+    rc, _ = several(tmp_path, [{}, {"model": "other-model"}], 2)
+    assert rc == 2 and "the servers list different models" in capsys.readouterr().err
+    assert main(["regenerate", "--data", str(tmp_path / "many.jsonl"), "--out", str(tmp_path / "o.jsonl"),
+                 "--endpoint", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"]) == 2
+    assert "a URL given twice" in capsys.readouterr().err

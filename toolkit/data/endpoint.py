@@ -1,16 +1,21 @@
-"""`toolkit regenerate --endpoint URL`: the answers of any OpenAI-compatible server (vLLM, SGLang, `toolkit serve`).
+"""`toolkit regenerate --endpoint URL [URL ...]`: the answers of OpenAI-compatible servers (vLLM, SGLang,
+`toolkit serve`), one or many serving the same target.
 
 One task per conversation asks its turns in order (turn k+1 after the server's own answer to turn k), and
-`--concurrency` conversations run at once, so the server always has that many requests in flight; conversations
-are handed back as they finish. A request that fails after the client's retries fails its conversation only
-(it is reported and retried by a rerun); a server that fails every one of many conversations in a row stops the
-run. A reasoning parser's `reasoning_content` is folded back into the answer as the target wrote it.
+`--concurrency` conversations run at once on each server, so each always has that many requests in flight; a
+conversation goes to the server with the fewest queued, so a faster one takes more; conversations are handed back
+as they finish. A request that fails after the client's retries fails its conversation only (it is reported and
+retried by a rerun). A server that fails every one of many conversations in a row is dropped, and those
+conversations and the ones queued on it are asked of the others; with none left the run stops. A reasoning
+parser's `reasoning_content` is folded back into the answer as the target wrote it.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import re
+import sys
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Iterator
 
@@ -43,24 +48,37 @@ def read_choice(choice) -> Answer:
     return Answer(f"<think>\n{reasoning}\n</think>\n\n{content}" if reasoning else content, cut=cut)
 
 
+class Server:
+    """One endpoint: its client and served model, its own pool of --concurrency threads, what is queued on it
+    and the conversations it failed in a row (held back: asked of another server if it is dropped)."""
+
+    def __init__(self, url: str, args):
+        from openai import APIConnectionError, APIStatusError, OpenAI
+
+        self.url, self.queued, self.answered, self.streak = url, 0, 0, []
+        self.client = OpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                             max_retries=args.max_retries, timeout=args.request_timeout)
+        try:
+            self.model = args.model or self.client.models.list().data[0].id
+        except (APIConnectionError, APIStatusError, IndexError) as e:
+            raise RuntimeError(f"--endpoint {url}: {type(e).__name__} ({str(e).splitlines()[0][:200]}); give the "
+                               "base URL of a running OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1 "
+                               "(answered conversations are kept; rerun to resume)") from None
+        self.pool = ThreadPoolExecutor(args.concurrency)
+
+
 def endpoint_runner(args):
     """-> run(todo) yielding ((id, source, skeleton), (conversation, Outcome)) as conversations finish."""
-    from openai import APIConnectionError, APIStatusError, BadRequestError, OpenAI
+    from openai import APIConnectionError, APIStatusError, BadRequestError
 
-    client = OpenAI(base_url=args.endpoint, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
-                    max_retries=args.max_retries, timeout=args.request_timeout)
-
-    def unreachable(what: str) -> RuntimeError:
-        return RuntimeError(f"--endpoint {args.endpoint}: {what}; give the base URL of a running OpenAI-compatible "
-                            "server, e.g. http://127.0.0.1:8000/v1 (answered conversations are kept; rerun to resume)")
-
-    try:
-        model = args.model or client.models.list().data[0].id
-    except (APIConnectionError, APIStatusError, IndexError) as e:
-        raise unreachable(f"{type(e).__name__} ({str(e).splitlines()[0][:200]})") from None
+    servers = [Server(url, args) for url in args.endpoint]
+    models = sorted({s.model for s in servers})
+    if len(models) > 1:  # one dataset, one target
+        raise ValueError(f"--endpoint: the servers list different models ({', '.join(f'{s.url}: {s.model}' for s in servers)}); "
+                         "give servers of one target, or name the served model with --model")
     extra_body = {"chat_template_kwargs": args.variables} if args.variables else None
 
-    def ask(cid: str, messages: list[dict]) -> Answer:
+    def ask(server: Server, cid: str, messages: list[dict]) -> Answer:
         options = {"max_tokens": args.max_new_tokens, "temperature": args.temperature}
         if args.top_p is not None:  # left out, the server's own default (a model's generation_config) applies
             options["top_p"] = args.top_p
@@ -69,7 +87,7 @@ def endpoint_runner(args):
         if extra_body:
             options["extra_body"] = extra_body
         try:
-            r = client.chat.completions.create(model=model, messages=messages, **options)
+            r = server.client.chat.completions.create(model=server.model, messages=messages, **options)
         except BadRequestError as e:
             reason = str(e.message).splitlines()[0][:300]
             return Answer(too_long=True) if CONTEXT_ERROR.search(reason) else Answer(error=f"HTTP 400: {reason}")
@@ -77,38 +95,71 @@ def endpoint_runner(args):
             return Answer(error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
         return read_choice(r.choices[0])
 
-    def one(item):
+    def one(server: Server, item):
         cid, _, skeleton = item
         turns = Turns(skeleton, args.on_length)
         while (messages := turns.prompt()) is not None:  # turn k+1 after the server's own answer to turn k
-            turns.answer(ask(cid, messages))
+            turns.answer(ask(server, cid, messages))
         return turns.conv, turns.outcome
 
     def run(todo: list) -> Iterator:
         # many conversations in a row failing with nothing answered: the server is down or refuses every request
-        limit, in_a_row, last = max(8, 2 * args.concurrency), 0, ""
-        pool, pending, items = ThreadPoolExecutor(args.concurrency), {}, iter(todo)
+        limit, depth = max(8, 2 * args.concurrency), 2 * args.concurrency
+        live, pending, items, again = list(servers), {}, iter(todo), deque()
+
+        def feed() -> None:  # at most 2 x concurrency queued per server: memory stays flat on any corpus
+            while live:
+                server = min(live, key=lambda s: s.queued)
+                item = again.popleft() if again else next(items, None) if server.queued < depth else None
+                if item is None:
+                    return
+                pending[server.pool.submit(one, server, item)] = item, server
+                server.queued += 1
+
         try:
-            for item in items:  # at most 2 x concurrency conversations queued: memory stays flat on any corpus
-                pending[pool.submit(one, item)] = item
-                if len(pending) >= 2 * args.concurrency:
-                    break
+            feed()
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
-                    item = pending.pop(future)
+                    item, server = pending.pop(future)
+                    server.queued -= 1
+                    if future.cancelled():  # queued on a dropped server: asked of another
+                        continue
                     conv, outcome = future.result()
-                    failed = outcome.stop == "failed" and outcome.answered == 0
-                    in_a_row, last = (in_a_row + 1, outcome.error) if failed else (0, last)
-                    yield item, (conv, outcome)
-                    if in_a_row >= limit:
-                        raise RuntimeError(f"--endpoint {args.endpoint}: the last {in_a_row} conversations all failed "
-                                           f"(the last: {last}); stopped (answered conversations are kept, failures "
-                                           "listed beside --out; fix the cause and rerun to resume)")
-                    nxt = next(items, None)
-                    if nxt is not None:
-                        pending[pool.submit(one, nxt)] = nxt
+                    if outcome.stop == "failed" and outcome.answered == 0:
+                        if server not in live:  # it was running when its server was dropped
+                            again.append(item)
+                            continue
+                        server.streak.append((item, (conv, outcome)))
+                    else:  # the server answers: the failures before were those conversations' own
+                        yield from server.streak
+                        server.streak.clear()
+                        server.answered += 1
+                        yield item, (conv, outcome)
+                    if len(server.streak) < limit or server not in live:
+                        continue
+                    live.remove(server)
+                    last = server.streak[-1][1][1].error
+                    if not live:
+                        yield from (f for s in servers for f in s.streak)
+                        raise RuntimeError(f"--endpoint {server.url}: the last {limit} conversations all failed "
+                                           f"(the last: {last}); stopped (answered conversations are kept, "
+                                           "failures listed beside --out; fix the cause and rerun to resume)")
+                    print(f"regenerate: --endpoint {server.url} dropped: the last {limit} conversations all failed "
+                          f"(the last: {last}); they and those queued on it go to the {len(live)} other(s)",
+                          file=sys.stderr)
+                    again.extend(i for i, _ in server.streak)
+                    server.streak.clear()
+                    for f, (i, s) in pending.items():
+                        if s is server and f.cancel():
+                            again.append(i)
+                feed()
+            yield from (f for s in servers for f in s.streak)  # failures at the end of the run
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            for s in servers:
+                s.pool.shutdown(wait=False, cancel_futures=True)
+            if len(servers) > 1:
+                print("regenerate: conversations answered per endpoint: "
+                      + ", ".join(f"{s.url} {s.answered}" for s in servers), file=sys.stderr)
 
     return run

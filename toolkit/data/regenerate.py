@@ -4,6 +4,7 @@
     toolkit regenerate --data train.jsonl --out regen.jsonl --max-new-tokens 256
     toolkit regenerate --data train.jsonl --out regen_1.jsonl --shard 1/2 --done regen.jsonl  # a 2nd process
     toolkit regenerate --data train.jsonl --out regen.jsonl --endpoint http://127.0.0.1:8000/v1 --model NAME
+    toolkit regenerate --data train.jsonl --out regen.jsonl --endpoint http://node1:8000/v1 http://node2:8000/v1
 
 Answers come from our engine (batched, in-process) or from any OpenAI-compatible endpoint (vLLM, SGLang,
 `toolkit serve`). The output is JSONL in the OpenAI chat schema, one line per finished conversation:
@@ -35,8 +36,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                  "--endpoint, the served model name (default: the first listed)")
     p.add_argument("--data", nargs="+", required=True, help="conversation files (any corpus schema)")
     p.add_argument("--out", required=True, help="output JSONL; an existing file is resumed")
-    p.add_argument("--endpoint", default=None, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
-                                                    "(API key from $OPENAI_API_KEY)")
+    p.add_argument("--endpoint", nargs="+", default=None, metavar="URL",
+                   help="OpenAI-compatible base URL(s), e.g. http://127.0.0.1:8000/v1 (API key from $OPENAI_API_KEY); "
+                        "several servers of one target share the conversations")
     p.add_argument("--max-new-tokens", type=int, default=512, help="per assistant turn")
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help='extra template variables, e.g. \'{"enable_thinking": false}\' (Qwen3: answers without '
@@ -57,7 +59,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--done", nargs="*", default=[], metavar="FILE",
                    help="other outputs whose ids count as answered (e.g. a shard's or an earlier run's file)")
     p.add_argument("--batch-size", type=int, default=16, help="conversations decoded together (engine)")
-    p.add_argument("--concurrency", type=int, default=16, help="conversations in flight (endpoint), each asking "
+    p.add_argument("--concurrency", type=int, default=16, help="conversations in flight per endpoint, each asking "
                                                                   "its turns in order")
     p.add_argument("--max-retries", type=int, default=5, help="retries of a failed request (endpoint: connection "
                                                               "errors, 429, 5xx), with backoff")
@@ -227,8 +229,12 @@ def main(args: argparse.Namespace) -> int:
     from toolkit.data.chat import template_kwargs
 
     args.variables = template_kwargs(args.chat_template_kwargs)
-    if args.endpoint and not args.endpoint.startswith(("http://", "https://")):
-        raise ValueError(f"--endpoint {args.endpoint}: give the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    for url in args.endpoint or []:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"--endpoint {url}: give the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    if args.endpoint and len(set(args.endpoint)) < len(args.endpoint):
+        raise ValueError(f"--endpoint {' '.join(args.endpoint)}: a URL given twice; give each server once (it gets "
+                         "--concurrency conversations at a time)")
     if args.endpoint and (args.device, args.dtype) != ("auto", "auto"):
         raise ValueError(f"--device {args.device} / --dtype {args.dtype} set the in-process engine; with --endpoint "
                          "the server answers with its own settings: drop them (or drop --endpoint)")
@@ -292,7 +298,7 @@ def main(args: argparse.Namespace) -> int:
             os.fsync(fh.fileno())
             print(summary(counts, out, errors, time.perf_counter() - start, args), file=sys.stderr)
     if counts["failed"] == len(todo) and not done:  # nothing ever answered: the setup is at fault, not a conversation
-        where = f"--endpoint {args.endpoint}" if args.endpoint else f"--model {args.model or DEFAULT_MODEL}"
+        where = f"--endpoint {' '.join(args.endpoint)}" if args.endpoint else f"--model {args.model or DEFAULT_MODEL}"
         raise RuntimeError(f"{where}: {last_error}; every one of the {len(todo)} conversations failed (listed in "
                            f"{errors})")
     return 1 if counts["failed"] else 0  # some failed: a rerun asks them again
