@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from toolkit.infer.draft_sampling import gumbel_inputs
+from toolkit.infer.draft_sampling import chain_draft_probs, gumbel_inputs
 from toolkit.infer.sampling import SamplingParams
 
 FLOAT32_CAP = -math.log(-math.log1p(-2.0 ** -24))
@@ -33,3 +33,12 @@ def test_greedy_rows_get_no_noise_and_sampled_rows_their_own_generators_noise():
     picks = (logp / 0.7 + draws).argmax(-1)
     freq = torch.bincount(picks, minlength=4).float() / len(picks)
     assert (freq - (logp / 0.7).softmax(-1)).abs().sum() / 2 < 0.01
+
+
+def test_draft_probabilities_of_ids_sharing_a_target_id_add_up():
+    """Over the target vocabulary a target id's draft probability is the mass of every draft id mapped to it
+    (load_eagle3 refuses such a d2t; index_copy_ kept one of the two masses, so verification divided by the
+    wrong q and the emitted law was not the target's)."""
+    target_ids = torch.tensor([0, 1, 1])  # d2t [0, 0, -1]: draft ids 1 and 2 both propose target id 1
+    q = chain_draft_probs(torch.tensor([[0.2, 0.4, 0.4]]).log(), 1.0, target_ids, 3)
+    assert torch.allclose(q, torch.tensor([[0.2, 0.8, 0.0]]))

@@ -1,5 +1,6 @@
 """EAGLE-3 draft folders in the docs/formats.md layout load; ones that do not fit the target are refused."""
 import json
+import re
 
 import pytest
 import torch
@@ -83,6 +84,19 @@ def test_a_d2t_past_the_target_vocabulary_is_refused_naming_the_id_and_size(tmp_
     w["d2t"][-1] += 5  # the last draft id now maps to target id 302 of a 300-id target
     save_file(w, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="d2t maps a draft id to target id 302, beyond the target's vocab_size 300"):
+        load_eagle3(tmp_path, TARGET)
+
+
+@pytest.mark.parametrize("last, message", [
+    (3, r"d2t maps draft ids 1 and 99 to the same target id 3; it must map draft ids to target ids one-to-one"),
+    (-2, r"d2t maps draft id 99 to target id -2, below 0")])
+def test_a_d2t_not_one_to_one_onto_target_ids_is_refused_naming_the_folder_and_id(tmp_path, last, message):
+    """A sampled draft's probabilities are read over the target vocabulary by d2t: two draft ids on one target
+    id (or one on a negative id) cannot be, so such a map is refused at load."""
+    w = write_draft(tmp_path)
+    w["d2t"][-1] = last - 99  # the last draft id (99) now maps to target id `last`
+    save_file(w, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"draft {re.escape(str(tmp_path))} does not fit the target: {message}"):
         load_eagle3(tmp_path, TARGET)
 
 

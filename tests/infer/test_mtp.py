@@ -103,6 +103,21 @@ def test_the_engine_feeds_a_zero_embedding_at_position_0_as_vllm_and_sglang_mimo
     assert (read - want).abs().max() > 1e-4  # position 0's embedding does reach the root's prediction
 
 
+def test_the_agreement_probe_feeds_position_0_a_zero_embedding_as_served():
+    """The load-time probe (drafts.agreement) measures the function training and the engine serve: an MTP
+    head's pair at position 0 reads a zero embedding there too."""
+    from toolkit.infer.drafts import agreement
+
+    c = ModelConfig.from_hf(hf_config())
+    torch.manual_seed(5)
+    target = Transformer(c).eval()
+    head, _ = random_mtp(c)
+    seen = []
+    head.register_forward_pre_hook(lambda module, args: seen.append(args[0].clone()))
+    agreement(head, target, [5, 17, 33, 8, 61, 9])
+    assert not seen[0][0, 0].any() and seen[0][0, 1:].abs().sum(-1).gt(0).all()
+
+
 def write_native(folder, layout: str, n_mtp: int = 2, drop: str | None = None, extra: str | None = None):
     """A tiny target that ships MTP layers: MiMo (Qwen2 body, model.mtp_layers.{i}.*) or DeepSeek-V3-style
     (num_nextn_predict_layers, model.layers.{L + i}.*) over a Llama body. Returns (config, raw weights)."""
@@ -160,6 +175,33 @@ def test_native_mtp_layers_map_every_weight(tmp_path, layout):
     write_native(tmp_path / "x", layout, extra=p + "mystery.weight")
     with pytest.raises(ValueError, match="mystery"):
         load_mtp(tmp_path / "x", load_target(tmp_path / "x"))
+
+
+@pytest.mark.parametrize("layout", ["mimo", "deepseek"])
+def test_a_cached_rotary_inv_freq_in_the_mtp_layer_is_skipped_as_the_target_loader_skips_it(tmp_path, layout):
+    """Older transformers saved self_attn.rotary_emb.inv_freq; load_target, SGLang and vLLM skip it (it comes
+    from the config), and so does load_mtp."""
+    p = "model.mtp_layers.0." if layout == "mimo" else f"model.layers.{LAYERS}."
+    write_native(tmp_path / "t", layout, n_mtp=1, extra=p + "self_attn.rotary_emb.inv_freq")
+    head = load_mtp(tmp_path / "t", load_target(tmp_path / "t"))
+    assert isinstance(head, MTPHead)
+
+
+@pytest.mark.parametrize("layout", ["mimo", "deepseek"])
+def test_the_target_loader_skips_only_the_mtp_layers_its_config_declares(tmp_path, layout):
+    """Layers past the body are skipped as MTP layers only when config.json declares them
+    (num_nextn_predict_layers) and only as many: a folder with more layers than its config says is refused by
+    name rather than loaded as a shorter model."""
+    cfg, _ = write_native(tmp_path / "t", layout, n_mtp=2)
+    (tmp_path / "t" / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 1}))
+    extra = "mtp_layers.1." if layout == "mimo" else f"layers.{LAYERS + 1}."
+    with pytest.raises(ValueError, match=rf"unexpected \['{extra}"):
+        load_target(tmp_path / "t")
+    # a plain target (no MTP layers declared) whose config.json counts one layer fewer than its weights hold
+    cfg, _ = write_native(tmp_path / "p", "deepseek", n_mtp=0)
+    (tmp_path / "p" / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": LAYERS - 1}))
+    with pytest.raises(ValueError, match=rf"unexpected \['layers.{LAYERS - 1}."):
+        load_target(tmp_path / "p")
 
 
 def test_a_folder_sglangs_nextn_export_wrote_loads(tmp_path):
@@ -247,3 +289,21 @@ def test_a_target_that_ships_mtp_layers_drafts_for_itself(tmp_path):
 
     write_native(tmp_path / "t", "mimo", n_mtp=1)
     assert draft_target(str(tmp_path / "t"), None) == tmp_path / "t"
+
+
+@pytest.mark.parametrize("arch", ["DeepseekV3ForCausalLMNextN", "LlamaForCausalLM"])
+def test_an_mtp_only_folder_needs_model_naming_its_target(tmp_path, arch):
+    """An SGLang NextN export (the MTP layer alone, no embed_tokens or body) is no target: without --model it is
+    refused clearly (it was taken as its own target and failed on missing embed_tokens); with --model it serves."""
+    from toolkit.infer.loading import draft_target
+
+    cfg, w = write_native(tmp_path / "t", "deepseek", n_mtp=1)
+    p = f"model.layers.{LAYERS}."
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "config.json").write_text(json.dumps({**cfg, "architectures": [arch], "num_hidden_layers": 1}))
+    save_file({"model.layers.0." + k[len(p):]: v.contiguous() for k, v in w.items() if k.startswith(p)},
+              str(tmp_path / "x" / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"holds MTP layers only \({arch}\), not a target to draft for .*"
+                                         r"pass --model with the target's folder"):
+        draft_target(str(tmp_path / "x"), None)
+    assert draft_target(str(tmp_path / "x"), str(tmp_path / "t")) == tmp_path / "t"

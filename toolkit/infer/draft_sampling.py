@@ -32,4 +32,6 @@ def chain_draft_probs(draft_logp: torch.Tensor, temperature: float, target_ids: 
     """The law each node of a sampled chain was drawn from, over the target's vocabulary: draft_logp
     [n, N] (tree.grow's fourth output), target_ids [N] (the target id of each draft id) -> [n, vocab_size]."""
     q = (draft_logp.float() / temperature).softmax(-1)
-    return q.new_zeros(len(q), vocab_size).index_copy_(1, target_ids, q)
+    # index_add_: were two draft ids to map to one target id (load_eagle3 refuses such a d2t), the law of that
+    # target id is the sum of both masses; index_copy_ kept one and verification divided by the wrong q
+    return q.new_zeros(len(q), vocab_size).index_add_(1, target_ids, q)

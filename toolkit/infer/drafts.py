@@ -188,9 +188,11 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     w.pop("t2d", None)
     for k in ("embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight"):
         w.pop(k, None)  # the target's embedding (and norm, lm_head: speculators' training copies) are used
-    top = int((torch.arange(len(d2t)) + d2t).max())
+    ids = torch.arange(len(d2t)) + d2t
+    top = int(ids.max())
     if top >= target.vocab_size:
         problems.append(f"d2t maps a draft id to target id {top}, beyond the target's vocab_size {target.vocab_size}")
+    problems += d2t_problems(ids)
     if problems:
         raise ValueError(f"draft {folder} does not fit the target: " + "; ".join(problems))
     for note in aux_layer_problems(aux, target.num_layers):  # served right here; elsewhere it would not be
@@ -198,6 +200,25 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     head = Eagle3Head(c, target_hidden, d2t, aux, layout.norm_before_residual, layout.norm_before_fc)
     load_weights(head, w, folder, ignore=("d2t",))
     return head.to(device=device, dtype=dtype).eval()
+
+
+def d2t_problems(ids: torch.Tensor) -> list[str]:
+    """What is wrong with a d2t's target ids (draft id i -> ids[i]) short of the vocabulary's end (checked by
+    the caller): each draft id must name its own target id, none negative, or the draft's probabilities cannot
+    be read over the target vocabulary (sampled drafts, draft_sampling.chain_draft_probs)."""
+    problems = []
+    negative = (ids < 0).nonzero().flatten()
+    if len(negative):
+        i = int(negative[0])
+        problems.append(f"d2t maps draft id {i} to target id {int(ids[i])}, below 0")
+    _, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+    shared = (counts[inverse] > 1).nonzero().flatten()
+    if len(shared):
+        i = int(shared[0])
+        j = int((ids == ids[i]).nonzero().flatten()[1])
+        problems.append(f"d2t maps draft ids {i} and {j} to the same target id {int(ids[i])}; it must map draft "
+                        "ids to target ids one-to-one")
+    return problems
 
 
 def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, target: str,
@@ -239,6 +260,8 @@ def agreement(head: Eagle3Head, target, ids: list[int], start: int = 0) -> float
     logits, aux = target(x, aux_layers=head.aux_layers)
     want = logits[0].argmax(-1)                            # target's token for position t + 1
     pairs = target.embed_tokens(x[:, 1:])                  # (token t + 1, hidden t) -> predicts t + 2
+    if getattr(head, "blank_position0", False):  # MTP: trained and served with a zero embedding at position 0
+        pairs[:, 0] = 0
     logp, _ = head(pairs, torch.cat(aux, -1)[:, :-1], torch.arange(len(ids) - 1, device=x.device)[None],
                    head.new_cache(len(ids), pairs.dtype, x.device))
     got = head.to_target(logp[0].argmax(-1))

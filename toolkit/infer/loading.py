@@ -49,12 +49,13 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     missing or unexpected tensor is an error naming it (no weight is ever left random)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
+    num_mtp = _declared_mtp_layers(json.loads((folder / "config.json").read_text()))
     tensors = {}
     for f in weight_files(folder):
         with safe_open(str(f), "pt", device="cpu") as sf:
             for name in sf.keys():
                 ours = name.removeprefix("model.")
-                if ours.endswith("rotary_emb.inv_freq") or _is_mtp_weight(ours, config.num_layers):
+                if ours.endswith("rotary_emb.inv_freq") or _is_mtp_weight(ours, config.num_layers, num_mtp):
                     continue
                 t = sf.get_tensor(name)  # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
                 tensors[ours] = t.float() if ours.endswith(ROUTER_FP32) else t.to(dtype)
@@ -89,11 +90,21 @@ def tie_embeddings(tensors: dict[str, torch.Tensor], folder: Path) -> bool:
     return True
 
 
-def _is_mtp_weight(name: str, num_layers: int) -> bool:
-    """MTP layers a target ships (MiMo's mtp_layers.*, DeepSeek-V3's layers.{num_layers + i}.*) are a draft's
-    weights, read by toolkit/infer/mtp.py, not the target's."""
+def _declared_mtp_layers(cfg: dict) -> int:
+    """How many MTP layers a config.json declares: num_nextn_predict_layers (DeepSeek-V3's and MiMo's key)."""
+    return int(cfg.get("text_config", cfg).get("num_nextn_predict_layers") or 0)
+
+
+def _is_mtp_weight(name: str, num_layers: int, num_mtp: int) -> bool:
+    """The num_mtp MTP layers a target declares and ships (MiMo's mtp_layers.{i}.*, DeepSeek-V3's
+    layers.{num_layers + i}.*, i < num_mtp) are a draft's weights, read by toolkit/infer/mtp.py, not the
+    target's. Any other layer stays unexpected: a folder with more layers than its config.json says (a truncated
+    or wrong config) must not load as a shorter model."""
     parts = name.split(".")
-    return parts[0] == "mtp_layers" or (parts[0] == "layers" and int(parts[1]) >= num_layers)
+    if len(parts) < 2 or not parts[1].isdigit():
+        return False
+    i = int(parts[1])
+    return (parts[0] == "mtp_layers" and i < num_mtp) or (parts[0] == "layers" and 0 <= i - num_layers < num_mtp)
 
 
 def recorded_target(draft: str) -> dict:
@@ -116,8 +127,14 @@ def draft_target(draft: str, model: str | None) -> Path:
     from toolkit.models import fingerprint, resolve_target, same_target
 
     recorded = recorded_target(draft)
-    if not recorded and _ships_mtp(json.loads((Path(draft) / "config.json").read_text())):
-        # a target with its own MTP layers drafts for itself
+    cfg = json.loads((Path(draft) / "config.json").read_text())
+    if not recorded and model is None and _ships_mtp(cfg):
+        # a target with its own MTP layers drafts for itself; an MTP-only export has no body to be the target
+        if not _holds_target_body(Path(draft), cfg):
+            archs = ", ".join(cfg.get("architectures") or []) or "no architectures"
+            raise ValueError(f"--draft {draft} holds MTP layers only ({archs}), not a target to draft for (a "
+                             "target that ships MTP layers holds its embed_tokens too and names no *NextN "
+                             "architecture); pass --model with the target's folder")
         recorded = {"target": str(draft)}
     if model is None and recorded.get("target"):
         try:
@@ -141,6 +158,19 @@ def _ships_mtp(cfg: dict) -> bool:
     DeepSeek-V3."""
     return bool(cfg.get("text_config", cfg).get("num_nextn_predict_layers")) or \
         (cfg.get("toolkit") or {}).get("head") == "mtp"
+
+
+def _holds_target_body(folder: Path, cfg: dict) -> bool:
+    """Whether a folder that ships MTP layers holds its target too (its embedding or lm_head, under the names
+    load_target reads), rather than the MTP layers alone, as SGLang's export_deepseek_nextn.py writes them
+    (architectures *NextN, num_hidden_layers 1, the layer renumbered model.layers.0)."""
+    if any(a.endswith("NextN") for a in cfg.get("architectures") or []):
+        return False
+    for f in weight_files(folder):
+        with safe_open(str(f), "pt") as sf:
+            if {k.removeprefix("model.") for k in sf.keys()} & {"embed_tokens.weight", "lm_head.weight"}:
+                return True
+    return False
 
 
 def draft_kind(folder: str | Path) -> str:

@@ -144,6 +144,8 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
                 rest = key[len(prefix):]
                 if rest.startswith(("embed_tokens.", "shared_head.head.")):
                     continue  # the target's embedding and lm_head are used
+                if rest.endswith("rotary_emb.inv_freq"):
+                    continue  # a cached buffer older transformers saved; computed from the config, as load_target does
                 special = next((ours + rest[len(theirs):] for theirs, ours in names.items()
                                 if rest.startswith(theirs + ".")), None)
                 w[special or f"block.{rest}"] = sf.get_tensor(key).float()

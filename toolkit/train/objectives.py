@@ -128,11 +128,15 @@ class MTP(Objective):
         if tcfg.mla is not None:  # ttt.py's unrolled attention is the Llama kind's
             raise ValueError("training an MTP head for a DeepSeek (MLA) target is not supported; serving the MTP "
                              "layers it ships is (toolkit serve --draft TARGET_DIR)")
-        if tcfg.attention_bias or tcfg.qk_norm:  # SGLang's MiMoMTP block is Qwen2's: it has neither
-            print(f"warning: this target's decoder block has {'an o_proj bias' if tcfg.attention_bias else 'q/k norms'},"
-                  " which SGLang's MiMoMTP block lacks: the exported head serves here, but SGLang would drop those "
-                  "tensors without a word and serve another function (docs/formats.md section 14)",
-                  file=sys.stderr, flush=True)
+        # SGLang's MiMoMTP block is Qwen2's: it has neither tensor, and its load_weights treats them differently
+        if tcfg.qk_norm:  # a name it has no parameter for (not a .bias) is a KeyError there
+            print("warning: this target's decoder block has q/k norms (Qwen3), which SGLang's MiMoMTP block lacks: "
+                  "the exported head will serve only in this toolkit; SGLang refuses to load the folder (a KeyError "
+                  "on self_attn.q_norm.weight) (docs/formats.md section 14)", file=sys.stderr, flush=True)
+        elif tcfg.attention_bias:  # it skips a .bias it has no parameter for
+            print("warning: this target's decoder block has an o_proj bias, which SGLang's MiMoMTP block lacks: the "
+                  "exported head serves here, but SGLang would drop that bias without a word and serve another "
+                  "function (docs/formats.md section 14)", file=sys.stderr, flush=True)
         torch.manual_seed(cfg.seed)
         head = MTPHead(tcfg, parts["lm_head.weight"].float())
         if cfg.init_block == "target_last":  # start from the target's last decoder layer (else torch's init)
