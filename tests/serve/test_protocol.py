@@ -22,14 +22,18 @@ def test_accepted_forms():
                                                  {"role": "user", "content": [{"type": "text", "text": "a"},
                                                                               {"type": "text", "text": "b"}]}],
                                     "max_completion_tokens": 7, "stop": "x", "top_k": -1})
-    assert r.max_tokens == 7 and r.stop == ["x"] and r.messages[1].text() == "a\nb" and r.temperature == 1.0
+    assert r.max_tokens == 7 and r.stop == ["x"] and r.messages[1].text() == "a\nb" and r.temperature is None
     assert CompletionRequest.model_validate({"prompt": ["one prompt"]}).prompt == "one prompt"
     assert CompletionRequest.model_validate({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
     # null where OpenAI lets a field be null means its default (clients send null for unset fields)
     nulls = ChatRequest.model_validate({"messages": USER, **dict.fromkeys(
         ("temperature", "top_p", "top_k", "n", "stream", "presence_penalty", "frequency_penalty", "seed",
          "logit_bias", "top_logprobs", "response_format"))})
-    assert (nulls.temperature, nulls.top_p, nulls.top_k, nulls.n, nulls.stream) == (1.0, 1.0, 0, 1, False)
+    # (sampling values left unset: the served target's defaults apply, toolkit/serve/defaults.py)
+    assert (nulls.temperature, nulls.top_p, nulls.top_k, nulls.n, nulls.stream) == (None, None, None, 1, False)
+    # seed -1 is vLLM's "no seed" (a random one), not the fixed seed -1
+    assert ChatRequest.model_validate({"messages": USER, "seed": -1}).seed is None
+    assert ChatRequest.model_validate({"messages": USER, "seed": -2}).seed == -2
     assert ChatRequest.model_validate({"messages": USER, "response_format": {"type": "text"},
                                        "seed": 2 ** 64 - 1}).seed == 2 ** 64 - 1
 
@@ -65,6 +69,9 @@ def test_accepted_forms():
     ({"messages": USER, "add_generation_prompt": False}, "add_generation_prompt"),
     ({"messages": USER, "chat_template": "{{ messages }}"}, "chat_template"),
     ({"messages": USER, "functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ({"messages": USER, "truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),  # vLLM's: keeps the last 8 only
+    ({"messages": USER, "custom_logit_processor": "{}"}, "custom_logit_processor"),  # SGLang's
+    ({"messages": USER, "add_special_tokens": "yes"}, "add_special_tokens"),
 ])
 def test_chat_refusals_name_the_field(body, param):
     err = refusal(ChatRequest, body)

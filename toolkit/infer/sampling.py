@@ -32,8 +32,8 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
-# temperatures this small are greedy (vLLM's _SAMPLING_EPS): logits / 1e-39 overflow to inf, inf - inf is NaN,
-# and one such request would fail its whole batch
+# temperatures this small are greedy: logits / 1e-39 overflow to inf, inf - inf is NaN, and one such request
+# would fail its whole batch (vLLM instead samples any 0 < T < 0.01 at 0.01; both are near-greedy there)
 GREEDY_BELOW = 1e-5
 
 
@@ -47,7 +47,9 @@ def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         kth = logits.topk(p.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if p.top_p < 1:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        # stable: which of tied logits at the cut is kept must not depend on the batch a row is in (CUDA's
+        # unstable sort may order ties by their row's neighbours), or plain and speculative sampling part ways
+        sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= p.top_p  # keep the smallest prefix reaching top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))

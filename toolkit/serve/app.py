@@ -23,6 +23,7 @@ from toolkit.infer.sequence import Result, Sequence
 from toolkit.infer.metrics import summarize
 from toolkit.infer.sampling import SamplingParams
 from toolkit.serve.batcher import Batcher
+from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from toolkit.serve.text import ClientStops, TextStream
 
@@ -37,6 +38,7 @@ class Served:
     batcher: Batcher
     created: int = 0
     template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs; a request's keys win
+    defaults: SamplingDefaults = SamplingDefaults()  # what a request that names no temperature etc. gets
 
 
 def through(result: Result, n: int) -> Result:
@@ -109,12 +111,15 @@ def build_app(served: Served) -> FastAPI:
         if len(ids) >= ctx:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; this server's context (--max-seq-len) is {ctx} "
                                 "tokens, which leaves no room to generate", field, "context_length_exceeded")
-        max_tokens = body.max_tokens if body.max_tokens is not None else ctx - len(ids)
+        d = served.defaults
+        max_tokens = body.max_tokens if body.max_tokens is not None else min(ctx - len(ids), d.max_tokens or ctx)
         if len(ids) + max_tokens > ctx:  # named as the client sent it (chat: max_completion_tokens wins)
             name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
             raise ApiError(400, f"{name} ({max_tokens}) + the prompt ({len(ids)} tokens) exceed this server's "
                                 f"context of {ctx} tokens", name, "context_length_exceeded")
-        params = SamplingParams(body.temperature, body.top_p, max(body.top_k, 0), max_tokens)
+        params = SamplingParams(d.temperature if body.temperature is None else body.temperature,
+                                d.top_p if body.top_p is None else body.top_p,
+                                d.top_k if body.top_k is None else max(body.top_k, 0), max_tokens)
         gen = torch.Generator(device=engine.device)
         gen.manual_seed(body.seed) if body.seed is not None else gen.seed()
         # the engine stops where the client's text shows a stop string, not generating past what the reply cuts
@@ -161,14 +166,14 @@ def build_app(served: Served) -> FastAPI:
                                            **{**served.template_kwargs, **body.chat_template_kwargs})
         except Exception as e:  # a template may refuse a role order (e.g. no system turn)
             raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
-        seq = sequence(body, tok(text, add_special_tokens=False).input_ids, "messages")
+        seq = sequence(body, tok(text, add_special_tokens=body.add_special_tokens).input_ids, "messages")
         return await respond(request, body, seq, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
         if isinstance(body.prompt, str):
-            ids = tok(body.prompt).input_ids
+            ids = tok(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
         elif any(not 0 <= t < engine.target.config.vocab_size for t in body.prompt):
             raise ApiError(400, f"prompt token ids must be in 0..{engine.target.config.vocab_size - 1}", "prompt")
         else:

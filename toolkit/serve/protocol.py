@@ -19,7 +19,8 @@ UNSERVED_EXTRAS = {"guided_json": None, "guided_regex": None, "guided_choice": N
                    "structural_tag": None, "structured_outputs": None, "regex": None, "ebnf": None,
                    "json_schema": None, "include_stop_str_in_output": False, "no_stop_trim": False,
                    "skip_special_tokens": True, "use_beam_search": False, "prompt_logprobs": None,
-                   "allowed_token_ids": None, "bad_words": None, "logits_processors": None}
+                   "allowed_token_ids": None, "bad_words": None, "logits_processors": None,
+                   "truncate_prompt_tokens": None, "custom_logit_processor": None}
 CHAT_UNSERVED_EXTRAS = {"add_generation_prompt": True, "continue_final_message": False, "chat_template": None,
                         "echo": False, "functions": None}  # functions: OpenAI's older tools
 
@@ -71,9 +72,10 @@ class Sampling(BaseModel):
     unserved: ClassVar[dict] = UNSERVED_EXTRAS
     model: str | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: StrictInt = Field(default=0, ge=-1)  # 0 or -1 = off (vLLM's -1 accepted)
+    # None: not sent, the served target's recommended value applies (toolkit/serve/defaults.py)
+    temperature: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: StrictInt | None = Field(default=None, ge=-1)  # 0 or -1 = off (vLLM's -1 accepted)
     stop: str | list[str] | None = None
     seed: StrictInt | None = Field(default=None, ge=-2 ** 63, le=2 ** 64 - 1)  # what torch.Generator takes
     n: StrictInt = Field(default=1, ge=1)
@@ -109,6 +111,11 @@ class Sampling(BaseModel):
     def null_is_default(cls, value, info):
         """OpenAI lets these be null (clients send null for unset fields): null means the default."""
         return cls.model_fields[info.field_name].default if value is None else value
+
+    @field_validator("seed")
+    @classmethod
+    def minus_one_is_no_seed(cls, seed):
+        return None if seed == -1 else seed  # as vLLM reads it: -1 is a random seed, not the fixed seed -1
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", "min_p",
                      "repetition_penalty", mode="before")
@@ -159,6 +166,7 @@ class ChatRequest(Sampling):
     tools: list | None = None
     tool_choice: str | dict | None = None
     chat_template_kwargs: dict | None = None  # vLLM's / SGLang's extra template variables (Qwen3: enable_thinking)
+    add_special_tokens: StrictBool = False  # vLLM's: a BOS on top of the template's own (the template has one)
 
     @model_validator(mode="after")
     def chat_supported(self):
@@ -184,6 +192,7 @@ class CompletionRequest(Sampling):
     prompt: str | list[str] | list[StrictInt]
     echo: StrictBool = False
     suffix: str | None = None
+    add_special_tokens: StrictBool = True  # vLLM's: the tokenizer's BOS before the prompt text
     best_of: int | None = None
 
     @model_validator(mode="after")

@@ -40,6 +40,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON",
                    help='template variables for every chat request, e.g. \'{"enable_thinking": false}\' (Qwen3); a '
                         "request's chat_template_kwargs override them key by key (as vLLM's flag)")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+                   help="sampling values a request that leaves them out gets: auto (default, as vLLM) = the target's "
+                        "generation_config.json (temperature, top_p, top_k, max_new_tokens), vllm = neutral (T 1, "
+                        "top_p 1), or a folder's generation_config.json")
     p.add_argument("--max-batch-size", type=int, default=16, help="sequences in the running batch")
     p.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generation per sequence (capped by the "
                                                                  "model); 0 = size the KV cache from free memory")
@@ -112,6 +116,10 @@ def main(args: argparse.Namespace) -> int:
     from toolkit.data.chat import template_kwargs
 
     args.template_kwargs = template_kwargs(args.default_chat_template_kwargs, "--default-chat-template-kwargs")
+    if args.generation_config != "auto":  # a bad folder fails here, before binding and loading
+        from toolkit.serve.defaults import sampling_defaults
+
+        sampling_defaults(args.generation_config, None)
     sock = bind(args.host, args.port)  # fail fast, before minutes of loading
     try:
         return serve(args, tree, branch, sock)
@@ -126,6 +134,7 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     from toolkit.infer.loading import draft_target, load, probe, recorded_target, stop_ids
     from toolkit.serve.app import Served, build_app
     from toolkit.serve.batcher import Batcher
+    from toolkit.serve.defaults import sampling_defaults
     from toolkit.serve.gate import Gate
     from toolkit.serve.metrics import ServerMetrics
 
@@ -148,14 +157,19 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
     metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1)  # the most tokens one verify step emits
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
+    defaults = sampling_defaults(args.generation_config, loaded.folder)
+    for key, value in defaults.unapplied:
+        print(f"toolkit serve: warning: {defaults.source} recommends {key} {value}, which this server does not "
+              "apply; requests are sampled without it", file=sys.stderr)
     served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher,
-                    template_kwargs=args.template_kwargs)
+                    template_kwargs=args.template_kwargs, defaults=defaults)
     app = Gate(build_app(served), args.max_body_bytes, metrics)
     spec = f"draft {args.draft}, tree {vars(tree)}" if head is not None else "no speculation"
     if branch is not None:
         spec = ("" if head is None else spec + ", ") + f"prompt lookup {vars(branch)}"
     where = f"batch {engine.max_batch}, context {engine.max_len}"
-    print(f"toolkit serve: serving {name} ({spec}; {where}) on {base_url(sock)}", flush=True)
+    print(f"toolkit serve: a request that names no sampling values gets {defaults.describe()}", file=sys.stderr)
+    print(f"toolkit serve: serving {name} ({spec}; {where}) on {base_url(sock)}", flush=True)  # the URL ends it
     batcher.start()
 
     def interrupt(signum, frame):
