@@ -438,7 +438,7 @@ def test_several_endpoints_share_the_conversations_by_their_speed(tmp_path, caps
     by = {name: sum(a == f"from {name}" for a in answers.values()) for name in ("fast", "slow")}
     assert by["slow"] >= 1 and by["fast"] > by["slow"], by  # the slow one is never idle, the fast one takes more
     err = capsys.readouterr().err
-    assert "conversations answered per endpoint:" in err and f" {by['fast']}, " in err
+    assert "conversations finished per endpoint:" in err and f" {by['fast']}, " in err
 
 
 def test_a_server_that_fails_everything_is_dropped_and_its_conversations_asked_of_the_others(tmp_path, capsys):

@@ -55,7 +55,7 @@ class Server:
     def __init__(self, url: str, args):
         from openai import APIConnectionError, APIStatusError, OpenAI
 
-        self.url, self.queued, self.answered, self.streak = url, 0, 0, []
+        self.url, self.queued, self.finished, self.streak = url, 0, 0, []
         self.client = OpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
                              max_retries=args.max_retries, timeout=args.request_timeout)
         try:
@@ -134,7 +134,7 @@ def endpoint_runner(args):
                     else:  # the server answers: the failures before were those conversations' own
                         yield from server.streak
                         server.streak.clear()
-                        server.answered += 1
+                        server.finished += 1
                         yield item, (conv, outcome)
                     if len(server.streak) < limit or server not in live:
                         continue
@@ -159,7 +159,7 @@ def endpoint_runner(args):
             for s in servers:
                 s.pool.shutdown(wait=False, cancel_futures=True)
             if len(servers) > 1:
-                print("regenerate: conversations answered per endpoint: "
-                      + ", ".join(f"{s.url} {s.answered}" for s in servers), file=sys.stderr)
+                print("regenerate: conversations finished per endpoint: "
+                      + ", ".join(f"{s.url} {s.finished}" for s in servers), file=sys.stderr)
 
     return run
