@@ -41,7 +41,10 @@ def split(a: list[dict], b: list[dict], cap: int) -> dict:
         raise ValueError("the answers differ: compare greedy (T=0) runs of one target and prompt set")
     turns = [(text, ta, tb) for x, y in zip(a, b)
              for text, ta, tb in zip(x["choices"][0]["turns"], x["speculative"], y["speculative"])]
-    groups = {"all": lambda t: True, "ended": lambda t: t["tokens"] < cap, "capped": lambda t: t["tokens"] >= cap}
+    def capped(t: dict) -> bool:  # by why it ended; files written before `finish` was recorded: by its length
+        return t["finish"] == "length" if t.get("finish") else t["tokens"] >= cap  # (a stop token at the cap: capped)
+
+    groups = {"all": lambda t: True, "ended": lambda t: not capped(t), "capped": capped}
     out = {}
     for name, keep in groups.items():
         chosen = [(text, ta, tb) for text, ta, tb in turns if keep(ta)]

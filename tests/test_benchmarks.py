@@ -285,6 +285,12 @@ def test_compare_answers_splits_tau_by_the_cap_and_refuses_other_texts(tmp_path)
     assert (g["capped"]["tau_a"], g["capped"]["tau_b"], g["capped"]["ratio"]) == (4.0, 2.0, 2.0)
     assert (g["ended"]["tau_a"], g["ended"]["tau_b"]) == (2.0, 1.0) and g["all"]["turns"] == 2
     assert g["all"]["tau_a"] == 12 / 4 and g["capped"]["texts"] == ["a b"]
+    # a turn that ended on its stop token at the cap is no capped turn (files that record why it ended)
+    for r in a + b:
+        for t, finish in zip(r["speculative"], ("stop", "stop")):
+            t["finish"] = finish
+    g = compare_answers.split(a, b, cap=9)
+    assert g["capped"]["turns"] == 0 and g["ended"]["turns"] == 2
     with pytest.raises(ValueError, match="answers differ"):
         compare_answers.split(a, [rec(1, [("x", 9), ("c", 5)], [4, 4])], cap=9)
     with pytest.raises(ValueError, match="different questions"):

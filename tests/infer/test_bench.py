@@ -204,6 +204,32 @@ def test_prompt_lookup_tau_counts_target_forwards(smollm2_dir, smollm2_tokenizer
     assert pld["per_turn"] == {"1": {k: pld[k] for k in ("tau", "verify_steps", "tokens")}}
 
 
+def test_the_hf_reference_decodes_by_the_engines_rule_whatever_the_generation_config_adds(tiny_target, tmp_path):
+    """A target's generation_config.json may carry rules generate applies on its own (Qwen2.5: repetition_penalty
+    1.05); the engine decodes without them, so --compare-hf must too, or its greedy check fails for that reason."""
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.hf_reference import run_hf
+    from toolkit.infer.prompts import answer_turns
+    from toolkit.infer.sampling import SamplingParams
+
+    folder = tmp_path / "penalised"
+    folder.mkdir()
+    for f in tiny_target.iterdir():
+        (folder / f.name).symlink_to(f)
+    cfg = json.loads((tiny_target / "generation_config.json").read_text())
+    (folder / "generation_config.json").unlink()
+    (folder / "generation_config.json").write_text(json.dumps({**cfg, "repetition_penalty": 3.0,
+                                                               "no_repeat_ngram_size": 1}))
+    tok = load_tokenizer(model=str(folder))
+    prompts = [{"id": 0, "category": "x", "system": None, "turns": ["Count to ten.", "Again."]}]
+    params = SamplingParams(max_new_tokens=12)
+    engine = Engine(load_target(folder), None, None, 256)
+    ours = answer_turns(tok, prompts, lambda ids, p: engine.generate(ids, params, {tok.eos_token_id}).tokens)
+    theirs, _ = run_hf(folder, tok, prompts, params, 0, stops={tok.eos_token_id})
+    assert theirs == ours and len(set(tok(ours[0][0], add_special_tokens=False).input_ids)) < 12  # it repeats
+
+
 def test_prompt_lookup_tau_counts_the_tokens_its_first_forward_accepts(smollm2_dir, smollm2_tokenizer):
     """On a turn that repeats the model's own answer, prompt lookup's first forward reads the prompt with
     candidates and keeps several tokens: that forward is a verify step, so no forward yields more than
@@ -219,6 +245,21 @@ def test_prompt_lookup_tau_counts_the_tokens_its_first_forward_accepts(smollm2_d
     assert turns["2"]["verify_steps"] >= 1 and turns["2"]["tau"] <= 11
     assert sum(t["tau"] * t["verify_steps"] for t in turns.values()) == pytest.approx(pld["tau"] * pld["verify_steps"])
     assert turns["2"]["tau"] > 2  # the copy is accepted from the first forward on
+
+
+def test_the_probe_and_the_warm_up_read_the_first_prompt_as_it_is_benched(thinking_target):
+    """bench's load-time probe and warm-up took the first turn without the record's system message and without
+    --chat-template-kwargs (Qwen3's enable_thinking): the probe's figure was taken on another prompt."""
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.prompts import answer_turns, prompt_text, warm_up_ids
+
+    tok = load_tokenizer(model=str(thinking_target))
+    prompts = [{"id": 0, "category": "x", "system": "Answer in French.", "turns": ["Hi", "More"],
+                "template_kwargs": {"enable_thinking": False}}]
+    asked = []
+    answer_turns(tok, prompts, lambda ids, p: asked.append(ids) or [])
+    assert warm_up_ids(tok, prompts) == asked[0] == tok(prompt_text(tok, prompts[0]), add_special_tokens=False).input_ids
+    assert "Answer in French." in prompt_text(tok, prompts[0]) and prompt_text(tok, prompts[0]).endswith("</think>\n\n")
 
 
 def test_turn_two_sees_the_models_own_turn_one_answer(smollm2_tokenizer):

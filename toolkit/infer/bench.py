@@ -21,7 +21,7 @@ from toolkit.atomic import atomic_path, check_out_path, write_text
 from toolkit.data.chat import template_kwargs
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
-from toolkit.infer.prompts import answer_records, answer_turns, parse_shard, read_prompts, warm_up_ids
+from toolkit.infer.prompts import answer_records, answer_turns, parse_shard, prompt_text, read_prompts, warm_up_ids
 from toolkit.infer.tree import TreeConfig
 
 
@@ -205,8 +205,7 @@ def main(args: argparse.Namespace) -> int:
     def sampled(draft, cfg) -> bool:  # --sample-draft applies to chains
         return args.sample_draft and draft is not None and cfg.topk == 1
 
-    agree = probe(head, target, tok, tok.apply_chat_template(
-        [{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False, add_generation_prompt=True))
+    agree = probe(head, target, tok, prompt_text(tok, prompts[0]))  # the first prompt as it is benched
 
     results, spec_answers, wall = run_engine(make(head, tree), tok, prompts, params, args.seed, stops)
     report = {"draft": args.draft, "head": type(head).__name__, "token_map": args.token_map,

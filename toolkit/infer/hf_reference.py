@@ -20,7 +20,15 @@ def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32
     verify_steps, tau, per_turn: {turn: {tau, verify_steps, tokens}}, logits_dtype} (+ prompt_lookup_num_tokens)."""
     from transformers import AutoModelForCausalLM
 
+    from transformers import GenerationConfig
+
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    # the engine decodes by --temperature / --top-p / --top-k alone: the target's generation_config.json may add
+    # rules generate would apply on its own (Qwen2.5: repetition_penalty 1.05), which would make the comparison
+    # one of two decoding rules and its greedy-identity check fail for that reason; only its token ids are kept
+    ids = model.generation_config
+    model.generation_config = GenerationConfig(bos_token_id=ids.bos_token_id, eos_token_id=ids.eos_token_id,
+                                               pad_token_id=ids.pad_token_id)
     widths = []  # tokens each target forward reads
 
     def hook(module, args, kwargs, output):

@@ -70,21 +70,26 @@ def answer_turns(tok, prompts, generate) -> list[list[str]]:
         texts = []
         for number, turn in enumerate(p["turns"], 1):
             messages.append({"role": "user", "content": turn})
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                           **p.get("template_kwargs", {}))
-            out = generate(tok(text, add_special_tokens=False).input_ids, {**p, "turn": number})
+            out = generate(tok(prompt_text(tok, p, messages), add_special_tokens=False).input_ids, {**p, "turn": number})
             texts.append(tok.decode(out, skip_special_tokens=True))
             messages.append({"role": "assistant", "content": texts[-1]})
         answers.append(texts)
     return answers
 
 
+def prompt_text(tok, p: dict, messages: list[dict] | None = None) -> str:
+    """What the target reads for `messages` of prompt `p` (its first turn, with its system message, when not
+    given): the chat template with the prompt's template variables."""
+    if messages is None:
+        messages = [{"role": "system", "content": p["system"]}] if p["system"] else []
+        messages.append({"role": "user", "content": p["turns"][0]})
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **p.get("template_kwargs", {}))
+
+
 def warm_up_ids(tok, prompts) -> list[int]:
-    """The first turn of the first prompt, tokenized with the chat template: each engine generates a few
-    tokens from it before it is timed, so first-call initialisation is not counted against one of them."""
-    text = tok.apply_chat_template([{"role": "user", "content": prompts[0]["turns"][0]}], tokenize=False,
-                                   add_generation_prompt=True, **prompts[0].get("template_kwargs", {}))
-    return tok(text, add_special_tokens=False).input_ids
+    """The first turn of the first prompt, as it is benched: each engine generates a few tokens from it before
+    it is timed, so first-call initialisation is not counted against one of them."""
+    return tok(prompt_text(tok, prompts[0]), add_special_tokens=False).input_ids
 
 
 def answer_records(prompts, answers, results, model_id: str) -> list[dict]:
@@ -99,7 +104,7 @@ def answer_records(prompts, answers, results, model_id: str) -> list[dict]:
             r = next(turns)
             s = summarize([r])  # τ defined once (metrics.py); null, not 0, where no verify step ran
             spec.append({"tokens": s["tokens"], "verify_steps": s["verify_steps"], "accepted_tokens": sum(r.accepted),
-                         "tau": s["tau"] if s["verify_steps"] else None})
+                         "tau": s["tau"] if s["verify_steps"] else None, "finish": r.finish})
         records.append({"question_id": p["id"], "answer_id": uuid.uuid4().hex, "model_id": model_id,
                         "category": p["category"], "choices": [{"index": 0, "turns": texts}],
                         "speculative": spec, "tstamp": time.time()})

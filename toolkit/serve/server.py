@@ -147,7 +147,7 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     if head is not None:
         probe(head, target, tok, tok.apply_chat_template(
             [{"role": "user", "content": "Explain what a hash map is, briefly."}], tokenize=False,
-            add_generation_prompt=True))
+            add_generation_prompt=True, **args.template_kwargs))  # the prompt as a request without its own is read
     max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
                     cuda_graphs=False if args.eager else None, compile=args.compile,
