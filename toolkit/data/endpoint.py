@@ -70,6 +70,7 @@ class Server:
 def endpoint_runner(args):
     """-> run(todo) yielding ((id, source, skeleton), (conversation, Outcome)) as conversations finish."""
     from openai import APIConnectionError, APIStatusError, BadRequestError
+    from tqdm import tqdm
 
     servers = [Server(url, args) for url in args.endpoint]
     models = sorted({s.model for s in servers})
@@ -145,9 +146,9 @@ def endpoint_runner(args):
                         raise RuntimeError(f"--endpoint {server.url}: the last {limit} conversations all failed "
                                            f"(the last: {last}); stopped (answered conversations are kept, "
                                            "failures listed beside --out; fix the cause and rerun to resume)")
-                    print(f"regenerate: --endpoint {server.url} dropped: the last {limit} conversations all failed "
-                          f"(the last: {last}); they and those queued on it go to the {len(live)} other(s)",
-                          file=sys.stderr)
+                    tqdm.write(f"regenerate: --endpoint {server.url} dropped: the last {limit} conversations all "
+                               f"failed (the last: {last}); they and those queued on it go to the {len(live)} "
+                               "other(s)", file=sys.stderr)  # above the progress bar, not into it
                     again.extend(i for i, _ in server.streak)
                     server.streak.clear()
                     for f, (i, s) in pending.items():
@@ -159,7 +160,7 @@ def endpoint_runner(args):
             for s in servers:
                 s.pool.shutdown(wait=False, cancel_futures=True)
             if len(servers) > 1:
-                print("regenerate: conversations finished per endpoint: "
-                      + ", ".join(f"{s.url} {s.finished}" for s in servers), file=sys.stderr)
+                tqdm.write("regenerate: conversations finished per endpoint: "
+                           + ", ".join(f"{s.url} {s.finished}" for s in servers), file=sys.stderr)
 
     return run
