@@ -8,12 +8,20 @@ import sys
 import threading
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default, once: not again where its help already says it ("(default 5)")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        return text if "default" in text else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from toolkit import __version__
     from toolkit.models import add_models_args, models_main
     from toolkit.tokenmap import build
 
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     parser = argparse.ArgumentParser(
         prog="toolkit", formatter_class=fmt,
         description="Speculative-decoding draft heads: token maps, training, serving. "

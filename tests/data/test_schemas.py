@@ -66,6 +66,7 @@ def test_bad_values_are_counted_with_their_place_and_samples_carry_theirs(tmp_pa
     stats.warn_bad()  # what prepare-data, regenerate and build-token-map print: one line, the first place and why
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"warning: {f}: 3 bad record(s) skipped, e.g. {f}:1: ")
+    assert f"; {f}:2: " in err and f"; {f}:3: " in err  # the first three, not the first alone
     ReadStats(str(f)).warn_bad()  # nothing skipped: nothing said
     assert capsys.readouterr().err == ""
 

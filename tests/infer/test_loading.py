@@ -69,6 +69,12 @@ def test_a_target_or_a_run_folder_given_as_the_draft_is_named_for_what_it_is(tin
                                          r"folder; give it as --model"):
         draft_kind(tiny_target)
     shutil.copytree(tiny_draft, tmp_path / "run" / "draft")  # what a training run's --output-dir holds
-    with pytest.raises(FileNotFoundError, match=r"no config.json there \(give a draft folder; .*run/draft is one"):
+    with pytest.raises(FileNotFoundError, match=r"no config.json there; .*run/draft is a draft \(a training run"):
         draft_kind(tmp_path / "run")
+    with pytest.raises(FileNotFoundError, match=r"draft .*run/drafts: no such folder"):  # a typo
+        draft_kind(tmp_path / "run" / "drafts")
+    from toolkit.infer.loading import recorded_target
+
+    with pytest.raises(ValueError, match=r"--draft .*run: no config.json there; .*run/draft is a draft"):
+        recorded_target(str(tmp_path / "run"))
     assert draft_kind(tmp_path / "run" / "draft") == "eagle3"

@@ -27,7 +27,8 @@ def test_overrides_are_typed_and_flags_win(tmp_path):
 @pytest.mark.parametrize("override, words", [
     (["lr=fast"], "lr='fast': expected float"),
     (["ttt_steps=0"], "ttt_steps 0"),
-    (["nonsense=1"], "unknown config keys ['nonsense']"),
+    (["nonsense=1"], "unknown config keys ['nonsense']; accepted:"),
+    (["eval_sample=2", "max-steps=3"], "(eval_sample: did you mean eval_samples?; max-steps: did you mean max_steps?)"),
     (["init_lm_head=zeros"], "accepted target, random"),
     (["aux_layers=[1,2]"], "give 3 target layer ids"),
     (["mixed_precision=fp8"], "mixed_precision 'fp8': accepted auto, no, bf16, fp16"),

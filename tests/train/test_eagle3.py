@@ -211,6 +211,8 @@ def test_refusals_name_the_problem(tiny_target, prepared, tmp_path, capsys):
     assert train(tiny_target, prepared, out, "max_steps=1", flags=["--overwrite"]) == 0
     assert train(tiny_target, tmp_path, tmp_path / "x", "max_steps=1") == 2
     assert "not a prepared dataset" in capsys.readouterr().err
+    assert train(tiny_target, tmp_path / "prepare", tmp_path / "x", "max_steps=1") == 2  # a typo
+    assert "prepare: no such folder; run `toolkit prepare-data" in capsys.readouterr().err
     assert train(tiny_target, prepared, tmp_path / "y", "eval_samples=24") == 2
     assert "leaves no training rows" in capsys.readouterr().err
 

@@ -296,6 +296,7 @@ def main(args: argparse.Namespace) -> int:
         finally:
             fh.flush()
             os.fsync(fh.fileno())
+            bar.close()  # its last line first, then the summary below it (not glued to it)
             print(summary(counts, out, errors, time.perf_counter() - start, args), file=sys.stderr)
     if counts["failed"] == len(todo) and not done:  # nothing ever answered: the setup is at fault, not a conversation
         where = f"--endpoint {' '.join(args.endpoint)}" if args.endpoint else f"--model {args.model or DEFAULT_MODEL}"

@@ -54,9 +54,9 @@ class ReadStats:
             self.bad_examples.append(f"{where}: {why}")
 
     def warn_bad(self, file=None) -> None:
-        """One line on stderr (or `file`) when records were skipped: how many, and the first one's place and why."""
+        """One line on stderr (or `file`) when records were skipped: how many, and the first three's places and why."""
         if self.bad:
-            print(f"warning: {self.path}: {self.bad} bad record(s) skipped, e.g. {self.bad_examples[0]}",
+            print(f"warning: {self.path}: {self.bad} bad record(s) skipped, e.g. {'; '.join(self.bad_examples[:3])}",
                   file=file or sys.stderr)
 
 
@@ -126,7 +126,7 @@ def _json_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
             except UnicodeDecodeError:
                 stats.add_bad(f"{path}:{n}", "not UTF-8")
             except json.JSONDecodeError as e:
-                stats.add_bad(f"{path}:{n}", f"broken JSON ({e.msg})")
+                stats.add_bad(f"{path}:{n}", f"broken JSON ({e.msg} at column {e.colno})")
 
 
 def _json_array(path: Path, stats: ReadStats, chunk: int = 1 << 20) -> Iterator[tuple[str, Any]]:
@@ -166,7 +166,8 @@ def _json_array(path: Path, stats: ReadStats, chunk: int = 1 << 20) -> Iterator[
                             break
                     except json.JSONDecodeError as e:
                         if eof or len(buf) - pos > 64 * chunk:
-                            stats.add_bad(f"{path}[item {k}]", f"broken JSON ({e.msg}); the rest is skipped")
+                            stats.add_bad(f"{path}[item {k}]", f"broken JSON ({e.msg} at line {e.lineno} column "
+                                                               f"{e.colno}); the rest is skipped")
                             return
                     refill()
                 yield f"{path}[item {k}]", item

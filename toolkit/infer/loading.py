@@ -112,7 +112,7 @@ def recorded_target(draft: str) -> dict:
     speculators folder's verifier, as vLLM takes it)."""
     path = Path(draft) / "config.json"
     if not path.is_file():
-        raise ValueError(f"--draft {draft}: no config.json there (expected a draft checkpoint folder)")
+        raise ValueError(f"--draft {draft}: {no_draft_there(draft)}")
     try:
         cfg = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -173,14 +173,23 @@ def _holds_target_body(folder: Path, cfg: dict) -> bool:
     return False
 
 
+def no_draft_there(folder: str | Path) -> str:
+    """Why `folder` is no draft folder, in words a user can act on: it does not exist, or it is a training run
+    (whose export is draft/), or it has no config.json."""
+    folder = Path(folder)
+    if not folder.exists():
+        return "no such folder (give a draft checkpoint folder)"
+    if (folder / "draft" / "config.json").is_file():  # a training run's folder: its export is draft/
+        return f"no config.json there; {folder / 'draft'} is a draft (a training run exports there)"
+    return "no config.json there (give a draft checkpoint folder)"
+
+
 def draft_kind(folder: str | Path) -> str:
     """What a draft folder holds, from its config.json: "eagle3" (LlamaForCausalLMEagle3 and the other names),
     "mtp" (our MTP drafts, or a target that ships MTP layers) or "eagle" (EAGLE-1/2, the rest)."""
     path = Path(folder) / "config.json"
     if not path.is_file():
-        inner = Path(folder) / "draft" / "config.json"  # a training run's folder: its export is draft/
-        hint = f"; {Path(folder) / 'draft'} is one (a training run exports there)" if inner.is_file() else ""
-        raise FileNotFoundError(f"draft {folder}: no config.json there (give a draft folder{hint})")
+        raise FileNotFoundError(f"draft {folder}: {no_draft_there(folder)}")
     cfg = json.loads(path.read_text())
     archs = cfg.get("architectures") or []
     from toolkit.infer.eagle3_config import is_eagle3, refuse_other_speculators

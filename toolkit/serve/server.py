@@ -164,7 +164,8 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher,
                     template_kwargs=args.template_kwargs, defaults=defaults)
     app = Gate(build_app(served), args.max_body_bytes, metrics)
-    spec = f"draft {args.draft}, tree {vars(tree)}" if head is not None else "no speculation"
+    spec = (f"draft {args.draft}" + (f" with token map {args.token_map}" if args.token_map else "")
+            + f", tree {vars(tree)}") if head is not None else "no speculation"
     if branch is not None:
         spec = ("" if head is None else spec + ", ") + f"prompt lookup {vars(branch)}"
     where = f"batch {engine.max_batch}, context {engine.max_len}"

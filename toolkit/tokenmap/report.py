@@ -21,7 +21,7 @@ def coverage(counts: np.ndarray, maps: dict[int, list[int]]) -> dict:
         "total_tokens": total,
         "distinct_tokens": int((counts > 0).sum()),
         "vocab_size": int(len(counts)),
-        "sizes": {str(n): float(counts[ids].sum() / max(total, 1)) for n, ids in maps.items()},
+        "sizes": {str(n): float(counts[ids].sum() / max(total, 1)) for n, ids in sorted(maps.items())},
     }
 
 

@@ -226,6 +226,11 @@ def load_config(path: str | None, overrides: list[str] = (), default_head: str |
         values.setdefault("head", default_head)
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"unknown config keys {unknown}; accepted: {', '.join(fields)}")
+        import difflib
+
+        close = {k: difflib.get_close_matches(k.replace("-", "_"), fields, n=1) for k in unknown}
+        meant = "; ".join(f"{k}: did you mean {m[0]}?" for k, m in close.items() if m)
+        raise ValueError(f"unknown config keys {unknown}" + (f" ({meant})" if meant else "")
+                         + f"; accepted: {', '.join(fields)}")
     typed = {k: _coerce(k, fields[k], v) for k, v in values.items()}
     return TrainConfig(**typed)

@@ -25,8 +25,8 @@ class PreparedData:
 
         folder = Path(folder)
         if not (folder / "toolkit_prepare.json").is_file():
-            raise ValueError(f"data {folder}: not a prepared dataset (no toolkit_prepare.json); run "
-                             "`toolkit prepare-data --out` first")
+            what = "not a prepared dataset (no toolkit_prepare.json)" if folder.exists() else "no such folder"
+            raise ValueError(f"data {folder}: {what}; run `toolkit prepare-data --out` first")
         self.meta = json.loads((folder / "toolkit_prepare.json").read_text())
         ds = datasets.load_from_disk(str(folder))
         self.lengths = [min(n, max_len) for n in ds["num_tokens"]]

@@ -1,6 +1,9 @@
-"""The training loop every draft head shares (EAGLE-3, EAGLE-1/2, MTP): a frozen target, a head unrolled
-for `ttt_steps` training-time-test steps, accelerate for distribution. What differs per head (its build,
-features, loss and export) is in objectives.py; the entry scripts eagle3.py, eagle.py and mtp.py pick one.
+"""Train the draft head a recipe names (EAGLE-3, EAGLE-1/2 or MTP) on a frozen target, unrolled for `ttt_steps`
+training-time-test steps; the same run as `accelerate launch toolkit/train/{eagle3,eagle,mtp}.py --config ...`,
+which distributes it. Any recipe key below can be overridden as key=value.
+
+What differs per head (its build, features, loss and export) is in objectives.py; the entry scripts eagle3.py,
+eagle.py and mtp.py pick one.
 
 Online mode runs the target in-process per batch; offline mode (`hidden_states=DIR`) reads the shards of
 `toolkit dump-hidden-states`. accelerate owns distribution (single process, CPU ranks over gloo, GPUs,
@@ -29,6 +32,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, dest=key, default=None, help=f"same as {key}=...")
     p.add_argument("--resume", action="store_true", help="continue the run in output_dir from its last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir first")
+    import dataclasses
+
+    from toolkit.train.config import TrainConfig
+
+    keys = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(TrainConfig)
+                     if f.init and f.default is not dataclasses.MISSING)
+    p.epilog = f"recipe keys and their defaults (toolkit/train/config.py says what each does): {keys}"
 
 
 def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -344,7 +354,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     bar.close()
     if acc.is_main_process:
         ckpt.publish_draft(ckpt.latest(out), out)
-        print(f"done: {progress.step} steps; draft in {out / 'draft'} (toolkit bench --draft {out / 'draft'} "
+        steps = f"{progress.step} step{'' if progress.step == 1 else 's'}"
+        print(f"done: {steps}; draft in {out / 'draft'} (toolkit bench --draft {out / 'draft'} "
               f"--prompts ...)", file=sys.stderr)
     tracker.finish()
     acc.wait_for_everyone()
