@@ -164,6 +164,9 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     if offline and not same_target(shards.index["target_fingerprint"], folder):
         raise ValueError(f"hidden_states {cfg.hidden_states} were dumped from another target "
                          f"({shards.index['target']})")
+    acc.print(f"data: {len(train_rows)} training rows of {cfg.data}, {len(held)} held out for evaluation; "
+              + (f"offline, the target's states read from {cfg.hidden_states}" if offline
+                 else f"online, the target {cfg.model} run per batch in {str(dtype).removeprefix('torch.')}"))
     target = load_target(folder, dtype, device).requires_grad_(False) if not offline else None
     parts = target_tensors(folder, ["embed_tokens.weight", "lm_head.weight"])
     from toolkit.infer.config import ModelConfig
