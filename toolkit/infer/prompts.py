@@ -81,7 +81,7 @@ def prompt_text(tok, p: dict, messages: list[dict] | None = None) -> str:
     """What the target reads for `messages` of prompt `p` (its first turn, with its system message, when not
     given): the chat template with the prompt's template variables."""
     if messages is None:
-        messages = [{"role": "system", "content": p["system"]}] if p["system"] else []
+        messages = [{"role": "system", "content": p["system"]}] if p.get("system") else []
         messages.append({"role": "user", "content": p["turns"][0]})
     return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **p.get("template_kwargs", {}))
 
