@@ -151,6 +151,40 @@ def test_a_template_that_drops_earlier_thinking_gives_one_sample_per_answer(qwen
     assert len(runs(rows[2]["loss_mask"])) == 2
 
 
+# DeepSeek-R1's distills' rule, in a ChatML frame: every answer is rendered without its thinking, and the
+# generation prompt opens the think block the target then writes into
+R1_LIKE = (
+    "{%- for m in messages %}{%- set content = m['content'] %}"
+    "{%- if m['role'] == 'assistant' and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}")
+
+
+@pytest.mark.parametrize("stored", ["<think>\nSix sevens: 42.\n</think>\n\n42.", "Six sevens: 42.\n</think>\n\n42."])
+def test_a_template_that_drops_every_answers_thinking_gives_prompt_plus_answer_samples(qwen2_tokenizer, stored):
+    """R1 renders no answer as written, not even the last: its sample is the generation prompt (which opens the
+    think block) + the answer as the target wrote it after that prompt + the template's end of turn; an answer
+    stored with the opening tag (regenerate's reasoning_content fold) or without it gives the same sample."""
+    import copy
+
+    tok = copy.deepcopy(qwen2_tokenizer)
+    tok.chat_template = R1_LIKE
+    renderer = ChatRenderer(tok)
+    conv = [{"role": "user", "content": "What is 6 * 7?"}, {"role": "assistant", "content": stored},
+            {"role": "user", "content": "And 6 * 8?"},
+            {"role": "assistant", "content": "<think>\nOne more six: 48.\n</think>\n\n48."}]
+    rows, counts = tokenize(renderer, [conv], 4096)
+    assert counts["bad"] == 0 and counts["per_turn"] == 1 and len(rows) == 2
+    for row, k, written in zip(rows, (1, 3), ("Six sevens: 42.\n</think>\n\n42.", "One more six: 48.\n</think>\n\n48.")):
+        (a, b), = runs(row["loss_mask"])
+        prompt = renderer.render(conv[:k], add_generation_prompt=True)
+        assert tok.decode(row["input_ids"][:a]) == prompt and prompt.endswith("<|im_start|>assistant\n<think>\n")
+        assert tok.decode(row["input_ids"][a:b]) == written + "<|im_end|>"
+        assert tok.decode(row["input_ids"][b:]) == "\n"  # the template's end of turn, after <|im_end|>
+    assert "Six sevens" not in prompt  # turn 2's prompt holds turn 1's answer as the template renders it
+
+
 def test_prepare_data_and_token_counts_take_per_answer_samples(qwen3_like, tmp_path, capsys):
     import numpy as np
 

@@ -197,16 +197,10 @@ class ChatRenderer:
 
     def render_samples(self, conv: Conversation) -> list[tuple[str, list[tuple[int, int]]]]:
         """The training samples of a conversation, each (text, assistant spans): the whole conversation, or one
-        sample per assistant turn when the template renders an earlier answer differently once another user turn
-        follows (Qwen3 drops an earlier answer's thinking): the conversation up to that turn, as
-        the target read it when it wrote that answer, with that answer's span only."""
-        try:
-            return [self.render_with_spans(conv)]
-        except BadRecord:
-            if sum(m["role"] == "assistant" for m in conv) < 2:
-                raise
-        return [self.render_with_spans(conv[:i + 1], last_only=True)
-                for i, m in enumerate(conv) if m["role"] == "assistant"]
+        per answer where the template rewrites answers (Qwen3's and DeepSeek-R1's thinking; toolkit/data/samples.py)."""
+        from toolkit.data.samples import training_samples
+
+        return training_samples(self, conv)
 
     def render_with_spans(self, conv: Conversation, last_only: bool = False) -> tuple[str, list[tuple[int, int]]]:
         """Full text and the [start, end) character span of every assistant message's content in it (of the last

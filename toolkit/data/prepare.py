@@ -5,8 +5,8 @@
 
 loss_mask is 1 exactly on assistant tokens and the end-of-turn token that closes each assistant turn, found
 from the rendered template through character offsets (no per-model regex). Multi-turn conversations stay
-whole, except where the template renders an earlier answer differently once more turns follow (Qwen3's thinking
-is dropped from earlier answers): those give one sample per answer (counted as per_turn). Longer samples are
+whole, except where the template rewrites answers (Qwen3 drops an earlier answer's thinking, DeepSeek-R1 every
+answer's): those give one sample per answer (counted as per_turn; toolkit/data/samples.py). Longer samples are
 truncated to --max-len (counted). Samples left with no assistant token are dropped.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def tokenize(renderer, convs: list[list[dict]], max_len: int) -> tuple[list[dict
         except BadRecord:
             counts["bad"] += 1
             continue
-        counts["per_turn"] += len(samples) > 1  # Qwen3-style thinking: one sample per answer (chat.py)
+        counts["per_turn"] += len(samples) > 1  # one sample per answer (data/samples.py)
         for turn, (text, spans) in enumerate(samples, 1):
             texts.append(text)
             all_spans.append(spans)

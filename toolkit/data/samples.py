@@ -1,0 +1,43 @@
+"""The training samples of one conversation: the text the target read, and the spans of what it wrote.
+
+Most templates render a finished conversation with every answer as written: one sample, every answer's span.
+Some rewrite answers once more follows, or always:
+- Qwen3 drops an earlier answer's `<think>` block once another user turn follows: each answer then becomes a
+  sample of the conversation up to it (what a server renders as that turn's prompt, earlier answers without
+  their thinking), with that answer, thinking included, as its span;
+- DeepSeek-R1's distills drop the thinking of every answer, the last one too, and open the think block in the
+  generation prompt: such an answer's sample is that prompt + the answer as written (less what the prompt already
+  opened) + the template's end of turn, which is the text the target read and wrote.
+"""
+from __future__ import annotations
+
+from toolkit.data.schemas import BadRecord
+
+MARK = "\u2063toolkit-answer\u2063"  # an answer the template cannot rewrite: where its end of turn begins
+
+
+def training_samples(renderer, conv: list[dict]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """[(text, [(start, end) of each answer span])] for `conv` (see the module docstring)."""
+    try:
+        return [renderer.render_with_spans(conv)]
+    except BadRecord:
+        pass
+    return [answer_sample(renderer, conv[:i + 1]) for i, m in enumerate(conv) if m["role"] == "assistant"]
+
+
+def answer_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The sample of the last answer of `conv`: rendered with it, or else built around the template's prompt."""
+    try:
+        return renderer.render_with_spans(conv, last_only=True)
+    except BadRecord as rewritten:
+        prompt = renderer.render(conv[:-1], add_generation_prompt=True)
+        marked = renderer.render(conv[:-1] + [{**conv[-1], "content": MARK}])
+        at = marked.find(MARK)
+        if at < 0 or not prompt.startswith(marked[:at]):  # the answer does not follow the prompt's header
+            raise rewritten
+        answer = conv[-1]["content"]
+        opened = prompt[at:]  # what the generation prompt adds after the answer's header (R1: "<think>\n")
+        if opened and answer.startswith(opened):
+            answer = answer[len(opened):]
+        end = marked[at + len(MARK):]  # the template's end of turn
+        return prompt + answer + end, [(len(prompt), len(prompt) + len(answer))]
