@@ -176,7 +176,8 @@ def test_a_template_that_drops_every_answers_thinking_gives_prompt_plus_answer_s
             {"role": "assistant", "content": "<think>\nOne more six: 48.\n</think>\n\n48."}]
     rows, counts = tokenize(renderer, [conv], 4096)
     assert counts["bad"] == 0 and counts["per_turn"] == 1 and len(rows) == 2
-    for row, k, written in zip(rows, (1, 3), ("Six sevens: 42.\n</think>\n\n42.", "One more six: 48.\n</think>\n\n48.")):
+    written = ("Six sevens: 42.\n</think>\n\n42.", "One more six: 48.\n</think>\n\n48.")  # after "<think>\n"
+    for row, k, written in zip(rows, (1, 3), written):
         (a, b), = runs(row["loss_mask"])
         prompt = renderer.render(conv[:k], add_generation_prompt=True)
         assert tok.decode(row["input_ids"][:a]) == prompt and prompt.endswith("<|im_start|>assistant\n<think>\n")

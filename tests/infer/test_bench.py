@@ -258,7 +258,8 @@ def test_the_probe_and_the_warm_up_read_the_first_prompt_as_it_is_benched(thinki
                 "template_kwargs": {"enable_thinking": False}}]
     asked = []
     answer_turns(tok, prompts, lambda ids, p: asked.append(ids) or [])
-    assert warm_up_ids(tok, prompts) == asked[0] == tok(prompt_text(tok, prompts[0]), add_special_tokens=False).input_ids
+    first = tok(prompt_text(tok, prompts[0]), add_special_tokens=False).input_ids
+    assert warm_up_ids(tok, prompts) == asked[0] == first
     assert "Answer in French." in prompt_text(tok, prompts[0]) and prompt_text(tok, prompts[0]).endswith("</think>\n\n")
 
 

@@ -75,8 +75,9 @@ def endpoint_runner(args):
     servers = [Server(url, args) for url in args.endpoint]
     models = sorted({s.model for s in servers})
     if len(models) > 1:  # one dataset, one target
-        raise ValueError(f"--endpoint: the servers list different models ({', '.join(f'{s.url}: {s.model}' for s in servers)}); "
-                         "give servers of one target, or name the served model with --model")
+        listed = ", ".join(f"{s.url}: {s.model}" for s in servers)
+        raise ValueError(f"--endpoint: the servers list different models ({listed}); give servers of one target, "
+                         "or name the served model with --model")
     extra_body = {"chat_template_kwargs": args.variables} if args.variables else None
 
     def ask(server: Server, cid: str, messages: list[dict]) -> Answer:

@@ -70,7 +70,8 @@ def answer_turns(tok, prompts, generate) -> list[list[str]]:
         texts = []
         for number, turn in enumerate(p["turns"], 1):
             messages.append({"role": "user", "content": turn})
-            out = generate(tok(prompt_text(tok, p, messages), add_special_tokens=False).input_ids, {**p, "turn": number})
+            ids = tok(prompt_text(tok, p, messages), add_special_tokens=False).input_ids
+            out = generate(ids, {**p, "turn": number})
             texts.append(tok.decode(out, skip_special_tokens=True))
             messages.append({"role": "assistant", "content": texts[-1]})
         answers.append(texts)
