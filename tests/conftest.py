@@ -130,6 +130,36 @@ def running_server(*args: str, threads: int = 1, ready_timeout: float = 300, cwd
         proc.stderr.close()
 
 
+@contextlib.contextmanager
+def app_in_process(target_dir: Path, stops=None, **served):
+    """The serving app over a small engine of `target_dir`, in this process (FastAPI's TestClient talks to it):
+    yields (ASGI app, engine); `stops` default to the tokenizer's end-of-turn ids, `served` are Served's options."""
+    from toolkit.data.chat import load_tokenizer
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import load_target, stop_ids
+    from toolkit.serve.app import Served, build_app
+    from toolkit.serve.batcher import Batcher
+    from toolkit.serve.gate import Gate
+    from toolkit.serve.metrics import ServerMetrics
+
+    tok = load_tokenizer(model=str(target_dir))
+    engine = Engine(load_target(target_dir), max_len=128, max_batch=2)
+    metrics = ServerMetrics()
+    batcher = Batcher(engine, metrics, max_queue=4, log_every=0)
+    batcher.start()
+    stops = frozenset(stop_ids(tok)) if stops is None else frozenset(stops)
+    try:
+        yield Gate(build_app(Served("tiny", tok, stops, batcher, **served)), 1 << 16, metrics), engine
+    finally:
+        batcher.stop()
+
+
+@pytest.fixture(scope="session")
+def in_process_app():
+    """The `app_in_process` context manager, for tests and fixtures."""
+    return app_in_process
+
+
 @pytest.fixture(scope="session")
 def serve():
     """The `running_server` context manager, for tests and module fixtures."""

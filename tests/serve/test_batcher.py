@@ -18,14 +18,9 @@ ASK = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temper
 
 
 @pytest.fixture
-def app(tiny_target):
-    tok = load_tokenizer(model=str(tiny_target))
-    engine = Engine(load_target(tiny_target), max_len=128, max_batch=2)
-    metrics = ServerMetrics()
-    batcher = Batcher(engine, metrics, max_queue=4, log_every=0)
-    batcher.start()
-    yield Gate(build_app(Served("tiny", tok, frozenset(stop_ids(tok)), batcher)), 1 << 16, metrics), engine
-    batcher.stop()
+def app(tiny_target, in_process_app):
+    with in_process_app(tiny_target) as served:
+        yield served
 
 
 def test_a_failing_engine_step_gives_500_and_the_server_keeps_serving(app, monkeypatch):

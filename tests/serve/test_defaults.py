@@ -6,14 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from toolkit.cli import main
-from toolkit.data.chat import load_tokenizer
-from toolkit.infer.engine import Engine
-from toolkit.infer.loading import load_target, stop_ids
-from toolkit.serve.app import Served, build_app
-from toolkit.serve.batcher import Batcher
 from toolkit.serve.defaults import SamplingDefaults, sampling_defaults
-from toolkit.serve.gate import Gate
-from toolkit.serve.metrics import ServerMetrics
 
 
 def folder_with(tmp_path, cfg: dict):
@@ -49,17 +42,10 @@ def test_a_folder_without_the_file_is_refused_before_loading(tmp_path, capsys):
 
 
 @pytest.fixture
-def client(tiny_target):
-    tok = load_tokenizer(model=str(tiny_target))
-    engine = Engine(load_target(tiny_target), max_len=128, max_batch=2)
-    metrics = ServerMetrics()
-    batcher = Batcher(engine, metrics, max_queue=4, log_every=0)
-    batcher.start()
+def client(tiny_target, in_process_app):
     greedy = SamplingDefaults(temperature=0.0, top_k=5, max_tokens=5, source="test")
-    with TestClient(Gate(build_app(Served("tiny", tok, frozenset(), batcher, defaults=greedy)), 1 << 16,
-                         metrics)) as c:
+    with in_process_app(tiny_target, stops=(), defaults=greedy) as (asgi, _), TestClient(asgi) as c:
         yield c
-    batcher.stop()
 
 
 def test_defaults_fill_what_a_request_leaves_out_and_its_own_values_win(client):
