@@ -18,8 +18,10 @@ import torch
 from toolkit.infer.draft_sampling import gumbel_inputs
 from toolkit.infer.drafts import Eagle3Head
 from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memory
+from toolkit.infer.logprobs import token_logprobs
 from toolkit.infer.lookup import LookupConfig, graft_all, propose
 from toolkit.infer.model import Transformer
+from toolkit.infer.penalties import Penalties
 from toolkit.infer.phase_clock import PhaseClock
 from toolkit.infer.sampling import SamplingParams, target_probs
 from toolkit.infer.sequence import Result, Sequence, StopStrings
@@ -205,7 +207,13 @@ class Engine:
                                       logits_at=last)                                  # logits [b, 1, V]
             for b, s in enumerate(part):
                 s.prefix = len(s.prompt)
-                s.add(self._pick(logits[b, 0], s.params, s.generator))
+                if s.params.penalized:  # counts from here on: the prompt's ids, then each token added
+                    s.penalties = Penalties(s.params, s.prompt, logits.shape[-1], self.device)
+                scores = logits[b] if s.penalties is None else s.penalties.apply(logits[b])      # [1, V]
+                token = self._pick(scores[0], s.params, s.generator)
+                if s.params.logprobs is not None:
+                    s.result.logprobs += token_logprobs(logits[b], [token], s.params.logprobs)
+                s.add(token)
             if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
                 nxt = self._host(_pad([s.prompt[1:] + s.result.tokens for s in part], 0))
                 self._draft_extend(part, nxt, torch.cat(aux, -1), [0] * len(part), row0)
@@ -244,11 +252,12 @@ class Engine:
             if any(chains):  # else the round verifies the head's tree alone; rows pad to the largest merge
                 trees = graft_all(trees, chains)
         t2 = self.clock.mark()
-        paths, emitted, aux = self._verify(trees, seqs, grafted=len(trees[0].tokens) > own)
+        paths, emitted, aux, logprobs = self._verify(trees, seqs, grafted=len(trees[0].tokens) > own)
         t3 = self.clock.mark()
-        for s, path, out in zip(seqs, paths, emitted):
+        for s, path, out, lp in zip(seqs, paths, emitted, logprobs):
             s.result.verify_steps += 1
             added = next((i + 1 for i, tok in enumerate(out) if s.add(tok)), len(out))  # stop where plain would
+            s.result.logprobs += lp[:added]
             s.result.accepted.append(added - 1)  # tokens this step emitted, the bonus not counted
             s.result.from_lookup += sum(node >= own for node in path[1:added])  # of those, nodes only lookup had
         for s, path in zip(seqs, paths):
@@ -316,8 +325,9 @@ class Engine:
 
     def _verify(self, trees: list[Tree], seqs: list[Sequence], grafted: bool = False):
         """One target forward over every sequence's tree; returns per sequence the accepted path and the
-        emitted tokens, and the aux hidden states of the tree nodes. Accepted nodes' KV moves to contiguous
-        slots right after the sequence's prefix. grafted: the trees carry a lookup branch (never a chain)."""
+        emitted tokens, the aux hidden states of the tree nodes, and the emitted tokens' log-probs where the
+        sequence asks for them (emitted token i was chosen at path node i). Accepted nodes' KV moves to
+        contiguous slots right after the sequence's prefix. grafted: the trees carry a lookup branch."""
         n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
         start = self._host(prefix)[:, None]                                            # [B, 1]
         slots = start + torch.arange(n, device=dev)                                    # [B, n]
@@ -340,10 +350,14 @@ class Engine:
                                       aux_layers=self.aux_layers)
         else:
             logits, *aux = out
-        paths, emitted = [], []
+        paths, emitted, logprobs = [], [], []
         for b, (tree, s) in enumerate(zip(trees, seqs)):
-            path, out = verify_tree(tree, logits[b], s.params, s.generator, self._draft_ids)
+            scores = logits[b] if s.penalties is None else s.penalties.apply(logits[b], tree.tokens,
+                                                                              tree.ancestor_mask())
+            path, out = verify_tree(tree, scores, s.params, s.generator, self._draft_ids)
             self.cache.keep_path(b, s.prefix, path)
             paths.append(path)
             emitted.append(out)
-        return paths, emitted, aux
+            logprobs.append([] if s.params.logprobs is None else token_logprobs(logits[b, path], out,
+                                                                                 s.params.logprobs))
+        return paths, emitted, aux, logprobs

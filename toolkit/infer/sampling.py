@@ -1,10 +1,12 @@
-"""Sampling parameters and the target distribution they define (temperature, top-k, top-p).
+"""Sampling parameters and the target distribution they define (temperature, min-p, top-k, top-p; the penalties
+are in penalties.py).
 
 Speculative sampling is lossless only if draft verification uses exactly the distribution plain sampling
 would use, so both go through `target_probs`.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +18,11 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 256
+    logprobs: int | None = None  # None: none; k: each generated token's log-prob and the k likeliest (logprobs.py)
+    min_p: float = 0.0               # drop tokens less likely than min_p x the likeliest one's probability
+    repetition_penalty: float = 1.0  # penalties.py: 1 and 0 are off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self):
         if not 0 <= self.temperature < float("inf"):  # NaN fails too; inf would sample uniformly
@@ -26,10 +33,24 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be >= 0 (the likeliest tokens to list beside each one), got "
+                             f"{self.logprobs}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if not 0 < self.repetition_penalty < float("inf"):
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1 or bool(self.presence_penalty) or bool(self.frequency_penalty)
 
 
 # temperatures this small are greedy: logits / 1e-39 overflow to inf, inf - inf is NaN, and one such request
@@ -38,11 +59,15 @@ GREEDY_BELOW = 1e-5
 
 
 def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """float32 probabilities [..., V] after temperature, then top-k, then top-p (HF's order)."""
+    """float32 probabilities [..., V] after temperature, then min-p, top-k, top-p (vLLM's order; transformers
+    applies min-p last, which keeps a different set under top-p). Penalties come before (penalties.py)."""
     logits = logits.float()
     if p.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / p.temperature
+    if p.min_p > 0:  # p(x) >= min_p * p(top), in logits: logit >= top logit + log(min_p)
+        top = logits.max(-1, keepdim=True).values
+        logits = logits.masked_fill(logits < top + math.log(p.min_p), float("-inf"))
     if p.top_k and p.top_k < logits.shape[-1]:
         kth = logits.topk(p.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -18,6 +18,7 @@ class Result:
     turn: int = 1                       # which turn of a multi-turn prompt (bench groups τ by it too)
     from_lookup: int = 0                # accepted draft tokens on nodes only the lookup branch proposed
     finish: str | None = None           # why it ended: "stop" (a stop id or string) or "length" (max_new_tokens)
+    logprobs: list = field(default_factory=list)  # a TokenLogprob per token, when params.logprobs asks for them
 
     @property
     def tau(self) -> float:
@@ -56,11 +57,14 @@ class Sequence:
     prefix: int = 0                            # tokens in the KV cache; the root (last token) is not yet
     root_out: torch.Tensor | None = None       # the draft's output and log-probs after the root
     root_logp: torch.Tensor | None = None
+    penalties: object | None = None            # penalties.Penalties when params ask for any: its token counts
 
     def add(self, token: int) -> bool:
         """Append a generated token; True (and done) when generation stops here."""
         toks = self.result.tokens
         toks.append(token)
+        if self.penalties is not None:
+            self.penalties.add(token)
         if token in self.stop_ids or (self.stop_strings is not None and self.stop_strings(toks)):
             self.result.finish = "stop"  # a stop at the last allowed token is a stop, as in vLLM
         elif len(toks) >= self.params.max_new_tokens:

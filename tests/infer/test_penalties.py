@@ -1,0 +1,127 @@
+"""Repetition / frequency / presence penalties and min-p: greedy speculative output equals plain decoding and a
+transformers loop that applies the penalties by hand, for chains, trees and a lookup branch whose draft paths
+repeat tokens (each node is penalized with its own path's counts); sampled, the first tokens are distributed as
+without speculation, and as the penalized, min-p-cut law computed directly."""
+import math
+from collections import Counter
+
+import pytest
+import torch
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+from test_engine_edges import DRAFTS, Oracle, make_head, tiny  # noqa: F401 (fixture)
+from test_engine_sampling import PROMPT, chi2, draws, limit
+from test_engine_sampling import tiny as tiny8  # noqa: F401 (fixture)
+from toolkit.infer.drafts import random_head
+from toolkit.infer.engine import Engine
+from toolkit.infer.lookup import LookupConfig
+from toolkit.infer.penalties import Penalties
+from toolkit.infer.sampling import SamplingParams
+from toolkit.infer.tree import Tree, TreeConfig
+
+PENALIZED = SamplingParams(max_new_tokens=20, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3)
+PROMPTS = [[1, 5, 9, 13], [7, 7, 7, 7], [40, 41, 42, 40, 41, 42, 40]]
+
+
+def penalize(scores: torch.Tensor, context: list[int], output: list[int], p: SamplingParams) -> torch.Tensor:
+    """The reference: transformers' repetition processor over prompt + output, then OpenAI's two by hand."""
+    scores = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(torch.tensor([context]), scores[None])[0]
+    counts = Counter(output)
+    for t, c in counts.items():
+        scores[t] -= p.frequency_penalty * c + p.presence_penalty
+    return scores
+
+
+@torch.no_grad()
+def reference_greedy(hf, prompt: list[int], p: SamplingParams) -> list[int]:
+    out: list[int] = []
+    for _ in range(p.max_new_tokens):
+        logits = hf(torch.tensor([prompt + out])).logits[0, -1].float()
+        out.append(int(penalize(logits, prompt + out, out, p).argmax()))
+    return out
+
+
+@pytest.mark.parametrize("draft", ["plain", "oracle-chain", "oracle-tree", "eagle3-tree", "mtp-chain", "lookup",
+                                   "oracle-tree+lookup"])
+def test_greedy_with_penalties_equals_the_reference(tiny, draft):
+    target, hf = tiny
+    want = [reference_greedy(hf, p, PENALIZED) for p in PROMPTS]
+    unpenalized = [reference_greedy(hf, p, SamplingParams(max_new_tokens=20)) for p in PROMPTS]
+    assert want != unpenalized  # the penalties change this model's greedy text
+    kind, tree, lookup = DRAFTS[draft]
+    # the oracle knows the penalized continuation, so long draft paths are accepted and penalized node by node
+    head = None if kind is None else (Oracle.of(target, [p + w for p, w in zip(PROMPTS, want)], wrong_every=4)
+                                      if kind == "oracle" else make_head(kind, target))
+    eng = Engine(target, head, tree, max_len=64, max_batch=len(PROMPTS), lookup=lookup)
+    results = eng.generate_batch(PROMPTS, PENALIZED)
+    assert [r.tokens for r in results] == want
+    if kind == "oracle":
+        assert max(a for r in results for a in r.accepted) >= 3
+
+
+def test_each_tree_node_counts_its_own_path():
+    """Node 3 follows 0 -> 1 -> 3 (tokens 5, 6): it is penalized for 5 and 6, not for node 2's 7."""
+    p = SamplingParams(frequency_penalty=1.0)
+    pen = Penalties(p, [9], 10, torch.device("cpu"))
+    pen.add(4)  # the root, already in the output
+    tree = Tree(torch.tensor([4, 5, 7, 6]), torch.tensor([-1, 0, 0, 1]), torch.tensor([0, 1, 1, 2]))
+    out = pen.apply(torch.zeros(4, 10), tree.tokens, tree.ancestor_mask())
+    assert out[3].tolist() == [0, 0, 0, 0, -1, -1, -1, 0, 0, 0]
+    assert out[2].tolist() == [0, 0, 0, 0, -1, 0, 0, -1, 0, 0] and out[0].tolist()[4] == -1
+    rep = Penalties(SamplingParams(repetition_penalty=2.0), [9], 10, torch.device("cpu"))
+    assert rep.apply(torch.tensor([[2.0] * 5 + [-2.0] * 5]))[0].tolist() == [2.0] * 5 + [-2.0] * 4 + [-4.0]
+
+
+SAMPLED = {  # tree, params, sampled drafts, lookup
+    "tree-penalties": (TreeConfig(3, 2, 6), SamplingParams(temperature=1.0, max_new_tokens=3, repetition_penalty=1.6,
+                                                           frequency_penalty=0.5), False, None),
+    "sampled-chain-presence-min_p": (TreeConfig(3, 1, 4), SamplingParams(temperature=1.2, max_new_tokens=3,
+                                                                         presence_penalty=0.8, min_p=0.1), True, None),
+    "chain+lookup-min_p-top_p": (TreeConfig(2, 1, 3), SamplingParams(temperature=1.0, max_new_tokens=3, min_p=0.2,
+                                                                     top_p=0.9, repetition_penalty=1.4), False,
+                                 LookupConfig(3, 2)),
+}
+
+
+@torch.no_grad()
+def exact_law(target, p: SamplingParams) -> dict:
+    """P(first two tokens) under the penalized, tempered, min-p / top-p cut law, computed directly."""
+    def law(out):
+        logits = penalize(target(torch.tensor([PROMPT + out]))[0][0, -1].float(), PROMPT + out, out, p) / p.temperature
+        probs = logits.softmax(-1)
+        probs[probs < p.min_p * probs.max()] = 0
+        if p.top_p < 1:
+            ranked, order = probs.sort(descending=True, stable=True)
+            drop = (ranked / ranked.sum()).cumsum(0) - ranked / ranked.sum() >= p.top_p
+            probs[order[drop]] = 0
+        return probs / probs.sum()
+    first = law([])
+    return {(a, b): float(first[a]) * float(q) for a in range(len(first)) if first[a] > 0
+            for b, q in enumerate(law([a]).tolist()) if q > 0}
+
+
+@pytest.mark.parametrize("case", list(SAMPLED))
+def test_sampled_with_penalties_and_min_p_is_lossless(tiny8, case):
+    tree, params, sample_draft, lookup = SAMPLED[case]
+    plain = draws(Engine(tiny8, max_len=32, max_batch=250), params, 0)
+    spec = draws(Engine(tiny8, random_head(tiny8.config, seed=2), tree, max_len=32, max_batch=250,
+                        sample_draft=sample_draft, lookup=lookup), params, 1)
+    for i in range(1, params.max_new_tokens):
+        for part in (slice(i, i + 1), slice(i - 1, i + 1)):
+            stat, df = chi2(Counter(s[part] for s in plain), Counter(s[part] for s in spec))
+            assert stat < limit(df), (f"tokens {part.start + 1}..{part.stop}", stat, df)
+    want = exact_law(tiny8, params)  # and plain sampling draws from the law the reference computes
+    seen = Counter(s[:2] for s in plain)
+    assert set(seen) <= set(want)  # nothing the cut law excludes
+    stat = sum((seen[k] - len(plain) * q) ** 2 / (len(plain) * q) for k, q in want.items())
+    assert stat < limit(len(want) - 1), (stat, len(want))
+
+
+@pytest.mark.parametrize("kw, message", [({"repetition_penalty": 0}, "repetition_penalty must be"),
+                                         ({"presence_penalty": 2.5}, "presence_penalty must be"),
+                                         ({"frequency_penalty": -3}, "frequency_penalty must be"),
+                                         ({"min_p": 1.5}, "min_p must be"),
+                                         ({"repetition_penalty": math.inf}, "repetition_penalty must be")])
+def test_bad_values_are_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kw)

@@ -1,0 +1,53 @@
+"""Repetition, frequency and presence penalties (vLLM's and OpenAI's), applied to a verify step node by node.
+
+A penalty makes the target's distribution after a token depend on the tokens generated before it. In a draft tree
+those are the sequence's output so far plus the draft tokens on the path from the root to that node, so each
+node's logits are penalized with that node's own counts (vLLM's rejection sampler adds the draft tokens to the
+output the same way). Verification then compares the draft with exactly the distribution plain decoding samples
+from at that position, and stays lossless. Applied to the raw logits, before temperature, min-p, top-k and top-p,
+in vLLM's order:
+  repetition r: a token seen in the prompt or the output has its logit divided by r when positive and multiplied
+      by r when not (CTRL's rule, as transformers and vLLM apply it);
+  frequency f, presence p: logit - f * (its count in the output) - p * (1 if in the output) (OpenAI's rule).
+"""
+from __future__ import annotations
+
+import torch
+
+from toolkit.infer.sampling import SamplingParams
+
+
+class Penalties:
+    """One sequence's token counts: which ids its prompt holds, how often each was generated."""
+
+    def __init__(self, params: SamplingParams, prompt: list[int], vocab: int, device: torch.device):
+        self.params = params
+        self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)                # [V]
+        self.in_prompt[torch.tensor(prompt, device=device)] = True
+        self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)               # [V]
+
+    def add(self, token: int) -> None:
+        self.counts[token] += 1
+
+    def apply(self, logits: torch.Tensor, tokens: torch.Tensor | None = None,
+              ancestors: torch.Tensor | None = None) -> torch.Tensor:
+        """logits [n, V] at a tree's nodes -> penalized float32 logits [n, V]. tokens [n] are the nodes' ids and
+        ancestors [n, n] (bool: j is i or an ancestor of i) their paths; node 0 is the root, already counted.
+        Without a tree (n = 1, the token after the prompt or after the output so far) the counts alone."""
+        p, n = self.params, logits.shape[0]
+        counts = self.counts.expand(n, -1)                                                  # [n, V]
+        if tokens is not None and n > 1:  # each node's path from the root, the root itself not again
+            rows, cols = ancestors[:, 1:].to(logits.device).nonzero(as_tuple=True)
+            ids = tokens[1:].to(logits.device)[cols]
+            counts = counts.contiguous().index_put_((rows, ids), torch.ones_like(ids, dtype=counts.dtype),
+                                                    accumulate=True)
+        logits = logits.float()
+        if p.repetition_penalty != 1.0:
+            seen = (counts > 0) | self.in_prompt
+            r = p.repetition_penalty
+            logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+        if p.frequency_penalty:
+            logits = logits - p.frequency_penalty * counts
+        if p.presence_penalty:
+            logits = logits - p.presence_penalty * (counts > 0).float()
+        return logits
