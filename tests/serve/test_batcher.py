@@ -208,7 +208,7 @@ def test_a_stop_the_engine_misses_still_gives_final_usage_through_it(split_stop,
             return delta
 
     monkeypatch.setattr("toolkit.serve.app.ClientStops", StopStrings)
-    monkeypatch.setattr("toolkit.serve.app.TextStream", BusyLoop)
+    monkeypatch.setattr("toolkit.serve.choice.TextStream", BusyLoop)
     client, body, (text, upto), seqs = split_stop
     for got, seq in zip(replies(client, body), seqs):
         assert got[:2] == (text, "stop") and got[2]["completion_tokens"] == upto
@@ -219,7 +219,7 @@ def test_a_stop_the_engine_misses_still_gives_final_usage_through_it(split_stop,
 
 def test_usage_through_a_stop_keeps_the_steps_that_emitted_those_tokens():
     from toolkit.infer.sequence import Result
-    from toolkit.serve.app import through
+    from toolkit.serve.choice import through
 
     r = Result(list(range(9)), verify_steps=3, accepted=[2, 0, 3], from_lookup=4)  # 1 + 3 + 1 + 4 tokens
     cut = through(r, 6)

@@ -50,11 +50,15 @@ def test_accepted_forms():
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
     ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": USER, "max_tokens": 0}, "max_tokens"),
-    ({"messages": USER, "n": 3}, "n"),
+    ({"messages": USER, "n": 0}, "n"),
     ({"messages": USER, "stop": [""]}, "stop"),
     ({"messages": USER, "stop": "x" * 1025}, "stop"),
-    ({"messages": USER, "logprobs": True}, "logprobs"),
-    ({"messages": USER, "presence_penalty": 0.5}, "presence_penalty"),
+    ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # vLLM's --max-logprobs 20
+    ({"messages": USER, "presence_penalty": 2.5}, "presence_penalty"),  # OpenAI's range is [-2, 2]
+    ({"messages": USER, "frequency_penalty": -2.5}, "frequency_penalty"),
+    ({"messages": USER, "repetition_penalty": 0}, "repetition_penalty"),
+    ({"messages": USER, "min_p": 1.5}, "min_p"),
+    ({"messages": USER, "min_tokens": 4}, "min_tokens"),
     ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "function", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]}, "messages.0.content"),

@@ -113,7 +113,7 @@ BAD = [  # (body, status, param or None); each gets an OpenAI error object
     ({"messages": QUESTION, "top_p": 0}, 400, "top_p"),
     ({"messages": QUESTION, "top_p": 1.5}, 400, "top_p"),
     ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
-    ({"messages": QUESTION, "n": 2}, 400, "n"),
+    ({"messages": QUESTION, "n": 4}, 400, "n"),  # more choices than --max-queue 3
     ({"messages": []}, 400, "messages"),
     # JSON true is neither a count nor a number, "yes" no boolean (each was read as 1 / 1.0 / true)
     ({"messages": QUESTION, "max_tokens": True}, 400, "max_tokens"),
@@ -122,7 +122,7 @@ BAD = [  # (body, status, param or None); each gets an OpenAI error object
     ({"messages": QUESTION, "logprobs": 0}, 400, "logprobs"),
     ({"messages": QUESTION, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ({"messages": QUESTION, "min_tokens": 4}, 400, "min_tokens"),
-    ({"messages": QUESTION, "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ({"messages": QUESTION, "repetition_penalty": True}, 400, "repetition_penalty"),
     ({"messages": QUESTION, "tool_choice": "required"}, 400, "tool_choice"),
     ({"messages": QUESTION, "stop_token_ids": [10 ** 9]}, 400, "stop_token_ids"),
     ({"messages": [{"role": "user"}]}, 400, "messages.0"),
@@ -219,6 +219,34 @@ def test_a_client_leaving_a_non_streamed_request_frees_its_slot(server):
         time.sleep(0.1)
     assert httpx.get(f"{server}/health").json()["running"] == 0
     assert metric(server, "toolkit_cancelled_requests_total") == before + 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_leaving_an_n_3_request_frees_every_choice(server, stream):
+    before = metric(server, "toolkit_cancelled_requests_total")
+    body = {"messages": QUESTION, "max_tokens": 900, "temperature": 1.0, "n": 3, "stream": stream}
+    if stream:
+        with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, timeout=60) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i > 12:
+                    break
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server}/v1/chat/completions", json=body, timeout=1.5)
+    deadline = time.time() + 30
+    while httpx.get(f"{server}/health").json()["running"] and time.time() < deadline:
+        time.sleep(0.1)
+    assert httpx.get(f"{server}/health").json() == {"status": "ok", "running": 0, "waiting": 0}
+    assert metric(server, "toolkit_cancelled_requests_total") == before + 1  # one request, however many choices
+
+
+def test_n_greedy_choices_through_the_tree_draft_equal_plain_greedy(server, reference):
+    _, chat, _ = reference
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    out = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=16, temperature=0, n=2)
+    assert [c.index for c in out.choices] == [0, 1]
+    assert [c.message.content for c in out.choices] == [chat(QUESTION, 16)[0]] * 2
+    assert out.usage.completion_tokens == 2 * len(chat(QUESTION, 16)[1])
 
 
 def test_models_retrieve_and_a_fixed_set_of_metric_labels(server):

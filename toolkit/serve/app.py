@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from fastapi import FastAPI, Request
@@ -19,15 +19,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from toolkit.infer.sequence import Result, Sequence
-from toolkit.infer.metrics import summarize
+from toolkit.infer.sequence import Sequence
 from toolkit.infer.sampling import SamplingParams
 from toolkit.serve.batcher import Batcher
+from toolkit.serve.choice import Choice, usage
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
-from toolkit.serve.text import ClientStops, TextStream
+from toolkit.serve.text import ClientStops
 
-RELEASE_WAIT = 30.0  # seconds a reply cut at a stop string waits for the engine to let its sequence go
+class ClientGone(Exception):
+    """A non-streamed request's client went away: its choices are cancelled."""
 
 
 @dataclass
@@ -39,34 +40,6 @@ class Served:
     created: int = 0
     template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs; a request's keys win
     defaults: SamplingDefaults = SamplingDefaults()  # what a request that names no temperature etc. gets
-
-
-def through(result: Result, n: int) -> Result:
-    """`result` as if generation had stopped at its n-th token, as the engine stops at a stop string: the verify
-    steps that emitted tokens 2..n (the first comes from prefill), the last one's accepted count cut there."""
-    accepted, emitted = [], min(len(result.tokens), 1)
-    for a in result.accepted:
-        if emitted >= n:
-            break
-        accepted.append(min(a, n - emitted - 1))
-        emitted += accepted[-1] + 1
-    return replace(result, tokens=result.tokens[:n], accepted=accepted, verify_steps=len(accepted),
-                   from_lookup=min(result.from_lookup, sum(accepted)))  # per step it is not kept: a bound
-
-
-def usage(seq: Sequence, positions: int = 0, upto: int | None = None) -> dict:
-    """Token counts and this request's speculation figures; `positions`: the draft tree's depth (0: none);
-    `upto`: the tokens through a stop string the reply was cut at (the engine may have generated on)."""
-    result = seq.result if upto is None or upto >= len(seq.result.tokens) else through(seq.result, upto)
-    s = summarize([result], positions=positions)
-    n_prompt, n_out = len(seq.prompt), len(result.tokens)
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-            "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(result.accepted),
-                            # null, not 0, when no verify step ran (the answer ended at prefill's token)
-                            "tau": s["tau"] if s["verify_steps"] else None,
-                            "accept_rate_by_position": s["accept_rate_by_position"],
-                            "accepted_length_histogram": s["accepted_length_histogram"],
-                            "accepted_from_lookup": s["accepted_from_lookup"]}}
 
 
 def build_app(served: Served) -> FastAPI:
@@ -106,7 +79,8 @@ def build_app(served: Served) -> FastAPI:
                            "model", "model_not_found")
         return body
 
-    def sequence(body, ids: list[int], field: str) -> Sequence:
+    def sequence(body, ids: list[int], field: str, index: int = 0) -> Sequence:
+        """Choice `index` of the request: its own generator (seed + index: n samples, each reproducible)."""
         ctx = engine.max_len
         if len(ids) >= ctx:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; this server's context (--max-seq-len) is {ctx} "
@@ -119,9 +93,12 @@ def build_app(served: Served) -> FastAPI:
                                 f"context of {ctx} tokens", name, "context_length_exceeded")
         params = SamplingParams(d.temperature if body.temperature is None else body.temperature,
                                 d.top_p if body.top_p is None else body.top_p,
-                                d.top_k if body.top_k is None else max(body.top_k, 0), max_tokens)
+                                d.top_k if body.top_k is None else max(body.top_k, 0), max_tokens,
+                                body.logprob_count(), d.min_p if body.min_p is None else body.min_p,
+                                d.repetition_penalty if body.repetition_penalty is None else body.repetition_penalty,
+                                body.presence_penalty, body.frequency_penalty)
         gen = torch.Generator(device=engine.device)
-        gen.manual_seed(body.seed) if body.seed is not None else gen.seed()
+        gen.manual_seed((body.seed + index) % 2 ** 64) if body.seed is not None else gen.seed()
         # the engine stops where the client's text shows a stop string, not generating past what the reply cuts
         stops = ClientStops(tok, body.stop) if body.stop else None
         extra = set(body.stop_token_ids or [])
@@ -156,9 +133,15 @@ def build_app(served: Served) -> FastAPI:
     async def prometheus():
         return Response(metrics.render(), media_type=metrics.content_type)
 
+    def check_n(body) -> None:
+        if body.n > batcher.max_queue:  # each choice is a sequence of its own: all of them must fit the queue
+            raise ApiError(400, f"n ({body.n}) exceeds what this server queues at once (--max-queue "
+                                f"{batcher.max_queue}); ask for fewer choices per request", "n")
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await parse(request, ChatRequest)
+        check_n(body)
         messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
                     for m in body.messages]
         try:
@@ -166,119 +149,122 @@ def build_app(served: Served) -> FastAPI:
                                            **{**served.template_kwargs, **body.chat_template_kwargs})
         except Exception as e:  # a template may refuse a role order (e.g. no system turn)
             raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
-        seq = sequence(body, tok(text, add_special_tokens=body.add_special_tokens).input_ids, "messages")
-        return await respond(request, body, seq, chat=True)
+        ids = tok(text, add_special_tokens=body.add_special_tokens).input_ids
+        return await respond(request, body, [sequence(body, ids, "messages", i) for i in range(body.n)], chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
+        check_n(body)
         if isinstance(body.prompt, str):
             ids = tok(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
         elif any(not 0 <= t < engine.target.config.vocab_size for t in body.prompt):
             raise ApiError(400, f"prompt token ids must be in 0..{engine.target.config.vocab_size - 1}", "prompt")
         else:
             ids = list(body.prompt)
-        return await respond(request, body, sequence(body, ids, "prompt"), chat=False)
+        return await respond(request, body, [sequence(body, ids, "prompt", i) for i in range(body.n)], chat=False)
 
-    async def respond(request: Request, body, seq: Sequence, chat: bool):
-        req = batcher.submit(seq)
+    async def respond(request: Request, body, seqs: list[Sequence], chat: bool):
+        reqs: list = []  # one engine sequence per choice (n of them), queued together
+        try:
+            for seq in seqs:
+                reqs.append(batcher.submit(seq))
+        except ApiError:  # over the queue limit part way: the choices queued already go too
+            for req in reqs:
+                batcher.cancel(req)
+            raise
+        choices = [Choice(i, req, batcher, tok, body.stop or [], chat) for i, req in enumerate(reqs)]
         rid, now = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         kind = "chat.completion" if chat else "text_completion"
-        stream = TextStream(tok, body.stop or [])
 
-        def finish_reason() -> str:
-            # the engine says why it stopped (its stop strings are matched in text decoded with special tokens,
-            # the stream's without: a stop string that is a special token ends it only there)
-            return "stop" if stream.stopped or seq.result.finish == "stop" else "length"
-
-        def choice(text: str | None, reason: str | None, delta: bool) -> dict:
-            if not chat:
-                return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
-            key = "delta" if delta else "message"
-            msg = ({"content": text} if text is not None else {}) if delta else {"role": "assistant", "content": text}
-            return {"index": 0, key: msg, "logprobs": None, "finish_reason": reason}
-
-        generated: list[int] = []  # the updates carry new tokens only
-
-        async def next_update() -> tuple[list[int], bool]:
-            update = await req.updates.get()
-            if update.error is not None:
-                raise ApiError(500, update.error, None, "engine_error", "server_error")
-            generated.extend(update.tokens)
-            return generated, update.done
-
-        async def let_go() -> None:
-            """The text showed a stop string before the engine stopped (ClientStops makes that rare): cancel the
-            sequence and wait until the engine has let it go. Usage read at once raced the engine thread, which
-            was still adding tokens and steps; read after, it is final and `usage` cuts it at the stop."""
-            batcher.cancel(req)
-            done = False
-            try:
-                while not done:
-                    _, done = await asyncio.wait_for(next_update(), timeout=RELEASE_WAIT)
-            except (ApiError, asyncio.TimeoutError):  # a failed step lets go too; a stuck engine must not hang us
-                pass
+        def cancel_all() -> None:  # the client went away: free every choice's row
+            for c in choices:
+                batcher.cancel(c.req)
+            metrics.cancelled.inc()
 
         if not body.stream:  # the same incremental text as a stream, so a stop string ends it there too
-            done, parts, checked = False, [], time.monotonic()
-            try:
-                while not (done or stream.stopped):
+            async def collect(c: Choice) -> str:
+                parts, checked = [], time.monotonic()
+                while not c.finished:
                     try:
-                        tokens, done = await asyncio.wait_for(next_update(), timeout=1.0)
-                        parts.append(stream.update(tokens, done))
+                        parts.append(await c.update(timeout=1.0))
                     except asyncio.TimeoutError:
                         pass
                     # once a second whether tokens flow or not: every engine step posts an update, so a check
                     # made only when none came for a second never ran while a left request kept generating
-                    if not done and time.monotonic() - checked >= 1.0:
+                    if not c.done and time.monotonic() - checked >= 1.0:
                         checked = time.monotonic()
                         if await request.is_disconnected():
-                            raise asyncio.CancelledError from None
-            except asyncio.CancelledError:  # the client went away: free its row
-                batcher.cancel(req)
-                metrics.cancelled.inc()
-                raise
-            if not done:
-                await let_go()
-            return {"id": rid, "object": kind, "created": now, "model": served.name,
-                    "choices": [choice("".join(parts), finish_reason(), False)],
-                    "usage": usage(seq, positions, stream.stop_at)}
+                            raise ClientGone
+                if not c.done:
+                    await c.let_go()
+                return "".join(parts)
 
-        def event(choices: list, **extra) -> str:
+            try:
+                async with asyncio.TaskGroup() as group:  # one failing (or the client leaving) stops the others
+                    tasks = [group.create_task(collect(c)) for c in choices]
+            except asyncio.CancelledError:  # the server stops
+                cancel_all()
+                raise
+            except BaseExceptionGroup as errors:
+                if errors.subgroup(ClientGone) is not None:
+                    cancel_all()
+                    raise asyncio.CancelledError from None
+                for c in choices:  # the engine failed a choice: the others' rows go too
+                    batcher.cancel(c.req)
+                failed = errors.subgroup(ApiError)
+                raise failed.exceptions[0] if failed is not None else errors from None
+            return {"id": rid, "object": kind, "created": now, "model": served.name,
+                    "choices": [c.body(t.result(), c.finish_reason(), False) for c, t in zip(choices, tasks)],
+                    "usage": usage(choices, positions)}
+
+        def event(chunk_choices: list, **extra) -> str:
             data = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": now, "model": served.name,
-                    "choices": choices, **extra}
+                    "choices": chunk_choices, **extra}
             return f"data: {json.dumps(data)}\n\n"
 
         async def events():
-            finished = failed = done = False
+            ended = failed = False
             # with include_usage every chunk carries "usage": null but the last, which carries the counts (OpenAI)
             nulls = {"usage": None} if body.stream_options and body.stream_options.include_usage else {}
+            waiting: dict = {}  # each unfinished choice's next update, as a task; the choices' chunks interleave
             try:
                 if chat:
-                    yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                  "finish_reason": None}], **nulls)
-                while not (finished or failed):
-                    try:
-                        tokens, done = await next_update()
-                    except ApiError as err:  # the engine failed: say so, then end the stream
-                        yield f"data: {json.dumps(err.body())}\n\n"
-                        failed = True
-                        break
-                    delta = stream.update(tokens, done)
-                    finished = done or stream.stopped
-                    if delta:
-                        yield event([choice(delta, None, True)], **nulls)
-                if finished:
-                    if not done:  # the update's word, not seq.done: that turns true before the step has ended
-                        await let_go()
-                    yield event([choice(None, finish_reason(), True)], **nulls)
+                    for c in choices:
+                        yield event([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}], **nulls)
+                waiting = {asyncio.ensure_future(c.update()): c for c in choices}
+                while waiting and not failed:
+                    ready, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    for task in ready:
+                        c = waiting.pop(task)
+                        try:
+                            delta = task.result()
+                        except ApiError as err:  # the engine failed: say so, then end the stream
+                            yield f"data: {json.dumps(err.body())}\n\n"
+                            failed = True
+                            break
+                        if delta:
+                            yield event([c.body(delta, None, True)], **nulls)
+                        if not c.finished:
+                            waiting[asyncio.ensure_future(c.update())] = c
+                            continue
+                        if not c.done:  # the update's word, not seq.done: that turns true before the step ends
+                            await c.let_go()
+                        yield event([c.body(None, c.finish_reason(), True)], **nulls)
+                if not failed:
                     if body.stream_options and body.stream_options.include_usage:
-                        yield event([], usage=usage(seq, positions, stream.stop_at))
+                        yield event([], usage=usage(choices, positions))
+                ended = True
                 yield "data: [DONE]\n\n"
             finally:
-                if not (finished or failed):  # the client went away mid-stream: free its row
-                    batcher.cancel(req)
-                    metrics.cancelled.inc()
+                for task in waiting:
+                    task.cancel()
+                if not ended:  # the client went away mid-stream: free its rows
+                    cancel_all()
+                elif failed:  # the engine failed a choice: the others' rows go too
+                    for c in choices:
+                        batcher.cancel(c.req)
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

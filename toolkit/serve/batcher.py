@@ -29,6 +29,7 @@ class Update:
     tokens: list[int]         # generated since the previous update
     done: bool = False        # the engine is through with the sequence: its counts are final, no update follows
     error: str | None = None  # the engine step failed (then nothing else counts)
+    logprobs: list = field(default_factory=list)  # the new tokens' TokenLogprobs, when the request asked for them
 
 
 class Mailbox:
@@ -44,6 +45,7 @@ class Mailbox:
             self.pending = update
         elif self.pending.error is None:
             self.pending.tokens += update.tokens  # the engine thread made these lists and no longer touches them
+            self.pending.logprobs += update.logprobs
             self.pending.done = update.done
         self.ready.set()
 
@@ -183,7 +185,7 @@ class Batcher:
                 self.window["tokens"] += len(toks) - req.sent
                 # only the new tokens: a slow reader's pending update then holds each token once, not a copy of
                 # the whole generation per step
-                req.publish(Update(toks[req.sent:], req.seq.done))
+                req.publish(Update(toks[req.sent:], req.seq.done, logprobs=req.seq.result.logprobs[req.sent:]))
                 req.sent = len(toks)
             if req.seq.done and req.seq.result.verify_steps:
                 self.metrics.tau.observe(req.seq.result.tau)

@@ -1,10 +1,11 @@
-"""What a request that leaves out temperature / top_p / top_k / max_tokens gets.
+"""What a request that leaves out temperature / top_p / top_k / min_p / repetition_penalty / max_tokens gets.
 
 `--generation-config auto` (the default, as vLLM's): the values the target's generation_config.json recommends
-(Qwen3: temperature 0.6, top_p 0.95, top_k 20; Llama-3.1-Instruct: 0.6 / 0.9), so a client that sends only
-messages gets what the same request gets from vLLM; `max_new_tokens` there caps a chat reply that names no
-max_tokens. `vllm`: the neutral values (temperature 1, top_p 1, no top-k, the rest of the context). A folder:
-its generation_config.json. A request's own values always win.
+(Qwen3: temperature 0.6, top_p 0.95, top_k 20; Qwen2.5-Instruct: 0.7 / 0.8 / 20 and repetition_penalty 1.05;
+Llama-3.1-Instruct: 0.6 / 0.9), so a client that sends only messages gets what the same request gets from vLLM;
+`max_new_tokens` there caps a chat reply that names no max_tokens. `vllm`: the neutral values (temperature 1,
+top_p 1, no top-k, no min-p, no repetition penalty, the rest of the context). A folder: its
+generation_config.json. A request's own values always win.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHOICES = "auto, vllm or a folder holding a generation_config.json"
-UNAPPLIED = {"repetition_penalty": 1.0, "min_p": 0.0}  # recommended by some models; this server has neither
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,9 @@ class SamplingDefaults:
     top_p: float = 1.0
     top_k: int = 0                 # 0 = off
     max_tokens: int | None = None  # None: the rest of the context
+    min_p: float = 0.0             # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
     source: str = "neutral"
-    unapplied: tuple = ()          # (name, value) the file recommends that this server does not apply
 
     def __post_init__(self):
         def bad(key: str, accepted: str) -> ValueError:
@@ -39,9 +40,15 @@ class SamplingDefaults:
             raise bad("top_k", "an integer >= 0, or -1 for none")
         if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
             raise bad("max_tokens", "an integer >= 1 (max_new_tokens)")
+        if not (isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1):
+            raise bad("min_p", "in [0, 1]")
+        if not (isinstance(self.repetition_penalty, (int, float)) and 0 < self.repetition_penalty < math.inf):
+            raise bad("repetition_penalty", "a finite number > 0")
 
     def describe(self) -> str:
         what = f"temperature {self.temperature}, top_p {self.top_p}, top_k {self.top_k or 'off'}"
+        what += f", min_p {self.min_p}" if self.min_p else ""
+        what += f", repetition_penalty {self.repetition_penalty}" if self.repetition_penalty != 1 else ""
         what += f", max_tokens {self.max_tokens}" if self.max_tokens else ""
         return f"{what} ({self.source})"
 
@@ -68,7 +75,6 @@ def sampling_defaults(choice: str, folder: Path | None) -> SamplingDefaults:
     if top_k == -1:  # vLLM's "none"
         top_k = 0
     values = {"temperature": cfg.get("temperature"), "top_p": cfg.get("top_p"), "top_k": top_k,
-              "max_tokens": cfg.get("max_new_tokens")}
-    unapplied = tuple((k, cfg[k]) for k, neutral in UNAPPLIED.items() if cfg.get(k) not in (None, neutral))
-    return SamplingDefaults(**{k: v for k, v in values.items() if v is not None}, source=str(path),
-                            unapplied=unapplied)
+              "max_tokens": cfg.get("max_new_tokens"), "min_p": cfg.get("min_p"),
+              "repetition_penalty": cfg.get("repetition_penalty")}
+    return SamplingDefaults(**{k: v for k, v in values.items() if v is not None}, source=str(path))

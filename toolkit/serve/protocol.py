@@ -10,6 +10,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator, model_validator
 
+from toolkit.serve.logprobs import MAX_LOGPROBS
+
 ROLES = ("system", "developer", "user", "assistant")  # developer = OpenAI's newer name for system
 MAX_STOP_CHARS = 1024  # per stop string
 # vLLM's / SGLang's extra fields that change the output (constrained decoding, stop text kept, special tokens shown,
@@ -81,10 +83,8 @@ class Sampling(BaseModel):
     n: StrictInt = Field(default=1, ge=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)  # OpenAI's range
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     logit_bias: dict | None = None
     response_format: dict | None = None
     user: str | None = None
@@ -92,8 +92,8 @@ class Sampling(BaseModel):
     ignore_eos: StrictBool = False
     stop_token_ids: list[StrictInt] | None = None
     min_tokens: StrictInt = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)  # None: the served default
+    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -137,20 +137,10 @@ class Sampling(BaseModel):
 
     @model_validator(mode="after")
     def supported(self):
-        if self.n != 1:
-            raise ApiError(400, "n > 1 is not supported; send n separate requests", "n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ApiError(400, f"{name} is not supported; leave it 0", name)
-        # logprobs 0 (completions) asks for the chosen tokens' own: any value but null / false is a request
-        wanted = {"logprobs": self.logprobs is not None and self.logprobs is not False,
-                  "top_logprobs": bool(self.top_logprobs), "logit_bias": bool(self.logit_bias)}
-        for name, asked in wanted.items():
-            if asked:
-                raise ApiError(400, f"{name} is not supported", name)
-        for name, default in (("min_tokens", 0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
-            if getattr(self, name) != default:
-                raise ApiError(400, f"{name} is not supported; leave it {default}", name)
+        if self.logit_bias:
+            raise ApiError(400, "logit_bias is not supported", "logit_bias")
+        if self.min_tokens:
+            raise ApiError(400, "min_tokens is not supported; leave it 0", "min_tokens")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
         if (self.response_format or {}).get("type", "text") != "text":
@@ -167,6 +157,12 @@ class ChatRequest(Sampling):
     tool_choice: str | dict | None = None
     chat_template_kwargs: dict | None = None  # vLLM's / SGLang's extra template variables (Qwen3: enable_thinking)
     add_special_tokens: StrictBool = False  # vLLM's: a BOS on top of the template's own (the template has one)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def logprob_count(self) -> int | None:
+        """None: no log-probs asked; k: each token's and its k likeliest alternatives (serve/logprobs.py)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def chat_supported(self):
@@ -176,6 +172,8 @@ class ChatRequest(Sampling):
             self.chat_template_kwargs = template_kwargs(self.chat_template_kwargs, "chat_template_kwargs")
         except ValueError as e:
             raise ApiError(400, str(e), "chat_template_kwargs") from None
+        if self.top_logprobs and not self.logprobs:  # as OpenAI and vLLM refuse it
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         if self.tools:
             raise ApiError(400, "tools are not supported by this server", "tools")
         if self.tool_choice not in (None, "none", "auto"):  # with no tools, auto is none
@@ -194,6 +192,10 @@ class CompletionRequest(Sampling):
     suffix: str | None = None
     add_special_tokens: StrictBool = True  # vLLM's: the tokenizer's BOS before the prompt text
     best_of: int | None = None
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # 0: the chosen tokens' own alone
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     @model_validator(mode="after")
     def completion_supported(self):

@@ -158,9 +158,6 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1)  # the most tokens one verify step emits
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
     defaults = sampling_defaults(args.generation_config, loaded.folder)
-    for key, value in defaults.unapplied:
-        print(f"toolkit serve: warning: {defaults.source} recommends {key} {value}, which this server does not "
-              "apply; requests are sampled without it", file=sys.stderr)
     served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher,
                     template_kwargs=args.template_kwargs, defaults=defaults)
     app = Gate(build_app(served), args.max_body_bytes, metrics)

@@ -1,0 +1,110 @@
+"""One choice of a response: the engine sequence behind it, its text so far (cut at a stop string), its
+log-probs, and the counts `usage` reports. A request with `n` > 1 holds n choices, one engine sequence each.
+
+Usage is read only once the engine is through with a sequence (its last update says so), never while the
+engine thread may still add to it.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from toolkit.infer.metrics import summarize
+from toolkit.infer.sequence import Result
+from toolkit.serve.batcher import Batcher, Request
+from toolkit.serve.logprobs import LogprobWriter
+from toolkit.serve.protocol import ApiError
+from toolkit.serve.text import TextStream
+
+RELEASE_WAIT = 30.0  # seconds a reply cut at a stop string waits for the engine to let its sequence go
+
+
+def through(result: Result, n: int) -> Result:
+    """`result` as if generation had stopped at its n-th token, as the engine stops at a stop string: the verify
+    steps that emitted tokens 2..n (the first comes from prefill), the last one's accepted count cut there."""
+    accepted, emitted = [], min(len(result.tokens), 1)
+    for a in result.accepted:
+        if emitted >= n:
+            break
+        accepted.append(min(a, n - emitted - 1))
+        emitted += accepted[-1] + 1
+    return replace(result, tokens=result.tokens[:n], accepted=accepted, verify_steps=len(accepted),
+                   from_lookup=min(result.from_lookup, sum(accepted)))  # per step it is not kept: a bound
+
+
+class Choice:
+    def __init__(self, index: int, req: Request, batcher: Batcher, tok, stops: list[str], chat: bool):
+        self.index, self.req, self.batcher, self.chat = index, req, batcher, chat
+        self.stream = TextStream(tok, stops)
+        self.write = LogprobWriter(tok, chat) if req.seq.params.logprobs is not None else None
+        self.generated: list[int] = []  # the updates carry new tokens only
+        self.logprobs: list = []        # their TokenLogprobs, when asked for
+        self.given = 0                  # of those, the ones sent already
+        self.done = False               # the engine is through with the sequence: its counts are final
+
+    @property
+    def finished(self) -> bool:
+        return self.done or self.stream.stopped
+
+    async def update(self, timeout: float | None = None) -> str:
+        """Wait for the engine's next update of this sequence; the text it adds (nothing once finished)."""
+        update = await asyncio.wait_for(self.req.updates.get(), timeout)
+        if update.error is not None:
+            raise ApiError(500, update.error, None, "engine_error", "server_error")
+        self.generated.extend(update.tokens)
+        self.logprobs.extend(update.logprobs)
+        self.done = update.done
+        return self.stream.update(self.generated, self.done)
+
+    async def let_go(self) -> None:
+        """The text showed a stop string before the engine stopped (ClientStops makes that rare): cancel the
+        sequence and wait until the engine has let it go. Usage read at once raced the engine thread, which was
+        still adding tokens and steps; read after, it is final and cut at the stop."""
+        self.batcher.cancel(self.req)
+        try:
+            while not self.done:
+                await self.update(RELEASE_WAIT)
+        except (ApiError, asyncio.TimeoutError):  # a failed step lets go too; a stuck engine must not hang us
+            pass
+
+    def finish_reason(self) -> str:
+        # the engine says why it stopped (its stop strings are matched in text decoded with special tokens, the
+        # stream's without: a stop string that is a special token ends it only there)
+        return "stop" if self.stream.stopped or self.req.seq.result.finish == "stop" else "length"
+
+    def _new_logprobs(self) -> dict | None:
+        """The log-probs not sent yet, through the token that completed a stop string if one showed."""
+        if self.write is None:
+            return None
+        end = self.stream.stop_at if self.stream.stopped else len(self.logprobs)
+        part, self.given = self.logprobs[self.given:end], max(self.given, end)
+        return self.write(part)
+
+    def body(self, text: str | None, reason: str | None, delta: bool) -> dict:
+        """The choice object: a whole message / text, or a stream chunk's delta."""
+        lp = self._new_logprobs()
+        if not self.chat:
+            return {"index": self.index, "text": text or "", "logprobs": lp, "finish_reason": reason}
+        key = "delta" if delta else "message"
+        msg = ({"content": text} if text is not None else {}) if delta else {"role": "assistant", "content": text}
+        return {"index": self.index, key: msg, "logprobs": lp, "finish_reason": reason}
+
+    def result(self) -> Result:
+        """This choice's engine result, cut at the stop string its text was cut at (the engine may have gone on)."""
+        result, upto = self.req.seq.result, self.stream.stop_at
+        return result if upto is None or upto >= len(result.tokens) else through(result, upto)
+
+
+def usage(choices: list[Choice], positions: int = 0) -> dict:
+    """Token counts (the prompt once, the choices' tokens summed, as OpenAI counts n > 1) and the speculation
+    figures over all choices; `positions`: the draft tree's depth (0: none)."""
+    results = [c.result() for c in choices]
+    s = summarize(results, positions=positions)
+    n_prompt, n_out = len(choices[0].req.seq.prompt), sum(len(r.tokens) for r in results)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+            "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(sum(r.accepted) for r in results),
+                            # null, not 0, when no verify step ran (the answer ended at prefill's token)
+                            "tau": s["tau"] if s["verify_steps"] else None,
+                            "accept_rate_by_position": s["accept_rate_by_position"],
+                            "accepted_length_histogram": s["accepted_length_histogram"],
+                            "accepted_from_lookup": s["accepted_from_lookup"]}}
