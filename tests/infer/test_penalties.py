@@ -1,4 +1,4 @@
-"""Repetition / frequency / presence penalties and min-p: greedy speculative output equals plain decoding and a
+"""Logit bias, repetition / frequency / presence penalties and min-p: greedy speculative output equals plain decoding and a
 transformers loop that applies the penalties by hand, for chains, trees and a lookup branch whose draft paths
 repeat tokens (each node is penalized with its own path's counts); sampled, the first tokens are distributed as
 without speculation, and as the penalized, min-p-cut law computed directly."""
@@ -20,11 +20,14 @@ from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import Tree, TreeConfig
 
 PENALIZED = SamplingParams(max_new_tokens=20, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3)
+BIASED = SamplingParams(max_new_tokens=20, logit_bias=((5, 4.0), (40, -100.0)), frequency_penalty=0.5)
 PROMPTS = [[1, 5, 9, 13], [7, 7, 7, 7], [40, 41, 42, 40, 41, 42, 40]]
 
 
 def penalize(scores: torch.Tensor, context: list[int], output: list[int], p: SamplingParams) -> torch.Tensor:
-    """The reference: transformers' repetition processor over prompt + output, then OpenAI's two by hand."""
+    """The reference: the bias, transformers' repetition processor over prompt + output, then OpenAI's two."""
+    for t, bias in p.logit_bias:
+        scores[t] += bias
     scores = RepetitionPenaltyLogitsProcessor(p.repetition_penalty)(torch.tensor([context]), scores[None])[0]
     counts = Counter(output)
     for t, c in counts.items():
@@ -41,11 +44,12 @@ def reference_greedy(hf, prompt: list[int], p: SamplingParams) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("params", [PENALIZED, BIASED], ids=["penalties", "logit_bias"])
 @pytest.mark.parametrize("draft", ["plain", "oracle-chain", "oracle-tree", "eagle3-tree", "mtp-chain", "lookup",
                                    "oracle-tree+lookup"])
-def test_greedy_with_penalties_equals_the_reference(tiny, draft):
+def test_greedy_with_penalties_equals_the_reference(tiny, draft, params):
     target, hf = tiny
-    want = [reference_greedy(hf, p, PENALIZED) for p in PROMPTS]
+    want = [reference_greedy(hf, p, params) for p in PROMPTS]
     unpenalized = [reference_greedy(hf, p, SamplingParams(max_new_tokens=20)) for p in PROMPTS]
     assert want != unpenalized  # the penalties change this model's greedy text
     kind, tree, lookup = DRAFTS[draft]
@@ -53,7 +57,7 @@ def test_greedy_with_penalties_equals_the_reference(tiny, draft):
     head = None if kind is None else (Oracle.of(target, [p + w for p, w in zip(PROMPTS, want)], wrong_every=4)
                                       if kind == "oracle" else make_head(kind, target))
     eng = Engine(target, head, tree, max_len=64, max_batch=len(PROMPTS), lookup=lookup)
-    results = eng.generate_batch(PROMPTS, PENALIZED)
+    results = eng.generate_batch(PROMPTS, params)
     assert [r.tokens for r in results] == want
     if kind == "oracle":
         assert max(a for r in results for a in r.accepted) >= 3
@@ -117,7 +121,14 @@ def test_sampled_with_penalties_and_min_p_is_lossless(tiny8, case):
     assert stat < limit(len(want) - 1), (stat, len(want))
 
 
+def test_a_bias_outside_the_vocabulary_is_refused_before_any_prefill(tiny):
+    target, _ = tiny
+    with pytest.raises(ValueError, match="logit_bias names token id 64, outside the vocabulary 0..63"):
+        Engine(target, max_len=32).generate([1, 2], SamplingParams(max_new_tokens=2, logit_bias=((64, 1.0),)))
+
+
 @pytest.mark.parametrize("kw, message", [({"repetition_penalty": 0}, "repetition_penalty must be"),
+                                         ({"logit_bias": ((3, 101.0),)}, "logit_bias takes"),
                                          ({"presence_penalty": 2.5}, "presence_penalty must be"),
                                          ({"frequency_penalty": -3}, "frequency_penalty must be"),
                                          ({"min_p": 1.5}, "min_p must be"),

@@ -46,7 +46,9 @@ def test_accepted_forms():
     ({"messages": USER, "temperature": float("inf")}, "temperature"),
     ({"messages": USER, "seed": 2 ** 64}, "seed"),
     ({"messages": USER, "seed": -2 ** 63 - 1}, "seed"),
-    ({"messages": USER, "logit_bias": {"50": 100}}, "logit_bias"),
+    ({"messages": USER, "logit_bias": {"50": 101}}, "logit_bias"),  # OpenAI's range is [-100, 100]
+    ({"messages": USER, "logit_bias": {"fifty": 1}}, "logit_bias"),
+    ({"messages": USER, "logit_bias": {"50": True}}, "logit_bias"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
     ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
     ({"messages": USER, "max_tokens": 0}, "max_tokens"),

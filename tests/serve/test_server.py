@@ -114,6 +114,7 @@ BAD = [  # (body, status, param or None); each gets an OpenAI error object
     ({"messages": QUESTION, "top_p": 1.5}, 400, "top_p"),
     ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
     ({"messages": QUESTION, "n": 4}, 400, "n"),  # more choices than --max-queue 3
+    ({"messages": QUESTION, "logit_bias": {"49152": 1}}, 400, "logit_bias"),  # outside the vocabulary
     ({"messages": []}, 400, "messages"),
     # JSON true is neither a count nor a number, "yes" no boolean (each was read as 1 / 1.0 / true)
     ({"messages": QUESTION, "max_tokens": True}, 400, "max_tokens"),
@@ -247,6 +248,15 @@ def test_n_greedy_choices_through_the_tree_draft_equal_plain_greedy(server, refe
     assert [c.index for c in out.choices] == [0, 1]
     assert [c.message.content for c in out.choices] == [chat(QUESTION, 16)[0]] * 2
     assert out.usage.completion_tokens == 2 * len(chat(QUESTION, 16)[1])
+
+
+def test_a_logit_bias_steers_the_speculative_output(server, reference):
+    tok, _, _ = reference
+    token = tok(" blue", add_special_tokens=False).input_ids[0]
+    r = httpx.post(f"{server}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 8, "temperature": 0,
+                                                           "logit_bias": {str(token): 100}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == tok.decode([token] * 8)
 
 
 def test_models_retrieve_and_a_fixed_set_of_metric_labels(server):

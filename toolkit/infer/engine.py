@@ -156,8 +156,8 @@ class Engine:
                                                      mask=mask)
 
     def check(self, prompt: list[int], params: SamplingParams) -> None:
-        """Refuse what cannot fit: an empty prompt, an id outside the vocabulary, or prompt + max_new_tokens
-        beyond the cache."""
+        """Refuse what cannot fit: an empty prompt, an id outside the vocabulary (the prompt's or a logit bias's),
+        or prompt + max_new_tokens beyond the cache."""
         if not prompt:
             raise ValueError("a prompt is empty")
         # checked here, not left to the embedding: it would fail mid-admit, on CUDA as a device-side assert that
@@ -165,6 +165,9 @@ class Engine:
         vocab, low, high = self.target.config.vocab_size, min(prompt), max(prompt)
         if low < 0 or high >= vocab:
             raise ValueError(f"prompt token id {low if low < 0 else high} outside the vocabulary 0..{vocab - 1}")
+        biased = [t for t, _ in params.logit_bias if t >= vocab]
+        if biased:
+            raise ValueError(f"logit_bias names token id {biased[0]}, outside the vocabulary 0..{vocab - 1}")
         if len(prompt) + params.max_new_tokens > self.max_len:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
                              f"the engine's max length {self.max_len}")

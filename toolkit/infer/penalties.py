@@ -1,4 +1,5 @@
-"""Repetition, frequency and presence penalties (vLLM's and OpenAI's), applied to a verify step node by node.
+"""Logit bias and repetition, frequency and presence penalties (OpenAI's and vLLM's), applied to a verify step
+node by node.
 
 A penalty makes the target's distribution after a token depend on the tokens generated before it. In a draft tree
 those are the sequence's output so far plus the draft tokens on the path from the root to that node, so each
@@ -6,6 +7,7 @@ node's logits are penalized with that node's own counts (vLLM's rejection sample
 output the same way). Verification then compares the draft with exactly the distribution plain decoding samples
 from at that position, and stays lossless. Applied to the raw logits, before temperature, min-p, top-k and top-p,
 in vLLM's order:
+  logit bias: a fixed offset per token id (OpenAI's `logit_bias`, the same at every node);
   repetition r: a token seen in the prompt or the output has its logit divided by r when positive and multiplied
       by r when not (CTRL's rule, as transformers and vLLM apply it);
   frequency f, presence p: logit - f * (its count in the output) - p * (1 if in the output) (OpenAI's rule).
@@ -18,13 +20,18 @@ from toolkit.infer.sampling import SamplingParams
 
 
 class Penalties:
-    """One sequence's token counts: which ids its prompt holds, how often each was generated."""
+    """One sequence's logit bias and token counts: which ids its prompt holds, how often each was generated."""
 
     def __init__(self, params: SamplingParams, prompt: list[int], vocab: int, device: torch.device):
         self.params = params
         self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)                # [V]
         self.in_prompt[torch.tensor(prompt, device=device)] = True
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)               # [V]
+        self.bias = None
+        if params.logit_bias:
+            ids, values = zip(*params.logit_bias)  # ids inside the vocabulary: Engine.check refused others
+            self.bias = torch.zeros(vocab, dtype=torch.float32, device=device)
+            self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, dtype=torch.float32, device=device)
 
     def add(self, token: int) -> None:
         self.counts[token] += 1
@@ -42,6 +49,8 @@ class Penalties:
             counts = counts.contiguous().index_put_((rows, ids), torch.ones_like(ids, dtype=counts.dtype),
                                                     accumulate=True)
         logits = logits.float()
+        if self.bias is not None:
+            logits = logits + self.bias
         if p.repetition_penalty != 1.0:
             seen = (counts > 0) | self.in_prompt
             r = p.repetition_penalty

@@ -23,6 +23,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # penalties.py: 1 and 0 are off
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple = ()           # ((token id, bias), ...): added to the raw logits before the penalties
 
     def __post_init__(self):
         if not 0 <= self.temperature < float("inf"):  # NaN fails too; inf would sample uniformly
@@ -43,6 +44,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
+        for token, bias in self.logit_bias:
+            if not (isinstance(token, int) and token >= 0 and -100 <= bias <= 100):
+                raise ValueError(f"logit_bias takes (token id >= 0, bias in [-100, 100]) pairs, got ({token}, {bias})")
 
     @property
     def greedy(self) -> bool:
@@ -50,7 +54,9 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        return self.repetition_penalty != 1 or bool(self.presence_penalty) or bool(self.frequency_penalty)
+        """Whether the raw logits are changed before sampling: a logit bias or a penalty (penalties.py)."""
+        return (self.repetition_penalty != 1 or bool(self.presence_penalty) or bool(self.frequency_penalty)
+                or bool(self.logit_bias))
 
 
 # temperatures this small are greedy: logits / 1e-39 overflow to inf, inf - inf is NaN, and one such request

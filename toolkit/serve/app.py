@@ -96,11 +96,14 @@ def build_app(served: Served) -> FastAPI:
                                 d.top_k if body.top_k is None else max(body.top_k, 0), max_tokens,
                                 body.logprob_count(), d.min_p if body.min_p is None else body.min_p,
                                 d.repetition_penalty if body.repetition_penalty is None else body.repetition_penalty,
-                                body.presence_penalty, body.frequency_penalty)
+                                body.presence_penalty, body.frequency_penalty, body.logit_bias)
         gen = torch.Generator(device=engine.device)
         gen.manual_seed((body.seed + index) % 2 ** 64) if body.seed is not None else gen.seed()
         # the engine stops where the client's text shows a stop string, not generating past what the reply cuts
         stops = ClientStops(tok, body.stop) if body.stop else None
+        if any(t >= engine.target.config.vocab_size for t, _ in body.logit_bias):
+            raise ApiError(400, f"logit_bias: token ids must be in 0..{engine.target.config.vocab_size - 1}",
+                           "logit_bias")
         extra = set(body.stop_token_ids or [])
         if any(not 0 <= t < engine.target.config.vocab_size for t in extra):
             raise ApiError(400, f"stop_token_ids must be in 0..{engine.target.config.vocab_size - 1}", "stop_token_ids")

@@ -85,7 +85,7 @@ class Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)  # OpenAI's range
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
-    logit_bias: dict | None = None
+    logit_bias: dict | tuple | None = ()  # read as ((token id, bias), ...)
     response_format: dict | None = None
     user: str | None = None
     # vLLM's sampling extras that benchmark clients send: served (ignore_eos, stop_token_ids) or refused
@@ -125,6 +125,21 @@ class Sampling(BaseModel):
             raise ValueError("expected a number, got a boolean")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def bias_pairs(cls, bias):
+        """OpenAI's {"token id": bias in [-100, 100]} -> ((id, bias), ...), ids in order."""
+        pairs = []
+        for key, value in (bias or {}).items():
+            try:
+                token = int(key)
+            except (TypeError, ValueError):
+                raise ValueError(f"keys are token ids, got {key!r}") from None
+            if token < 0 or isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                raise ValueError(f"maps token ids >= 0 to biases in [-100, 100], got {key!r}: {value!r}")
+            pairs.append((token, float(value)))
+        return tuple(sorted(pairs))
+
     @field_validator("stop")
     @classmethod
     def stop_strings(cls, stop):
@@ -137,8 +152,6 @@ class Sampling(BaseModel):
 
     @model_validator(mode="after")
     def supported(self):
-        if self.logit_bias:
-            raise ApiError(400, "logit_bias is not supported", "logit_bias")
         if self.min_tokens:
             raise ApiError(400, "min_tokens is not supported; leave it 0", "min_tokens")
         if self.stream_options is not None and not self.stream:
