@@ -33,6 +33,19 @@ def test_ranks_are_disjoint_and_skip_resumes_exactly():
     assert take(micro_batches(LENGTHS, ROWS, 4, 0, 0, 1, skip=57), 43) == full[57:]
 
 
+def test_ranks_take_turns_in_one_stream_across_epochs():
+    """290 rows in micro-batches of 4 make 73 a epoch: dealt per epoch, rank 0 took 37 and rank 1 36, so rank 1
+    entered epoch 1 a micro-batch early and 2 ranks no longer took the micro-batches one process accumulating 2
+    a step takes; and a resume skips alike."""
+    take = lambda it, n: list(itertools.islice(it, n))  # noqa: E731
+    one = take(micro_batches(LENGTHS, ROWS, 4, 0, 0, 1), 200)
+    r0, r1 = take(micro_batches(LENGTHS, ROWS, 4, 0, 0, 2), 100), take(micro_batches(LENGTHS, ROWS, 4, 0, 1, 2), 100)
+    assert [x for pair in zip(r0, r1) for x in pair] == one
+    assert take(micro_batches(LENGTHS, ROWS, 4, 0, 1, 2, skip=40), 60) == r1[40:]
+    with pytest.raises(ValueError, match="make 2 micro-batches of 4, fewer than the 3 processes"):
+        next(micro_batches(LENGTHS, ROWS[:8], 4, 0, 0, 3))
+
+
 def test_collate_pads_right_and_marks_valid_keys():
     items = [{"input_ids": torch.tensor([5, 6, 7]), "loss_mask": torch.tensor([0, 1, 1])},
              {"input_ids": torch.tensor([8]), "loss_mask": torch.tensor([1])}]

@@ -255,10 +255,16 @@ def test_a_resume_keeps_the_runs_data_batch_optimizer_and_process_count(tiny_tar
     # the checkpoint of a run launched on 2 processes (batch_size 2 x grad_accum 1 x 2 = 4 rows a step)
     saved = out / "checkpoint-1" / "custom_checkpoint_0.pkl"
     state = torch.load(saved, weights_only=False)
-    assert state == {"step": 1, "tokens": state["tokens"], "rows_per_step": 2}
-    torch.save({**state, "rows_per_step": 4}, saved)
+    assert state == {"step": 1, "tokens": state["tokens"], "rows_per_step": 2,
+                     "launch": {"processes": 1, "zero_stage": None}}
+    torch.save({**state, "rows_per_step": 4, "launch": {}}, saved)  # one from before the launch was saved
     assert train(tiny_target, prepared, out, "max_steps=2", flags=["--resume"]) == 2
     assert "its steps took 4 rows each" in capsys.readouterr().err
+    # ZeRO-3 on 2 ranks: accelerate and DeepSpeed failed on a missing pytorch_model.bin or a tensor size instead
+    torch.save({**state, "rows_per_step": 4, "launch": {"processes": 2, "zero_stage": 3, "precision": "bf16"}}, saved)
+    assert train(tiny_target, prepared, out, "max_steps=2", flags=["--resume"]) == 2
+    assert ("written by 2 process(es) under DeepSpeed ZeRO-3 in bf16, this launch runs 1 process(es) without "
+            "DeepSpeed" in capsys.readouterr().err)
     torch.save({"step": 1, "tokens": state["tokens"]}, saved)  # a checkpoint from before the count was saved
     assert train(tiny_target, prepared, out, "max_steps=2", flags=["--resume"]) == 0  # a longer run: allowed
     assert sorted(losses(out)) == [1, 2]

@@ -14,18 +14,51 @@ from toolkit.atomic import write_text
 
 
 class Progress:
-    """Counters saved with the accelerate state (register_for_checkpointing needs state_dict/load_state_dict)."""
+    """Counters saved with the accelerate state (register_for_checkpointing needs state_dict/load_state_dict), and
+    the launch that wrote them, which check_launch compares before accelerate reads the rest."""
 
-    def __init__(self, rows_per_step: int = 0):
+    def __init__(self, rows_per_step: int = 0, launch: dict | None = None):
         self.step, self.tokens = 0, 0
-        self.rows_per_step = self.saved_rows_per_step = rows_per_step  # batch_size x grad_accum x processes
+        self.rows_per_step = rows_per_step  # batch_size x grad_accum x processes
+        self.launch = launch or {}  # launch_of: processes, ZeRO stage (None: no DeepSpeed), DeepSpeed's precision
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "tokens": self.tokens, "rows_per_step": self.rows_per_step}
+        return {"step": self.step, "tokens": self.tokens, "rows_per_step": self.rows_per_step, "launch": self.launch}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
-        self.saved_rows_per_step = int(state.get("rows_per_step", self.rows_per_step))  # older checkpoints: unsaid
+
+
+def launch_of(accelerator) -> dict:
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:  # a plain optimizer state: bf16 autocast on or off resumes alike
+        return {"processes": accelerator.num_processes, "zero_stage": None}
+    # DeepSpeed saves a bf16 run's optimizer as bf16_zero_pp_rank_*: the other precision looks for other files
+    precision = {"no": "fp32"}.get(accelerator.mixed_precision, accelerator.mixed_precision)
+    return {"processes": accelerator.num_processes, "zero_stage": int(plugin.zero_stage), "precision": precision}
+
+
+def check_launch(checkpoint: Path, rows_per_step: int, launch: dict) -> None:
+    """Refuse, before accelerate loads it, a checkpoint this launch cannot continue exactly. Another number of
+    processes changes what a step is: the data skip would be off, and the schedule, which accelerate steps once
+    per process, would resume at another point of its curve (0 for 2 -> 1 processes). Another ZeRO stage, or
+    DeepSpeed against none, or another precision under DeepSpeed, finds the optimizer saved in another layout
+    (and a ZeRO checkpoint partitioned for as many ranks as wrote it): accelerate and DeepSpeed failed there on an
+    assertion, a missing file or a tensor size."""
+    path = checkpoint / "custom_checkpoint_0.pkl"
+    if not path.is_file():
+        return
+    saved = torch.load(path, weights_only=True)
+    rows, was = saved.get("rows_per_step"), saved.get("launch") or {}  # older checkpoints: unsaid
+    say = lambda x: f"{x['processes']} process(es) " + (  # noqa: E731
+        "without DeepSpeed" if x["zero_stage"] is None else f"under DeepSpeed ZeRO-{x['zero_stage']} in {x['precision']}")
+    if was and was != launch:
+        raise ValueError(f"cannot resume from {checkpoint}: it was written by {say(was)}, this launch runs "
+                         f"{say(launch)}; launch it as it was trained (or --overwrite to start afresh)")
+    if rows is not None and rows != rows_per_step:
+        raise ValueError(f"cannot resume {checkpoint.parent}: its steps took {rows} rows each (batch_size x "
+                         f"grad_accum x processes), this launch's take {rows_per_step} on {launch['processes']} "
+                         "process(es); launch it with the number of processes it was trained with")
 
 
 def latest(output_dir: Path) -> Path | None:

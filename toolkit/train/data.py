@@ -3,8 +3,9 @@ prepared dataset's row, and a deterministic length-grouped batch order that can 
 
 Batch order for epoch e: rows shuffled with seed + e, cut into mega-batches of 64 micro-batches, each sorted
 by length (little padding) and cut into micro-batches, which are shuffled again. Process r of W takes
-micro-batches r, r + W, ... so ranks never see the same rows. The order depends only on (seed, epoch), so
-skipping the first n micro-batches after a restart gives exactly the batches an uninterrupted run sees.
+micro-batches r, r + W, ... of the epochs' stream, so a step's micro-batches on the W ranks are consecutive ones.
+The order depends only on (seed, epoch), so skipping the first n micro-batches after a restart gives exactly the
+batches an uninterrupted run sees.
 """
 from __future__ import annotations
 
@@ -151,17 +152,20 @@ def batch_order(lengths: list[int], rows: list[int], batch_size: int, seed: int,
 
 
 def micro_batches(lengths, rows, batch_size, seed, rank, world, skip: int = 0) -> Iterator[tuple[int, list[int]]]:
-    """(epoch, rows) for this process forever, epoch after epoch, the first `skip` of them skipped."""
-    epoch, seen = 0, 0
+    """(epoch, rows) for this process forever, the first `skip` of its own skipped. The epochs' micro-batches
+    make one stream and process r takes its items r, r + W, ...: dealt per epoch instead, an epoch of 11
+    micro-batches gave rank 0 six and rank 1 five, so rank 1 ran ahead into the next epoch, a step could hold a
+    row twice, and 2 ranks no longer trained as one process accumulating 2 micro-batches a step."""
+    epoch, index, first = 0, 0, skip * world + rank  # index: the position in the stream of all ranks
     while True:
-        mine = batch_order(lengths, rows, batch_size, seed, epoch)[rank::world]
-        if not mine:
-            raise ValueError(f"{len(rows)} training rows give process {rank} of {world} no batch; "
-                             "lower batch_size or add data")
-        for b in mine:
-            if seen >= skip:
+        order = batch_order(lengths, rows, batch_size, seed, epoch)
+        if len(order) < world:
+            raise ValueError(f"{len(rows)} training rows make {len(order)} micro-batches of {batch_size}, fewer than "
+                             f"the {world} processes (one would have none); lower batch_size or add data")
+        for b in order:
+            if index >= first and (index - rank) % world == 0:
                 yield epoch, b
-            seen += 1
+            index += 1
         epoch += 1
 
 

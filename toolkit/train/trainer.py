@@ -100,6 +100,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                                      start_from, take_weights, target_tensors)
     from toolkit.train.losses import simulated_tau, step_counts
     from toolkit.train.objectives import OBJECTIVES, DraftTrainable
+    from toolkit.train.ranks import on_main
     from toolkit.train.tracking import Tracker
 
     cfg = load_config(args.config, args.overrides, model=args.model, data=args.data, output_dir=args.output_dir,
@@ -184,7 +185,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         raise ValueError(f"aux_layers {aux_layers} differ from the shards' {shards.index['aux_layer_ids']}")
     for note in serving_notes(cfg, aux_layers, tcfg.num_layers):  # what SGLang / vLLM would serve differently
         acc.print(f"WARNING: {note}")
-    vocab_ids, d2t, t2d = pick_vocabulary(cfg, tcfg, folder, data, train_rows, start)
+    # counted over every training row once, by the main process, and sent to the others (toolkit/train/ranks.py)
+    vocab_ids, d2t, t2d = on_main(lambda: pick_vocabulary(cfg, tcfg, folder, data, train_rows, start))
 
     # --- the head, optimizer, schedule; resume ---------------------------------------------------------
     head = objective.build(cfg, tcfg, vocab_ids, aux_layers, parts, folder)
@@ -212,17 +214,11 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     sched = get_scheduler(cfg.scheduler, opt, int(cfg.warmup_ratio * total) * acc.num_processes,
                           total * acc.num_processes)
     model, opt, sched = acc.prepare(model, opt, sched)
-    progress = ckpt.Progress(rows_per_step)
+    progress = ckpt.Progress(rows_per_step, ckpt.launch_of(acc))
     acc.register_for_checkpointing(progress)
     if args.resume and (last := ckpt.latest(out)) is not None:
+        ckpt.check_launch(last, rows_per_step, progress.launch)  # processes, ZeRO stage, DeepSpeed precision
         acc.load_state(str(last))
-        # another number of processes changes what a step is: the data skip would be off, and the schedule, which
-        # accelerate steps once per process, would resume at another point of its curve (0 for 2 -> 1 processes)
-        if progress.saved_rows_per_step != rows_per_step:
-            raise ValueError(f"cannot resume {out}: its steps took {progress.saved_rows_per_step} rows each "
-                             f"(batch_size x grad_accum x processes), this launch's take {rows_per_step} "
-                             f"({cfg.batch_size} x {cfg.grad_accum} x {acc.num_processes}); launch it with the "
-                             "number of processes it was trained with")
         acc.print(f"resumed from {last} at step {progress.step}")
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -333,6 +329,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
             tokens = int(acc.reduce(torch.tensor(window["tokens"], device=device), "sum"))
             # every rank's micro-batches: with the step-wide denominators their mean is each step's token mean
             loss_sum, n = acc.reduce(torch.tensor([window["loss"], float(window["n"])], device=device), "sum").tolist()
+            # the epoch of the step's last micro-batch, which the last rank holds (one process accumulating logs that)
+            epoch = int(acc.reduce(torch.tensor(epoch, device=device), "max"))
             n_i = sums[2].clamp_min(1)
             acc_i = (sums[1] / n_i).cpu()
             seconds = time.perf_counter() - t_log
