@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from toolkit.infer.penalties import Penalties
 from toolkit.infer.sampling import SamplingParams
 
 
@@ -57,7 +58,7 @@ class Sequence:
     prefix: int = 0                            # tokens in the KV cache; the root (last token) is not yet
     root_out: torch.Tensor | None = None       # the draft's output and log-probs after the root
     root_logp: torch.Tensor | None = None
-    penalties: object | None = None            # penalties.Penalties when params ask for any: its token counts
+    penalties: Penalties | None = None         # its logit bias and token counts, when params ask for them
 
     def add(self, token: int) -> bool:
         """Append a generated token; True (and done) when generation stops here."""
