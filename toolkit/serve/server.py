@@ -42,8 +42,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "request's chat_template_kwargs override them key by key (as vLLM's flag)")
     p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
                    help="sampling values a request that leaves them out gets: auto (default, as vLLM) = the target's "
-                        "generation_config.json (temperature, top_p, top_k, max_new_tokens), vllm = neutral (T 1, "
-                        "top_p 1), or a folder's generation_config.json")
+                        "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
+                        "max_new_tokens), vllm = neutral (T 1, top_p 1), or a folder's generation_config.json")
     p.add_argument("--max-batch-size", type=int, default=16, help="sequences in the running batch")
     p.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generation per sequence (capped by the "
                                                                  "model); 0 = size the KV cache from free memory")
