@@ -44,10 +44,9 @@ class Penalties:
         p, n = self.params, logits.shape[0]
         counts = self.counts.expand(n, -1)                                                  # [n, V]
         if tokens is not None and n > 1:  # each node's path from the root, the root itself not again
-            rows, cols = ancestors[:, 1:].to(logits.device).nonzero(as_tuple=True)
-            ids = tokens[1:].to(logits.device)[cols]
-            counts = counts.contiguous().index_put_((rows, ids), torch.ones_like(ids, dtype=counts.dtype),
-                                                    accumulate=True)
+            on_path = ancestors[:, 1:].to(device=logits.device, dtype=counts.dtype)                 # [n, n - 1]
+            ids = tokens[1:].to(logits.device).expand(n, -1)                                        # [n, n - 1]
+            counts = counts.clone().scatter_add_(1, ids, on_path)  # no host sync (nonzero would wait for the GPU)
         logits = logits.float()
         if self.bias is not None:
             logits = logits + self.bias
