@@ -334,12 +334,13 @@ class Engine:
         n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
         start = self._host(prefix)[:, None]                                            # [B, 1]
         slots = start + torch.arange(n, device=dev)                                    # [B, n]
+        ancestors = None  # [B, n, n] for a tree, which penalized sequences reuse
         if n == 1 or (self.tree.topk == 1 and not grafted):  # plain decoding or a chain: node t sees every slot
             mask = torch.arange(max(prefix) + n, device=dev) <= slots[:, :, None]       # up to its own [B, n, S]
         else:
             deepest = self.tree.num_steps + (self.lookup.num_tokens if grafted else 0)
-            tree = ancestor_masks(self._host(torch.stack([t.parents for t in trees])), deepest)  # [B, n, n]
-            mask = window_mask(start[:, 0], tree, max(prefix) + n)                     # [B, n, S]
+            ancestors = ancestor_masks(self._host(torch.stack([t.parents for t in trees])), deepest)  # [B, n, n]
+            mask = window_mask(start[:, 0], ancestors, max(prefix) + n)                # [B, n, S]
         tokens = self._host(torch.stack([t.tokens for t in trees]))
         positions = start + self._host(torch.stack([t.depth for t in trees]))
         out = None if self.target_graphs is None else self.target_graphs(
@@ -355,8 +356,8 @@ class Engine:
             logits, *aux = out
         paths, emitted, logprobs = [], [], []
         for b, (tree, s) in enumerate(zip(trees, seqs)):
-            scores = logits[b] if s.penalties is None else s.penalties.apply(logits[b], tree.tokens,
-                                                                              tree.ancestor_mask())
+            scores = logits[b] if s.penalties is None else s.penalties.apply(
+                logits[b], tree.tokens, tree.ancestor_mask() if ancestors is None else ancestors[b])
             path, out = verify_tree(tree, scores, s.params, s.generator, self._draft_ids)
             self.cache.keep_path(b, s.prefix, path)
             paths.append(path)
