@@ -1,13 +1,14 @@
 """Logit bias, repetition / frequency / presence penalties and min-p: greedy speculative output equals plain decoding and a
 transformers loop that applies the penalties by hand, for chains, trees and a lookup branch whose draft paths
 repeat tokens (each node is penalized with its own path's counts); sampled, the first tokens are distributed as
-without speculation, and as the penalized, min-p-cut law computed directly."""
+without speculation, and as the penalized, min-p-cut law computed directly. min_tokens holds the stop ids back
+exactly as transformers' min_new_tokens does, node by node at each node's depth."""
 import math
 from collections import Counter
 
 import pytest
 import torch
-from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
 from test_engine_edges import DRAFTS, Oracle, make_head, tiny  # noqa: F401 (fixture)
 from test_engine_sampling import PROMPT, chi2, draws, limit
@@ -61,6 +62,46 @@ def test_greedy_with_penalties_equals_the_reference(tiny, draft, params):
     assert [r.tokens for r in results] == want
     if kind == "oracle":
         assert max(a for r in results for a in r.accepted) >= 3
+
+
+@torch.no_grad()
+def reference_min_tokens(hf, prompt: list[int], stops: set[int], p: SamplingParams) -> list[int]:
+    """Greedy with transformers' min_new_tokens processor over the stop ids, stopping at a stop id."""
+    rule, out = MinNewTokensLengthLogitsProcessor(len(prompt), p.min_tokens, sorted(stops)), []
+    while len(out) < p.max_new_tokens and not (out and out[-1] in stops):
+        logits = hf(torch.tensor([prompt + out])).logits[0, -1:].float()
+        out.append(int(rule(torch.tensor([prompt + out]), logits)[0].argmax()))
+    return out
+
+
+@pytest.mark.parametrize("draft", ["plain", "oracle-chain", "oracle-tree", "eagle3-tree", "mtp-chain", "lookup",
+                                   "oracle-tree+lookup"])
+def test_min_tokens_holds_the_stop_ids_back_as_transformers_does(tiny, draft):
+    target, hf = tiny
+    plain = [reference_greedy(hf, p, SamplingParams(max_new_tokens=20)) for p in PROMPTS]
+    stops = {out[i] for out in plain for i in (1, 4)}  # each prompt would stop by its 5th token
+    kind, tree, lookup = DRAFTS[draft]
+    for m in (3, 6, 9):  # the stop just past m falls at different depths of the steps' trees
+        params = SamplingParams(max_new_tokens=20, min_tokens=m)
+        want = [reference_min_tokens(hf, p, stops, params) for p in PROMPTS]
+        assert all(len(w) > m for w in want) and any(w[-1] in stops for w in want)  # stopped late, or ran out
+        head = None if kind is None else (Oracle.of(target, [p + w for p, w in zip(PROMPTS, want)], wrong_every=5)
+                                          if kind == "oracle" else make_head(kind, target))
+        eng = Engine(target, head, tree, max_len=64, max_batch=len(PROMPTS), lookup=lookup)
+        assert [r.tokens for r in eng.generate_batch(PROMPTS, params, stop_ids=stops)] == want, m
+    early = eng.generate_batch(PROMPTS, SamplingParams(max_new_tokens=20), stop_ids=stops)
+    assert all(len(r.tokens) <= 5 and r.finish == "stop" for r in early)  # without it they stop at once
+
+
+def test_min_tokens_masks_a_node_by_its_depth():
+    """Two tokens are out, min_tokens 4: the stop id 3 is masked at the root (the 3rd token) and at depth 1
+    (the 4th), free at depth 2 (the 5th)."""
+    pen = Penalties(SamplingParams(min_tokens=4), [9], 10, torch.device("cpu"), frozenset({3}))
+    pen.add(4)
+    pen.add(5)  # the root
+    tree = Tree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, 0, 0, 1]), torch.tensor([0, 1, 1, 2]))
+    out = pen.apply(torch.zeros(4, 10), tree.tokens, tree.ancestor_mask())
+    assert out[:, 3].tolist() == [-math.inf, -math.inf, -math.inf, 0] and out[:, [0, 1, 2, 4]].eq(0).all()
 
 
 def test_each_tree_node_counts_its_own_path():
@@ -121,6 +162,24 @@ def test_sampled_with_penalties_and_min_p_is_lossless(tiny8, case):
     assert stat < limit(len(want) - 1), (stat, len(want))
 
 
+def test_sampled_with_min_tokens_is_lossless(tiny8):
+    """Stop id 3 (a likely token here) is held back for two tokens: never before the third, and the sequences,
+    ended or not, are distributed as without speculation. The wide tree has every token as a child of the root,
+    so the first step always accepts one and picks the third token at depth 1, where 3 is allowed again."""
+    params, stops = SamplingParams(temperature=1.0, max_new_tokens=4, min_tokens=2), frozenset({3})
+
+    def sample(engine, seed):
+        g = torch.Generator().manual_seed(seed)
+        return [tuple(r.tokens) for _ in range(16) for r in engine.generate_batch([PROMPT] * 250, params, stops, g)]
+
+    plain = sample(Engine(tiny8, max_len=32, max_batch=250), 0)
+    spec = sample(Engine(tiny8, random_head(tiny8.config, seed=2), TreeConfig(2, 8, 17), max_len=32, max_batch=250), 1)
+    for run in (plain, spec):
+        assert all(3 not in s[:2] for s in run) and sum(s[2:3] == (3,) for s in run) > 200
+    stat, df = chi2(Counter(s[:3] for s in plain), Counter(s[:3] for s in spec))  # a stop or not at the 3rd
+    assert stat < limit(df), (stat, df)
+
+
 def test_a_bias_outside_the_vocabulary_is_refused_before_any_prefill(tiny):
     target, _ = tiny
     with pytest.raises(ValueError, match="logit_bias names token id 64, outside the vocabulary 0..63"):
@@ -132,6 +191,8 @@ def test_a_bias_outside_the_vocabulary_is_refused_before_any_prefill(tiny):
                                          ({"presence_penalty": 2.5}, "presence_penalty must be"),
                                          ({"frequency_penalty": -3}, "frequency_penalty must be"),
                                          ({"min_p": 1.5}, "min_p must be"),
+                                         ({"min_tokens": 300}, r"min_tokens must be in \[0, max_new_tokens = 256\]"),
+                                         ({"min_tokens": -1}, "min_tokens must be"),
                                          ({"repetition_penalty": math.inf}, "repetition_penalty must be")])
 def test_bad_values_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):

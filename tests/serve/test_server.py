@@ -122,7 +122,7 @@ BAD = [  # (body, status, param or None); each gets an OpenAI error object
     ({"messages": QUESTION, "stream": "yes"}, 400, "stream"),
     ({"messages": QUESTION, "logprobs": 0}, 400, "logprobs"),
     ({"messages": QUESTION, "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    ({"messages": QUESTION, "min_tokens": 4}, 400, "min_tokens"),
+    ({"messages": QUESTION, "max_tokens": 3, "min_tokens": 4}, 400, "min_tokens"),
     ({"messages": QUESTION, "repetition_penalty": True}, 400, "repetition_penalty"),
     ({"messages": QUESTION, "tool_choice": "required"}, 400, "tool_choice"),
     ({"messages": QUESTION, "stop_token_ids": [10 ** 9]}, 400, "stop_token_ids"),

@@ -85,13 +85,16 @@ def test_a_long_stream_is_decoded_a_few_tokens_at_a_time_into_the_full_text(requ
     assert len(ids) > 600 and max(counting.sizes) <= 16
 
 
+class Chars:
+    """Token i decodes to chr(i)."""
+
+    def decode(self, ids, **kw):
+        return "".join(chr(i) for i in ids)
+
+
 def test_the_engine_says_why_a_sequence_ended():
     from toolkit.infer.sampling import SamplingParams
     from toolkit.infer.sequence import Sequence, StopStrings
-
-    class Chars:  # token i decodes to chr(i)
-        def decode(self, ids, **kw):
-            return "".join(chr(i) for i in ids)
 
     def run(tokens, n, **kw):
         seq = Sequence([1], SamplingParams(max_new_tokens=n), **kw)
@@ -105,3 +108,23 @@ def test_the_engine_says_why_a_sequence_ended():
     # a stop string (here one a tokenizer would call special) completed by the last allowed token is a stop
     assert run([60, 98, 62], 3, stop_strings=StopStrings(Chars(), ["<b>"])) == ("stop", 3)
     assert run([65, 66], 5)[0] is None  # still running
+
+
+@pytest.mark.parametrize("m, stops_at", [(0, 4), (4, 4), (5, 9), (10, None)])
+def test_with_min_tokens_a_stop_string_counts_from_the_min_tokens_th_token_on(m, stops_at):
+    """vLLM's rule: "<b>" is completed by tokens 4 and 9; with min_tokens 5 the first showing never counts, not at
+    the 5th token (when it is still in the text the engine checks) nor when a whole reply is scanned at once."""
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.sequence import Sequence, StopStrings
+    from toolkit.serve.text import ClientStops
+
+    tokens = [ord(c) for c in "x<b>yz<b>w"]
+    for check in (StopStrings(Chars(), ["<b>"]), ClientStops(Chars(), ["<b>"], m)):
+        seq = Sequence([1], SamplingParams(max_new_tokens=12, min_tokens=m), stop_strings=check)
+        assert next((n for n, t in enumerate(tokens, 1) if seq.add(t)), None) == stops_at
+    want = "x<b>yz<b>w"[:None if stops_at is None else stops_at - 3]
+    one_by_one = TextStream(Chars(), ["<b>"], m)
+    text = "".join(one_by_one.update(tokens[:n], n == len(tokens)) for n in range(1, len(tokens) + 1))
+    at_once = TextStream(Chars(), ["<b>"], m)
+    assert text == at_once.update(tokens, True) == want
+    assert one_by_one.stop_at == at_once.stop_at == stops_at

@@ -211,7 +211,7 @@ class Engine:
             for b, s in enumerate(part):
                 s.prefix = len(s.prompt)
                 if s.params.penalized:  # counts from here on: the prompt's ids, then each token added
-                    s.penalties = Penalties(s.params, s.prompt, logits.shape[-1], self.device)
+                    s.penalties = Penalties(s.params, s.prompt, logits.shape[-1], self.device, s.stop_ids)
                 scores = logits[b] if s.penalties is None else s.penalties.apply(logits[b])      # [1, V]
                 token = self._pick(scores[0], s.params, s.generator)
                 if s.params.logprobs is not None:

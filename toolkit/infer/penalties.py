@@ -10,7 +10,9 @@ in vLLM's order:
   logit bias: a fixed offset per token id (OpenAI's `logit_bias`, the same at every node);
   repetition r: a token seen in the prompt or the output has its logit divided by r when positive and multiplied
       by r when not (CTRL's rule, as transformers and vLLM apply it);
-  frequency f, presence p: logit - f * (its count in the output) - p * (1 if in the output) (OpenAI's rule).
+  frequency f, presence p: logit - f * (its count in the output) - p * (1 if in the output) (OpenAI's rule);
+  min_tokens m: the sequence's stop ids (EOS and the request's own) get -inf while fewer than m tokens come before
+      (vLLM's rule; transformers' min_new_tokens): at a node of depth d, the output so far + d.
 """
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from toolkit.infer.sampling import SamplingParams
 class Penalties:
     """One sequence's logit bias and token counts: which ids its prompt holds, how often each was generated."""
 
-    def __init__(self, params: SamplingParams, prompt: list[int], vocab: int, device: torch.device):
-        self.params = params
+    def __init__(self, params: SamplingParams, prompt: list[int], vocab: int, device: torch.device,
+                 stop_ids=frozenset()):
+        self.params, self.generated = params, 0
+        self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)    # [S]
         self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)                # [V]
         self.in_prompt[torch.tensor(prompt, device=device)] = True
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)               # [V]
@@ -35,6 +39,7 @@ class Penalties:
 
     def add(self, token: int) -> None:
         self.counts[token] += 1
+        self.generated += 1
 
     def apply(self, logits: torch.Tensor, tokens: torch.Tensor | None = None,
               ancestors: torch.Tensor | None = None) -> torch.Tensor:
@@ -58,4 +63,9 @@ class Penalties:
             logits = logits - p.frequency_penalty * counts
         if p.presence_penalty:
             logits = logits - p.presence_penalty * (counts > 0).float()
+        if self.generated < p.min_tokens and len(self.stop_ids):
+            depth = ancestors.sum(-1).to(logits.device) - 1 if tokens is not None and n > 1 else 0      # [n]
+            early = torch.as_tensor(self.generated + depth < p.min_tokens, device=logits.device).reshape(-1, 1)
+            stops = logits[:, self.stop_ids]                                                         # [n, S]
+            logits = logits.index_copy(1, self.stop_ids, stops.masked_fill(early, float("-inf")))
         return logits

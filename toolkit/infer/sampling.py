@@ -24,6 +24,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple = ()           # ((token id, bias), ...): added to the raw logits before the penalties
+    min_tokens: int = 0              # the sequence's stop ids are masked (and stop strings unchecked) until this many
 
     def __post_init__(self):
         if not 0 <= self.temperature < float("inf"):  # NaN fails too; inf would sample uniformly
@@ -44,6 +45,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
+        if not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_new_tokens = {self.max_new_tokens}], got {self.min_tokens}")
         for token, bias in self.logit_bias:
             if not (isinstance(token, int) and token >= 0 and -100 <= bias <= 100):
                 raise ValueError(f"logit_bias takes (token id >= 0, bias in [-100, 100]) pairs, got ({token}, {bias})")
@@ -54,9 +57,9 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether the raw logits are changed before sampling: a logit bias or a penalty (penalties.py)."""
+        """Whether the raw logits are changed before sampling: a logit bias, a penalty or min_tokens (penalties.py)."""
         return (self.repetition_penalty != 1 or bool(self.presence_penalty) or bool(self.frequency_penalty)
-                or bool(self.logit_bias))
+                or bool(self.logit_bias) or self.min_tokens > 0)
 
 
 # temperatures this small are greedy: logits / 1e-39 overflow to inf, inf - inf is NaN, and one such request

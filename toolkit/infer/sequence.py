@@ -1,6 +1,7 @@
 """One request inside the engine (Sequence), what it produced (Result), and stop strings."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -39,10 +40,17 @@ class StopStrings:
         # tokens: each decodes to at least one byte (byte-level BPE spends 2-4 tokens on some characters)
         self.tail = max(len(s.encode("utf-8")) for s in strings) + 8
 
-    def __call__(self, tokens: list[int]) -> bool:
-        # called after every new token, so a string found now was completed by the newest token
-        text = self.tok.decode(tokens[-self.tail:])
-        return any(s in text for s in self.strings)
+    def __call__(self, tokens: list[int], min_tokens: int = 0) -> bool:
+        """Called after every new token. With min_tokens (vLLM's rule), no stop before that many tokens, and
+        none that the tokens before the min_tokens-th completed: the string must end in the newest token's text."""
+        if len(tokens) < min_tokens:
+            return False
+        tail = tokens[-self.tail:]
+        text = self.tok.decode(tail)
+        if len(tokens) - len(tail) + 1 >= min_tokens:  # every token in the tail was checked: any string is new
+            return any(s in text for s in self.strings)
+        new = len(os.path.commonprefix([self.tok.decode(tail[:-1]), text]))  # text[new:] came with the newest
+        return any(text.find(s, max(new - len(s) + 1, 0)) >= 0 for s in self.strings)
 
 
 @dataclass(eq=False)
@@ -66,7 +74,8 @@ class Sequence:
         toks.append(token)
         if self.penalties is not None:
             self.penalties.add(token)
-        if token in self.stop_ids or (self.stop_strings is not None and self.stop_strings(toks)):
+        strings = self.stop_strings is not None and self.stop_strings(toks, self.params.min_tokens)
+        if token in self.stop_ids or strings:
             self.result.finish = "stop"  # a stop at the last allowed token is a stop, as in vLLM
         elif len(toks) >= self.params.max_new_tokens:
             self.result.finish = "length"

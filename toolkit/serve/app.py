@@ -91,16 +91,20 @@ def build_app(served: Served) -> FastAPI:
             name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
             raise ApiError(400, f"{name} ({max_tokens}) + the prompt ({len(ids)} tokens) exceed this server's "
                                 f"context of {ctx} tokens", name, "context_length_exceeded")
+        if body.min_tokens > max_tokens:  # as vLLM refuses it
+            raise ApiError(400, f"min_tokens ({body.min_tokens}) must not exceed the tokens to generate "
+                                f"({max_tokens})", "min_tokens")
         params = SamplingParams(d.temperature if body.temperature is None else body.temperature,
                                 d.top_p if body.top_p is None else body.top_p,
                                 d.top_k if body.top_k is None else max(body.top_k, 0), max_tokens,
                                 body.logprob_count(), d.min_p if body.min_p is None else body.min_p,
                                 d.repetition_penalty if body.repetition_penalty is None else body.repetition_penalty,
-                                body.presence_penalty, body.frequency_penalty, body.logit_bias)
+                                body.presence_penalty, body.frequency_penalty, body.logit_bias,
+                                body.min_tokens)
         gen = torch.Generator(device=engine.device)
         gen.manual_seed((body.seed + index) % 2 ** 64) if body.seed is not None else gen.seed()
         # the engine stops where the client's text shows a stop string, not generating past what the reply cuts
-        stops = ClientStops(tok, body.stop) if body.stop else None
+        stops = ClientStops(tok, body.stop, params.min_tokens) if body.stop else None
         if any(t >= engine.target.config.vocab_size for t, _ in body.logit_bias):
             raise ApiError(400, f"logit_bias: token ids must be in 0..{engine.target.config.vocab_size - 1}",
                            "logit_bias")

@@ -35,7 +35,7 @@ def through(result: Result, n: int) -> Result:
 class Choice:
     def __init__(self, index: int, req: Request, batcher: Batcher, tok, stops: list[str], chat: bool):
         self.index, self.req, self.batcher, self.chat = index, req, batcher, chat
-        self.stream = TextStream(tok, stops)
+        self.stream = TextStream(tok, stops, req.seq.params.min_tokens)
         self.write = LogprobWriter(tok, chat) if req.seq.params.logprobs is not None else None
         self.generated: list[int] = []  # the updates carry new tokens only
         self.logprobs: list = []        # their TokenLogprobs, when asked for

@@ -88,10 +88,10 @@ class Sampling(BaseModel):
     logit_bias: dict | tuple | None = ()  # read as ((token id, bias), ...)
     response_format: dict | None = None
     user: str | None = None
-    # vLLM's sampling extras that benchmark clients send: served (ignore_eos, stop_token_ids) or refused
+    # vLLM's sampling extras that benchmark clients send, served
     ignore_eos: StrictBool = False
     stop_token_ids: list[StrictInt] | None = None
-    min_tokens: StrictInt = 0
+    min_tokens: StrictInt = Field(default=0, ge=0)  # stop ids masked, stop strings unchecked until this many
     min_p: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)  # None: the served default
     repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
 
@@ -152,8 +152,6 @@ class Sampling(BaseModel):
 
     @model_validator(mode="after")
     def supported(self):
-        if self.min_tokens:
-            raise ApiError(400, "min_tokens is not supported; leave it 0", "min_tokens")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
         if (self.response_format or {}).get("type", "text") != "text":

@@ -6,7 +6,8 @@ constant however long the generation (decoding all of it each time made a 4,000-
 event loop's time) while the text stays that of decoding the whole generation at once (the window carries a
 word's leading space and a multi-byte character's earlier bytes). Held back until more tokens arrive: a
 trailing U+FFFD (a multi-byte character split across tokens) and a tail that could still become a stop string;
-the stop string itself never goes out.
+the stop string itself never goes out. With min_tokens (vLLM's rule) a stop string counts only once that many
+tokens are out and only if it ends in the text of the min_tokens-th token or a later one.
 
 `ClientStops` is the engine's stop-string check for a served request: it stops the sequence at the very token
 at which the client's text (decoded without special tokens) shows a stop string, so the engine never generates
@@ -18,8 +19,9 @@ from toolkit.infer.sequence import StopStrings
 
 
 class TextStream:
-    def __init__(self, tokenizer, stops: list[str]):
-        self.tok, self.stops, self.sent = tokenizer, list(stops), 0
+    def __init__(self, tokenizer, stops: list[str], min_tokens: int = 0):
+        self.tok, self.stops, self.sent, self.min_tokens = tokenizer, list(stops), 0, min_tokens
+        self.floor = 0 if min_tokens <= 1 else None  # text[:floor] came before the min_tokens-th token: no stop ends there
         self.longest = max((len(s) for s in self.stops), default=0)
         self.text = ""                   # the decoded generation so far (up to `read` tokens)
         self.prefix = self.read = 0      # tokens[prefix:read]: the context the next tokens are decoded in
@@ -30,8 +32,9 @@ class TextStream:
         return self.tok.decode(tokens, skip_special_tokens=True)
 
     def _hit(self, text: str, start: int) -> int | None:
-        """Where the first stop string in text[start:] begins, if any."""
-        return min((i for i in (text.find(s, start) for s in self.stops) if i >= 0), default=None)
+        """Where the first stop string in text[start:] that ends past `floor` begins, if any."""
+        return min((i for i in (text.find(s, max(start, self.floor - len(s) + 1)) for s in self.stops) if i >= 0),
+                   default=None)
 
     def scan(self, tokens: list[int], done: bool = False) -> str:
         """Take in `tokens` (the whole generation so far) and return the text, cut before a stop string if one
@@ -47,7 +50,9 @@ class TextStream:
             if len(after) > len(before) and (done or not after.endswith("\ufffd")):
                 self.text += after[len(before):]
                 self.prefix, self.read = read, len(tokens)
-        hit = self._hit(self.text, searched)
+        if self.floor is None and len(tokens) >= self.min_tokens:
+            self.floor = len(self._decode(tokens[:self.min_tokens - 1]))
+        hit = None if self.floor is None else self._hit(self.text, searched)
         if hit is None:
             return self.text
         self.stopped, self.text = True, self.text[:hit]
@@ -90,10 +95,10 @@ class ClientStops(StopStrings):
     generation splits: the response cut the text there while the engine generated on to max_tokens, and the
     usage it reported counted those tokens too."""
 
-    def __init__(self, tokenizer, strings: list[str]):
+    def __init__(self, tokenizer, strings: list[str], min_tokens: int = 0):
         super().__init__(tokenizer, strings)
-        self.client = TextStream(tokenizer, strings)
+        self.client = TextStream(tokenizer, strings, min_tokens)
 
-    def __call__(self, tokens: list[int]) -> bool:
+    def __call__(self, tokens: list[int], min_tokens: int = 0) -> bool:
         self.client.scan(tokens)
-        return self.client.stopped or super().__call__(tokens)
+        return self.client.stopped or super().__call__(tokens, min_tokens)

@@ -1,0 +1,76 @@
+"""vLLM's `min_tokens` served: the request's stop ids (and the end-of-turn ones) are held back and its stop strings
+go unchecked until that many tokens are out, in the engine and in the text the client gets; a stop string that the
+tokens before the min_tokens-th completed never cuts the text later."""
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from toolkit.data.chat import load_tokenizer
+from toolkit.infer.engine import Engine
+from toolkit.infer.loading import load_target
+from toolkit.infer.sampling import SamplingParams
+
+PROMPT = "The three primary colors are"
+
+
+@pytest.fixture(scope="module")
+def client(tiny_target, in_process_app):
+    with in_process_app(tiny_target, stops=()) as (asgi, _), TestClient(asgi) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_target):
+    """(tokenizer, the prompt's ids, a plain engine of the same target): what the server must return."""
+    tok = load_tokenizer(model=str(tiny_target))
+    return tok, tok(PROMPT).input_ids, Engine(load_target(tiny_target), max_len=128)
+
+
+def stream_text(client, body: dict) -> str:
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    return "".join(c["text"] for e in events for c in e["choices"])
+
+
+def test_a_stop_id_ends_the_answer_only_after_min_tokens(client, ref):
+    tok, ids, engine = ref
+    plain = engine.generate(ids, SamplingParams(max_new_tokens=16)).tokens
+    stop = plain[2]  # would end the answer at its 3rd token
+    want = engine.generate(ids, SamplingParams(max_new_tokens=16, min_tokens=6), {stop}).tokens
+    assert len(want) > 6
+    body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "stop_token_ids": [stop], "min_tokens": 6}
+    r = client.post("/v1/completions", json=body).json()
+    assert r["usage"]["completion_tokens"] == len(want) and r["choices"][0]["text"] == tok.decode(want)
+    assert r["choices"][0]["finish_reason"] == ("stop" if want[-1] == stop else "length")
+    early = client.post("/v1/completions", json={**body, "min_tokens": 0}).json()
+    assert early["usage"]["completion_tokens"] == 3 and early["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_stop_string_before_min_tokens_does_not_cut_the_text(client, ref):
+    tok, ids, engine = ref
+    toks = engine.generate(ids, SamplingParams(max_new_tokens=24)).tokens
+    text, m = tok.decode(toks), 6
+    floor = len(tok.decode(toks[:m - 1]))  # the text of the tokens before the m-th
+
+    def ends(c: str) -> int:  # the token that completes c's first showing past the floor
+        return next(k for k in range(m, len(toks) + 1) if len(tok.decode(toks[:k])) > text.index(c, floor))
+
+    # a character the first tokens show and a token after the m-th shows again (then every token since the m-th
+    # has the first showing in its tail text): without min_tokens the text ends at once
+    stop = next(c for c in tok.decode(toks[:3]) if c.strip() and c in text[floor:] and ends(c) > m)
+    cut = text.index(stop, floor)
+    body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": stop, "min_tokens": m}
+    r = client.post("/v1/completions", json=body).json()
+    assert r["choices"][0]["text"] == text[:cut] and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == ends(stop) and stream_text(client, body) == text[:cut]
+    early = client.post("/v1/completions", json={**body, "min_tokens": 0}).json()["choices"][0]["text"]
+    assert early == text[:text.index(stop)] and len(early) < cut
+
+
+def test_min_tokens_beyond_the_tokens_to_generate_is_refused(client):
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "min_tokens": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+    assert "must not exceed the tokens to generate (4)" in r.json()["error"]["message"]
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "min_tokens": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
