@@ -18,7 +18,7 @@ import torch
 from toolkit.infer.draft_sampling import gumbel_inputs
 from toolkit.infer.drafts import Eagle3Head
 from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memory
-from toolkit.infer.logprobs import token_logprobs
+from toolkit.infer.logprobs import prompt_logprobs, token_logprobs
 from toolkit.infer.lookup import LookupConfig, graft_all, propose
 from toolkit.infer.model import Transformer
 from toolkit.infer.penalties import Penalties
@@ -206,10 +206,15 @@ class Engine:
             part, row0 = seqs[g.start:g.stop], n + g.start
             ids = self._host(_pad([s.prompt for s in part], 0))
             last = self._host([len(s.prompt) - 1 for s in part])
-            logits, aux = self.target(ids, cache=self.cache.rows(row0, row0 + len(part)), aux_layers=self.aux_layers,
-                                      logits_at=last)                                  # logits [b, 1, V]
+            scored = any(s.params.prompt_logprobs is not None for s in part)  # then the final hidden states too
+            logits, aux = self.target(ids, cache=self.cache.rows(row0, row0 + len(part)), logits_at=last,
+                                      aux_layers=[*self.aux_layers, -1] if scored else self.aux_layers)  # [b, 1, V]
+            normed, aux = (aux[-1], aux[:-1]) if scored else (None, aux)                    # [b, T, H]
             for b, s in enumerate(part):
                 s.prefix = len(s.prompt)
+                if s.params.prompt_logprobs is not None:
+                    s.result.prompt_logprobs = prompt_logprobs(self.target.readout, normed[b], s.prompt,
+                                                               s.params.prompt_logprobs)
                 if s.params.penalized:  # counts from here on: the prompt's ids, then each token added
                     s.penalties = Penalties(s.params, s.prompt, logits.shape[-1], self.device, s.stop_ids)
                 scores = logits[b] if s.penalties is None else s.penalties.apply(logits[b])      # [1, V]

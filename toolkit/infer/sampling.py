@@ -25,6 +25,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: tuple = ()           # ((token id, bias), ...): added to the raw logits before the penalties
     min_tokens: int = 0              # the sequence's stop ids are masked (and stop strings unchecked) until this many
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's log-prob (the first's none) and k likeliest
 
     def __post_init__(self):
         if not 0 <= self.temperature < float("inf"):  # NaN fails too; inf would sample uniformly
@@ -38,6 +39,9 @@ class SamplingParams:
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0 (the likeliest tokens to list beside each one), got "
                              f"{self.logprobs}")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise ValueError(f"prompt_logprobs must be >= 0 (the likeliest tokens to list beside each), got "
+                             f"{self.prompt_logprobs}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
         if not 0 < self.repetition_penalty < float("inf"):

@@ -21,6 +21,7 @@ class Result:
     from_lookup: int = 0                # accepted draft tokens on nodes only the lookup branch proposed
     finish: str | None = None           # why it ended: "stop" (a stop id or string) or "length" (max_new_tokens)
     logprobs: list = field(default_factory=list)  # a TokenLogprob per token, when params.logprobs asks for them
+    prompt_logprobs: list = field(default_factory=list)  # one per prompt token after the first, when asked for
 
     @property
     def tau(self) -> float:
