@@ -23,7 +23,9 @@ def test_accepted_forms():
                                                                               {"type": "text", "text": "b"}]}],
                                     "max_completion_tokens": 7, "stop": "x", "top_k": -1})
     assert r.max_tokens == 7 and r.stop == ["x"] and r.messages[1].text() == "a\nb" and r.temperature is None
-    assert CompletionRequest.model_validate({"prompt": ["one prompt"]}).prompt == "one prompt"
+    assert CompletionRequest.model_validate({"prompt": ["one prompt"]}).prompts() == ["one prompt"]
+    assert CompletionRequest.model_validate({"prompt": [[1, 2], [3]]}).prompts() == [[1, 2], [3]]
+    assert CompletionRequest.model_validate({"prompt": [1, 2]}).prompts() == [[1, 2]]
     assert CompletionRequest.model_validate({"prompt": [1, 2, 3]}).prompt == [1, 2, 3]
     # null where OpenAI lets a field be null means its default (clients send null for unset fields)
     nulls = ChatRequest.model_validate({"messages": USER, **dict.fromkeys(
@@ -86,7 +88,9 @@ def test_chat_refusals_name_the_field(body, param):
     assert param.split(".")[0] in err.message
 
 
-@pytest.mark.parametrize("body,param", [({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "a", "echo": True}, "echo"),
+@pytest.mark.parametrize("body,param", [({"prompt": ["a", ""]}, "prompt"), ({"prompt": [[1, 2], []]}, "prompt"),
+                                        ({"prompt": "a", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+                                        ({"prompt": "a", "prompt_logprobs": 21}, "prompt_logprobs"),
                                         ({"prompt": "a", "best_of": 2}, "best_of"), ({"prompt": ""}, "prompt"),
                                         ({"prompt": "a", "guided_regex": "[0-9]+"}, "guided_regex"),
                                         ({"prompt": "a", "use_beam_search": True}, "use_beam_search")])

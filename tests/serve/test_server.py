@@ -151,7 +151,8 @@ def test_oversized_bodies_and_bad_completions_are_refused_and_the_server_keeps_s
 
     r = httpx.post(f"{server}/v1/chat/completions", content=chunked())
     assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]["message"]
-    for body, param in (({"prompt": ["a", "b"]}, "prompt"), ({"prompt": "a", "echo": True}, "echo"),
+    for body, param in (({"prompt": ["a", "b", "c", "d"]}, "prompt"), ({"prompt": [[1, 2], [1, 10**9]]}, "prompt"),
+                        ({"prompt": ["a", "b"], "n": 2}, "prompt"),  # 4 sequences, --max-queue 3
                         ({"prompt": [1, 10**9]}, "prompt"), ({"prompt": ""}, "prompt"),
                         ({"prompt": [True, False]}, "prompt")):
         r = httpx.post(f"{server}/v1/completions", json=body)

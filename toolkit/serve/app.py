@@ -100,7 +100,7 @@ def build_app(served: Served) -> FastAPI:
                                 body.logprob_count(), d.min_p if body.min_p is None else body.min_p,
                                 d.repetition_penalty if body.repetition_penalty is None else body.repetition_penalty,
                                 body.presence_penalty, body.frequency_penalty, body.logit_bias,
-                                body.min_tokens)
+                                body.min_tokens, body.prompt_logprob_count())
         gen = torch.Generator(device=engine.device)
         gen.manual_seed((body.seed + index) % 2 ** 64) if body.seed is not None else gen.seed()
         # the engine stops where the client's text shows a stop string, not generating past what the reply cuts
@@ -140,10 +140,11 @@ def build_app(served: Served) -> FastAPI:
     async def prometheus():
         return Response(metrics.render(), media_type=metrics.content_type)
 
-    def check_n(body) -> None:
-        if body.n > batcher.max_queue:  # each choice is a sequence of its own: all of them must fit the queue
-            raise ApiError(400, f"n ({body.n}) exceeds what this server queues at once (--max-queue "
-                                f"{batcher.max_queue}); ask for fewer choices per request", "n")
+    def check_n(body, prompts: int = 1) -> None:
+        if body.n * prompts > batcher.max_queue:  # each choice is a sequence of its own: all must fit the queue
+            what = f"n ({body.n})" if prompts == 1 else f"{prompts} prompts x n ({body.n})"
+            raise ApiError(400, f"{what} exceeds what this server queues at once (--max-queue {batcher.max_queue}); "
+                                "ask for fewer choices per request", "n" if prompts == 1 else "prompt")
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -157,21 +158,28 @@ def build_app(served: Served) -> FastAPI:
         except Exception as e:  # a template may refuse a role order (e.g. no system turn)
             raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
         ids = tok(text, add_special_tokens=body.add_special_tokens).input_ids
-        return await respond(request, body, [sequence(body, ids, "messages", i) for i in range(body.n)], chat=True)
+        return await respond(request, body, [sequence(body, ids, "messages", i) for i in range(body.n)], [text],
+                             chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
-        check_n(body)
-        if isinstance(body.prompt, str):
-            ids = tok(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
-        elif any(not 0 <= t < engine.target.config.vocab_size for t in body.prompt):
-            raise ApiError(400, f"prompt token ids must be in 0..{engine.target.config.vocab_size - 1}", "prompt")
-        else:
-            ids = list(body.prompt)
-        return await respond(request, body, [sequence(body, ids, "prompt", i) for i in range(body.n)], chat=False)
+        prompts, texts, seqs = body.prompts(), [], []
+        check_n(body, len(prompts))
+        for prompt in prompts:  # a batch: prompt i's choices are i * n .. i * n + n - 1 (vLLM's order)
+            if isinstance(prompt, str):
+                ids = tok(prompt, add_special_tokens=body.add_special_tokens).input_ids
+            elif any(not 0 <= t < engine.target.config.vocab_size for t in prompt):
+                raise ApiError(400, f"prompt token ids must be in 0..{engine.target.config.vocab_size - 1}", "prompt")
+            else:
+                ids = list(prompt)
+            # seeded seed + j as if alone: a prompt's reply does not depend on the batch it came in
+            seqs += [sequence(body, ids, "prompt", j) for j in range(body.n)]
+            texts.append(prompt if isinstance(prompt, str) else tok.decode(ids, skip_special_tokens=True))
+        return await respond(request, body, seqs, texts, chat=False)
 
-    async def respond(request: Request, body, seqs: list[Sequence], chat: bool):
+    async def respond(request: Request, body, seqs: list[Sequence], prompts: list[str], chat: bool):
+        """`seqs`: the choices' sequences, n per prompt; `prompts`: the prompts' texts (echo sends them)."""
         reqs: list = []  # one engine sequence per choice (n of them), queued together
         try:
             for seq in seqs:
@@ -180,7 +188,9 @@ def build_app(served: Served) -> FastAPI:
             for req in reqs:
                 batcher.cancel(req)
             raise
-        choices = [Choice(i, req, batcher, tok, body.stop or [], chat) for i, req in enumerate(reqs)]
+        echo = getattr(body, "echo", False)
+        choices = [Choice(i, req, batcher, tok, body.stop or [], chat, prompts[i // body.n] if echo else None,
+                          None if chat else body.prompt_logprobs) for i, req in enumerate(reqs)]
         rid, now = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         kind = "chat.completion" if chat else "text_completion"
 
@@ -221,9 +231,13 @@ def build_app(served: Served) -> FastAPI:
                     batcher.cancel(c.req)
                 failed = errors.subgroup(ApiError)
                 raise failed.exceptions[0] if failed is not None else errors from None
-            return {"id": rid, "object": kind, "created": now, "model": served.name,
-                    "choices": [c.body(t.result(), c.finish_reason(), False) for c, t in zip(choices, tasks)],
-                    "usage": usage(choices, positions)}
+            reply = {"id": rid, "object": kind, "created": now, "model": served.name,
+                     "choices": [c.body(t.result(), c.finish_reason(), False) for c, t in zip(choices, tasks)],
+                     "usage": usage(choices, positions, body.n)}
+            if chat and body.prompt_logprobs is not None:  # vLLM's: one prompt, so once for the response
+                reply["prompt_logprobs"] = choices[0].write.vllm_prompt(seqs[0].result.prompt_logprobs,
+                                                                        body.prompt_logprobs)
+            return reply
 
         def event(chunk_choices: list, **extra) -> str:
             data = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": now, "model": served.name,
@@ -261,7 +275,7 @@ def build_app(served: Served) -> FastAPI:
                         yield event([c.body(None, c.finish_reason(), True)], **nulls)
                 if not failed:
                     if body.stream_options and body.stream_options.include_usage:
-                        yield event([], usage=usage(choices, positions))
+                        yield event([], usage=usage(choices, positions, body.n))
                 ended = True
                 yield "data: [DONE]\n\n"
             finally:

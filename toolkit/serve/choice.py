@@ -1,5 +1,7 @@
 """One choice of a response: the engine sequence behind it, its text so far (cut at a stop string), its
-log-probs, and the counts `usage` reports. A request with `n` > 1 holds n choices, one engine sequence each.
+log-probs, and the counts `usage` reports. A request with `n` > 1 holds n choices, one engine sequence each (a
+completions batch of p prompts, p x n: choice i * n + j is prompt i's j-th). With `echo` a completion choice's
+first text (and log-probs) starts with its prompt's.
 
 Usage is read only once the engine is through with a sequence (its last update says so), never while the
 engine thread may still add to it.
@@ -33,10 +35,13 @@ def through(result: Result, n: int) -> Result:
 
 
 class Choice:
-    def __init__(self, index: int, req: Request, batcher: Batcher, tok, stops: list[str], chat: bool):
+    def __init__(self, index: int, req: Request, batcher: Batcher, tok, stops: list[str], chat: bool,
+                 echo: str | None = None, prompt_top: int | None = None):
         self.index, self.req, self.batcher, self.chat = index, req, batcher, chat
         self.stream = TextStream(tok, stops, req.seq.params.min_tokens)
-        self.write = LogprobWriter(tok, chat) if req.seq.params.logprobs is not None else None
+        self.write = LogprobWriter(tok, chat, req.seq.params.logprobs)
+        self.echo = echo                # the prompt's text to put first (completions' echo), until it is sent
+        self.prompt_top = prompt_top    # vLLM's prompt_logprobs: the likeliest tokens beside each prompt token
         self.generated: list[int] = []  # the updates carry new tokens only
         self.logprobs: list = []        # their TokenLogprobs, when asked for
         self.given = 0                  # of those, the ones sent already
@@ -73,18 +78,30 @@ class Choice:
         return "stop" if self.stream.stopped or self.req.seq.result.finish == "stop" else "length"
 
     def _new_logprobs(self) -> dict | None:
-        """The log-probs not sent yet, through the token that completed a stop string if one showed."""
-        if self.write is None:
+        """The log-probs not sent yet, through the token that completed a stop string if one showed; with echo
+        still to send, the prompt's first."""
+        seq = self.req.seq
+        if seq.params.logprobs is None:
             return None
         end = self.stream.stop_at if self.stream.stopped else len(self.logprobs)
         part, self.given = self.logprobs[self.given:end], max(self.given, end)
-        return self.write(part)
+        if self.echo is None:
+            return self.write(part)
+        return self.write.echo(seq.prompt[0], seq.result.prompt_logprobs, part)
+
+    def prompt_logprobs(self) -> list | None:
+        """vLLM's `prompt_logprobs` of this choice's prompt, when the request asked for them."""
+        top = self.prompt_top
+        return None if top is None else self.write.vllm_prompt(self.req.seq.result.prompt_logprobs, top)
 
     def body(self, text: str | None, reason: str | None, delta: bool) -> dict:
         """The choice object: a whole message / text, or a stream chunk's delta."""
         lp = self._new_logprobs()
         if not self.chat:
-            return {"index": self.index, "text": text or "", "logprobs": lp, "finish_reason": reason}
+            if self.echo is not None:  # sent once, ahead of the first text
+                text, self.echo = self.echo + (text or ""), None
+            out = {"index": self.index, "text": text or "", "logprobs": lp, "finish_reason": reason}
+            return out if delta or self.prompt_top is None else {**out, "prompt_logprobs": self.prompt_logprobs()}
         key = "delta" if delta else "message"
         msg = ({"content": text} if text is not None else {}) if delta else {"role": "assistant", "content": text}
         return {"index": self.index, key: msg, "logprobs": lp, "finish_reason": reason}
@@ -95,12 +112,12 @@ class Choice:
         return result if upto is None or upto >= len(result.tokens) else through(result, upto)
 
 
-def usage(choices: list[Choice], positions: int = 0) -> dict:
-    """Token counts (the prompt once, the choices' tokens summed, as OpenAI counts n > 1) and the speculation
-    figures over all choices; `positions`: the draft tree's depth (0: none)."""
+def usage(choices: list[Choice], positions: int = 0, n: int = 1) -> dict:
+    """Token counts (each prompt once, the choices' tokens summed, as OpenAI counts n > 1 and vLLM a batch of
+    prompts) and the speculation figures over all choices; `positions`: the draft tree's depth (0: none)."""
     results = [c.result() for c in choices]
     s = summarize(results, positions=positions)
-    n_prompt, n_out = len(choices[0].req.seq.prompt), sum(len(r.tokens) for r in results)
+    n_prompt, n_out = sum(len(c.req.seq.prompt) for c in choices[::n]), sum(len(r.tokens) for r in results)
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
             "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(sum(r.accepted) for r in results),
                             # null, not 0, when no verify step ran (the answer ended at prefill's token)

@@ -20,7 +20,7 @@ MAX_STOP_CHARS = 1024  # per stop string
 UNSERVED_EXTRAS = {"guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
                    "structural_tag": None, "structured_outputs": None, "regex": None, "ebnf": None,
                    "json_schema": None, "include_stop_str_in_output": False, "no_stop_trim": False,
-                   "skip_special_tokens": True, "use_beam_search": False, "prompt_logprobs": None,
+                   "skip_special_tokens": True, "use_beam_search": False,
                    "allowed_token_ids": None, "bad_words": None, "logits_processors": None,
                    "truncate_prompt_tokens": None, "custom_logit_processor": None}
 CHAT_UNSERVED_EXTRAS = {"add_generation_prompt": True, "continue_final_message": False, "chat_template": None,
@@ -94,6 +94,7 @@ class Sampling(BaseModel):
     min_tokens: StrictInt = Field(default=0, ge=0)  # stop ids masked, stop strings unchecked until this many
     min_p: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)  # None: the served default
     repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    prompt_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # each prompt token's (vLLM's)
 
     @model_validator(mode="before")
     @classmethod
@@ -152,6 +153,8 @@ class Sampling(BaseModel):
 
     @model_validator(mode="after")
     def supported(self):
+        if self.prompt_logprobs is not None and self.stream:  # as vLLM refuses it
+            raise ApiError(400, "prompt_logprobs is not available with stream: true", "prompt_logprobs")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
         if (self.response_format or {}).get("type", "text") != "text":
@@ -174,6 +177,9 @@ class ChatRequest(Sampling):
     def logprob_count(self) -> int | None:
         """None: no log-probs asked; k: each token's and its k likeliest alternatives (serve/logprobs.py)."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def prompt_logprob_count(self) -> int | None:
+        return self.prompt_logprobs
 
     @model_validator(mode="after")
     def chat_supported(self):
@@ -198,8 +204,8 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
     max_tokens: StrictInt | None = Field(default=16, ge=1)  # the legacy endpoint's default (OpenAI, vLLM)
-    prompt: str | list[str] | list[StrictInt]
-    echo: StrictBool = False
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # one prompt or a batch of them
+    echo: StrictBool = False  # the prompt before the completion, in the text and in logprobs
     suffix: str | None = None
     add_special_tokens: StrictBool = True  # vLLM's: the tokenizer's BOS before the prompt text
     best_of: int | None = None
@@ -208,15 +214,23 @@ class CompletionRequest(Sampling):
     def logprob_count(self) -> int | None:
         return self.logprobs
 
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: each a text or token ids (one prompt alone is a batch of one)."""
+        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
+            return [self.prompt]
+        return list(self.prompt)
+
+    def prompt_logprob_count(self) -> int | None:
+        """How many likeliest tokens the engine lists beside each prompt token: vLLM's prompt_logprobs, or echo's
+        logprobs (the prompt's entries come first), whichever asks more; None: neither asks."""
+        asks = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(asks) if asks else None
+
     @model_validator(mode="after")
     def completion_supported(self):
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
-            if len(self.prompt) != 1:
-                raise ApiError(400, "a batch of prompts is not supported; send one prompt per request", "prompt")
-            self.prompt = self.prompt[0]
-        if not self.prompt:
-            raise ApiError(400, "prompt is empty", "prompt")
-        for name, bad in (("echo", self.echo), ("suffix", self.suffix), ("best_of", (self.best_of or 1) > 1)):
+        if not self.prompt or any(not p for p in self.prompts()):
+            raise ApiError(400, "prompt is empty (or one of the batch is)", "prompt")
+        for name, bad in (("suffix", self.suffix), ("best_of", (self.best_of or 1) > 1)):
             if bad:
                 raise ApiError(400, f"{name} is not supported", name)
         return self
