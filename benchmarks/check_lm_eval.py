@@ -1,7 +1,8 @@
 """lm-evaluation-harness against `toolkit serve`: its `local-completions` model (the client lm-eval users point at
 vLLM or SGLang) scores GSM8K reference answers (loglikelihood: batches of token-id prompts with `echo`,
 `logprobs: 1`, `max_tokens: 1`) and generates answers (generate_until: `stop`, `max_tokens`), against a server
-that speculates with the shipped EAGLE-3 head. The reference is transformers on the same SmolLM2 weights:
+that speculates with the shipped EAGLE-3 head, lm-eval tokenizing through the server's /tokenize (no tokenizer
+files of its own). The reference is transformers on the same SmolLM2 weights:
 log-likelihood summed over the continuation's tokens and whether each is the argmax, and greedy text cut at the
 stop strings. lm_eval is not a dependency of the toolkit: install it apart (its own dependencies are heavy),
 
@@ -59,6 +60,7 @@ def main() -> None:
     from lm_eval.models.openai_completions import LocalCompletionsAPI
     from transformers import AutoModelForCausalLM
 
+    from toolkit.data.chat import load_tokenizer
     from toolkit.infer.loading import draft_target
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -72,13 +74,16 @@ def main() -> None:
     contexts = [f"Question: {r['turns'][0]}\nAnswer:" for r in rows]
     answers = [" " + r["reference"][0].split("\n")[0] for r in rows]
     folder = draft_target(str(HEAD), None)
+    local_tok = load_tokenizer(model=str(folder))
     gguf = next(folder.glob("*.gguf"), None)
     model = AutoModelForCausalLM.from_pretrained(folder, **({"gguf_file": gguf.name} if gguf else {}),
                                                  dtype=torch.float32).eval()
     proc, url = start_server("--draft", str(HEAD), "--served-model-name", "smollm2", "--threads", "1")
     try:
-        lm = LocalCompletionsAPI(base_url=f"{url}/completions", model="smollm2", tokenizer_backend="huggingface",
-                                 tokenizer=str(folder), batch_size=4, max_retries=1, max_gen_toks=args.max_gen_toks)
+        # no tokenizer given: lm-eval finds the server's /tokenizer_info and /tokenize and tokenizes through them
+        lm = LocalCompletionsAPI(base_url=f"{url}/completions", model="smollm2", batch_size=4, max_retries=1,
+                                 max_gen_toks=args.max_gen_toks)
+        assert lm.tokenizer_backend == "remote", lm.tokenizer_backend
         t0 = time.perf_counter()
         scored = lm.loglikelihood([Instance("loglikelihood", {}, (c, a), i)
                                    for i, (c, a) in enumerate(zip(contexts, answers))])
@@ -88,18 +93,20 @@ def main() -> None:
         texts = lm.generate_until([Instance("generate_until", {}, (c, until), i) for i, c in enumerate(contexts)])
         gen_s = time.perf_counter() - t0
         metrics = httpx.get(url.removesuffix("/v1") + "/metrics").text
+        # the ids lm-eval scored, through the server's /tokenize: they must be the local tokenizer's
+        pairs = [lm._encode_pair(c, a) for c, a in zip(contexts, answers)]
+        prompts = [lm.tok_encode(c) for c in contexts]
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     diffs, greedy_same, text_same = [], 0, 0
-    for c, a, (ll, greedy), text in zip(contexts, answers, scored, texts):
-        ctx, cont = lm._encode_pair(c, a)
+    for c, a, (ll, greedy), text, (ctx, cont), ids in zip(contexts, answers, scored, texts, pairs, prompts):
+        assert ctx + cont == local_tok(c + a, add_special_tokens=False).input_ids
         want_ll, want_greedy = hf_score(model, ctx, cont)
         diffs.append(abs(ll - want_ll))
         greedy_same += greedy == want_greedy
-        ids = lm.tok_encode(c)
         out = model.generate(torch.tensor([ids]), max_new_tokens=args.max_gen_toks, do_sample=False)[0, len(ids):]
-        want = lm.tokenizer.decode(out, skip_special_tokens=True)
+        want = local_tok.decode(out, skip_special_tokens=True)
         for stop in until["until"]:
             want = want.split(stop)[0]
         text_same += text == want

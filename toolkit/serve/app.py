@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API over the batcher: /v1/chat/completions, /v1/completions (both streamed as
-server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/models, /health, /metrics.
+server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/models, /health, /metrics, and
+vLLM's /tokenize, /detokenize and /tokenizer_info (tokenize.py).
 
 Each response's `usage` has the standard token counts plus `speculative`: this request's verify steps,
 accepted draft tokens, τ and acceptance by draft position. Usage is read only once the engine is through with
@@ -26,6 +27,7 @@ from toolkit.serve.choice import Choice, usage
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from toolkit.serve.text import ClientStops
+from toolkit.serve.tokenize import add_tokenizer_routes
 
 class ClientGone(Exception):
     """A non-streamed request's client went away: its choices are cancelled."""
@@ -146,17 +148,22 @@ def build_app(served: Served) -> FastAPI:
             raise ApiError(400, f"{what} exceeds what this server queues at once (--max-queue {batcher.max_queue}); "
                                 "ask for fewer choices per request", "n" if prompts == 1 else "prompt")
 
+    def chat_text(messages: list, template_kwargs: dict, add_generation_prompt: bool = True) -> str:
+        """The served chat template over request messages, a request's template variables over the server's."""
+        turns = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+        try:
+            return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                           **{**served.template_kwargs, **template_kwargs})
+        except Exception as e:  # a template may refuse a role order (e.g. no system turn)
+            raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
+
+    add_tokenizer_routes(app, parse, tok, chat_text, engine.target.config.vocab_size, engine.max_len)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await parse(request, ChatRequest)
         check_n(body)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                    for m in body.messages]
-        try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                           **{**served.template_kwargs, **body.chat_template_kwargs})
-        except Exception as e:  # a template may refuse a role order (e.g. no system turn)
-            raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
+        text = chat_text(body.messages, body.chat_template_kwargs)
         ids = tok(text, add_special_tokens=body.add_special_tokens).input_ids
         return await respond(request, body, [sequence(body, ids, "messages", i) for i in range(body.n)], [text],
                              chat=True)
