@@ -84,6 +84,10 @@ def test_a_batch_of_prompts_answers_as_each_prompt_alone(client):
     assert [c["text"] for c in r["choices"]] == [c["text"] for a in alone for c in a["choices"]]
     assert r["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
     assert r["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True, "echo": True}) as s:
+        parts = [c for line in s.iter_lines() if line.startswith("data: {") for c in json.loads(line[6:])["choices"]]
+    assert ["".join(c["text"] for c in parts if c["index"] == i) for i in range(4)] == [
+        PROMPTS[i // 2] + c["text"] for i, c in enumerate(r["choices"])]
 
 
 def test_vllm_prompt_logprobs_on_both_endpoints(client, ref):
