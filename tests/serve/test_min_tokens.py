@@ -1,6 +1,6 @@
-"""vLLM's `min_tokens` served: the request's stop ids (and the end-of-turn ones) are held back and its stop strings
-go unchecked until that many tokens are out, in the engine and in the text the client gets; a stop string that the
-tokens before the min_tokens-th completed never cuts the text later."""
+"""vLLM's `min_tokens` m served: the request's stop ids (and the end-of-turn ones, even with ignore_eos) are held
+back while fewer than m tokens are out, and a stop string counts only if it ends in the text of a token after the
+m-th, in the engine and in the text the client gets: one the first m tokens completed never cuts the text later."""
 import json
 
 import pytest
@@ -51,14 +51,14 @@ def test_a_stop_string_before_min_tokens_does_not_cut_the_text(client, ref):
     tok, ids, engine = ref
     toks = engine.generate(ids, SamplingParams(max_new_tokens=24)).tokens
     text, m = tok.decode(toks), 6
-    floor = len(tok.decode(toks[:m - 1]))  # the text of the tokens before the m-th
+    floor = len(tok.decode(toks[:m]))  # the first m tokens' text
 
     def ends(c: str) -> int:  # the token that completes c's first showing past the floor
-        return next(k for k in range(m, len(toks) + 1) if len(tok.decode(toks[:k])) > text.index(c, floor))
+        return next(k for k in range(m + 1, len(toks) + 1) if len(tok.decode(toks[:k])) > text.index(c, floor))
 
-    # a character the first tokens show and a token after the m-th shows again (then every token since the m-th
-    # has the first showing in its tail text): without min_tokens the text ends at once
-    stop = next(c for c in tok.decode(toks[:3]) if c.strip() and c in text[floor:] and ends(c) > m)
+    # a character the first tokens show and a token after the (m + 1)-th shows again (then every token since the
+    # m-th has the first showing in its tail text): without min_tokens the text ends at once
+    stop = next(c for c in tok.decode(toks[:3]) if c.strip() and c in text[floor:] and ends(c) > m + 1)
     cut = text.index(stop, floor)
     body = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "stop": stop, "min_tokens": m}
     r = client.post("/v1/completions", json=body).json()
@@ -74,3 +74,17 @@ def test_min_tokens_beyond_the_tokens_to_generate_is_refused(client):
     assert "must not exceed the tokens to generate (4)" in r.json()["error"]["message"]
     r = client.post("/v1/completions", json={"prompt": PROMPT, "min_tokens": -1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"
+
+
+def test_ignore_eos_still_holds_the_end_of_turn_ids_back_for_min_tokens(tiny_target, in_process_app, ref):
+    """vLLM masks the end-of-turn ids for min_tokens even when ignore_eos lets generation run past them."""
+    tok, ids, engine = ref
+    eot = engine.generate(ids, SamplingParams(max_new_tokens=16)).tokens[2]  # served as the end-of-turn id
+    body = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+    held = engine.generate(ids, SamplingParams(max_new_tokens=16, min_tokens=6), {eot}).tokens
+    with in_process_app(tiny_target, stops=(eot,)) as (asgi, _), TestClient(asgi) as client:
+        free = client.post("/v1/completions", json=body).json()["choices"][0]
+        r = client.post("/v1/completions", json={**body, "min_tokens": 6}).json()["choices"][0]
+    assert free["logprobs"]["tokens"][2] == tok.decode([eot])  # ignore_eos alone: generated, and run past
+    assert r["finish_reason"] == "length" and r["text"].startswith(tok.decode(held[:-1]))
+    assert tok.decode([eot]) not in r["logprobs"]["tokens"][:6]

@@ -110,10 +110,11 @@ def test_the_engine_says_why_a_sequence_ended():
     assert run([65, 66], 5)[0] is None  # still running
 
 
-@pytest.mark.parametrize("m, stops_at", [(0, 4), (4, 4), (5, 9), (10, None)])
-def test_with_min_tokens_a_stop_string_counts_from_the_min_tokens_th_token_on(m, stops_at):
-    """vLLM's rule: "<b>" is completed by tokens 4 and 9; with min_tokens 5 the first showing never counts, not at
-    the 5th token (when it is still in the text the engine checks) nor when a whole reply is scanned at once."""
+@pytest.mark.parametrize("m, stops_at", [(0, 4), (3, 4), (4, 9), (5, 9), (9, None)])
+def test_with_min_tokens_a_stop_string_counts_once_it_ends_past_the_first_min_tokens(m, stops_at):
+    """vLLM's rule (its v1 detokenizer): "<b>" is completed by tokens 4 and 9; with min_tokens 4 the first showing
+    never counts, not at the 5th token (when it is still in the text the engine checks) nor when a whole reply is
+    scanned at once."""
     from toolkit.infer.sampling import SamplingParams
     from toolkit.infer.sequence import Sequence, StopStrings
     from toolkit.serve.text import ClientStops

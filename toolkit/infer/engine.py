@@ -216,7 +216,8 @@ class Engine:
                     s.result.prompt_logprobs = prompt_logprobs(self.target.readout, normed[b], s.prompt,
                                                                s.params.prompt_logprobs)
                 if s.params.penalized:  # counts from here on: the prompt's ids, then each token added
-                    s.penalties = Penalties(s.params, s.prompt, logits.shape[-1], self.device, s.stop_ids)
+                    held = s.stop_ids if s.held_ids is None else s.held_ids
+                    s.penalties = Penalties(s.params, s.prompt, logits.shape[-1], self.device, held)
                 scores = logits[b] if s.penalties is None else s.penalties.apply(logits[b])      # [1, V]
                 token = self._pick(scores[0], s.params, s.generator)
                 if s.params.logprobs is not None:

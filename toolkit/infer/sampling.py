@@ -24,7 +24,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple = ()           # ((token id, bias), ...): added to the raw logits before the penalties
-    min_tokens: int = 0              # the sequence's stop ids are masked (and stop strings unchecked) until this many
+    min_tokens: int = 0              # stop ids masked and stop strings unchecked until this many tokens are out
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's log-prob (the first's none) and k likeliest
 
     def __post_init__(self):

@@ -42,13 +42,13 @@ class StopStrings:
         self.tail = max(len(s.encode("utf-8")) for s in strings) + 8
 
     def __call__(self, tokens: list[int], min_tokens: int = 0) -> bool:
-        """Called after every new token. With min_tokens (vLLM's rule), no stop before that many tokens, and
-        none that the tokens before the min_tokens-th completed: the string must end in the newest token's text."""
-        if len(tokens) < min_tokens:
+        """Called after every new token. With min_tokens m (vLLM's rule), a stop string must end in the text of a
+        token after the m-th: none in the first m tokens, none that they completed, found once past them."""
+        if len(tokens) <= min_tokens:
             return False
         tail = tokens[-self.tail:]
         text = self.tok.decode(tail)
-        if len(tokens) - len(tail) + 1 >= min_tokens:  # every token in the tail was checked: any string is new
+        if len(tokens) - len(tail) >= min_tokens:  # every token in the tail was checked: any string found is new
             return any(s in text for s in self.strings)
         new = len(os.path.commonprefix([self.tok.decode(tail[:-1]), text]))  # text[new:] came with the newest
         return any(text.find(s, max(new - len(s) + 1, 0)) >= 0 for s in self.strings)
@@ -68,6 +68,8 @@ class Sequence:
     root_out: torch.Tensor | None = None       # the draft's output and log-probs after the root
     root_logp: torch.Tensor | None = None
     penalties: Penalties | None = None         # its logit bias and token counts, when params ask for them
+    held_ids: frozenset | None = None          # what min_tokens holds back (None: stop_ids); vLLM holds back the
+                                               # end-of-turn ids even where ignore_eos leaves them out of stop_ids
 
     def add(self, token: int) -> bool:
         """Append a generated token; True (and done) when generation stops here."""

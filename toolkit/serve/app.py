@@ -115,7 +115,8 @@ def build_app(served: Served) -> FastAPI:
             raise ApiError(400, f"stop_token_ids must be in 0..{engine.target.config.vocab_size - 1}", "stop_token_ids")
         # ignore_eos (vLLM's): generate max_tokens whatever the model says, as load benchmarks ask
         stop_ids = (frozenset() if body.ignore_eos else served.stop_ids) | frozenset(extra)
-        return Sequence(ids, params, stop_ids, stops, gen)
+        # min_tokens holds back the end-of-turn ids with ignore_eos too, as vLLM does
+        return Sequence(ids, params, stop_ids, stops, gen, held_ids=served.stop_ids | frozenset(extra))
 
     @app.get("/health")
     async def health():

@@ -6,8 +6,8 @@ constant however long the generation (decoding all of it each time made a 4,000-
 event loop's time) while the text stays that of decoding the whole generation at once (the window carries a
 word's leading space and a multi-byte character's earlier bytes). Held back until more tokens arrive: a
 trailing U+FFFD (a multi-byte character split across tokens) and a tail that could still become a stop string;
-the stop string itself never goes out. With min_tokens (vLLM's rule) a stop string counts only once that many
-tokens are out and only if it ends in the text of the min_tokens-th token or a later one.
+the stop string itself never goes out. With min_tokens m (vLLM's rule) a stop string counts only if it ends in
+the text of a token after the m-th.
 
 `ClientStops` is the engine's stop-string check for a served request: it stops the sequence at the very token
 at which the client's text (decoded without special tokens) shows a stop string, so the engine never generates
@@ -21,7 +21,7 @@ from toolkit.infer.sequence import StopStrings
 class TextStream:
     def __init__(self, tokenizer, stops: list[str], min_tokens: int = 0):
         self.tok, self.stops, self.sent, self.min_tokens = tokenizer, list(stops), 0, min_tokens
-        self.floor = 0 if min_tokens <= 1 else None  # text[:floor] came before the min_tokens-th token: no stop ends there
+        self.floor = 0 if min_tokens == 0 else None  # text[:floor] is the first m tokens': no stop may end there
         self.longest = max((len(s) for s in self.stops), default=0)
         self.text = ""                   # the decoded generation so far (up to `read` tokens)
         self.prefix = self.read = 0      # tokens[prefix:read]: the context the next tokens are decoded in
@@ -50,8 +50,8 @@ class TextStream:
             if len(after) > len(before) and (done or not after.endswith("\ufffd")):
                 self.text += after[len(before):]
                 self.prefix, self.read = read, len(tokens)
-        if self.floor is None and len(tokens) >= self.min_tokens:
-            self.floor = len(self._decode(tokens[:self.min_tokens - 1]))
+        if self.floor is None and len(tokens) > self.min_tokens:
+            self.floor = len(self._decode(tokens[:self.min_tokens]))
         hit = None if self.floor is None else self._hit(self.text, searched)
         if hit is None:
             return self.text
