@@ -108,3 +108,33 @@ def test_vllm_prompt_logprobs_on_both_endpoints(client, ref):
     assert len(r["prompt_logprobs"]) == len(chat_ids) and r["prompt_logprobs"][0] is None
     assert [list(e) for e in r["prompt_logprobs"][1:]] == [[str(t)] for t in chat_ids[1:]]
     assert "prompt_logprobs" not in r["choices"][0]
+
+
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(client, ref):
+    """OpenAI's legacy way to score a prompt (vLLM's echo without generation): the prompt's text and figures, no
+    completion; without echo, max_tokens 0 is a 400."""
+    tok, run = ref
+    ids = tok(PROMPTS[0]).input_ids
+    want = run(ids, 1, 1).prompt_logprobs
+    body = {"prompt": PROMPTS[0], "max_tokens": 0, "echo": True, "logprobs": 1}
+    r = client.post("/v1/completions", json=body).json()
+    c = r["choices"][0]
+    assert c["text"] == PROMPTS[0] and c["finish_reason"] == "length" and c["stop_reason"] is None
+    assert c["logprobs"]["tokens"] == [tok.decode([t]) for t in ids]
+    assert c["logprobs"]["token_logprobs"][1:] == pytest.approx([e.logprob for e in want], abs=1e-5)
+    assert c["prompt_logprobs"][0] is None and len(c["prompt_logprobs"]) == len(ids)  # echo's figures, as vLLM
+    assert r["usage"]["completion_tokens"] == 0 and r["usage"]["prompt_tokens"] == len(ids)
+    with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as s:
+        parts = [c for line in s.iter_lines() if line.startswith("data: {") for c in json.loads(line[6:])["choices"]]
+    assert "".join(p["text"] for p in parts) == PROMPTS[0]
+    assert [t for p in parts if p["logprobs"] for t in p["logprobs"]["tokens"]] == c["logprobs"]["tokens"]
+    bad = client.post("/v1/completions", json={**body, "echo": False})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+
+
+def test_an_echoed_token_id_prompt_shows_its_special_tokens(client):
+    ids = [1, 504, 3458]  # <|im_start|> then text: vLLM decodes a token-id prompt with special tokens shown
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 1, "echo": True, "temperature": 0}).json()
+    assert r["choices"][0]["text"].startswith("<|im_start|>")
+    plain = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 1, "temperature": 0}).json()
+    assert "prompt_logprobs" in plain["choices"][0] and plain["choices"][0]["prompt_logprobs"] is None

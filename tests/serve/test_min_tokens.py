@@ -88,3 +88,20 @@ def test_ignore_eos_still_holds_the_end_of_turn_ids_back_for_min_tokens(tiny_tar
     assert free["logprobs"]["tokens"][2] == tok.decode([eot])  # ignore_eos alone: generated, and run past
     assert r["finish_reason"] == "length" and r["text"].startswith(tok.decode(held[:-1]))
     assert tok.decode([eot]) not in r["logprobs"]["tokens"][:6]
+
+
+def test_stop_reason_names_what_ended_the_choice(client, ref):
+    """vLLM's stop_reason: the stop string or the request's stop token id; null at the length."""
+    tok, ids, engine = ref
+    toks = engine.generate(ids, SamplingParams(max_new_tokens=12)).tokens
+    body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+    by_id = client.post("/v1/completions", json={**body, "stop_token_ids": [toks[3]]}).json()["choices"][0]
+    assert (by_id["finish_reason"], by_id["stop_reason"]) == ("stop", toks[3])
+    stop = tok.decode(toks[2:4]).strip()
+    by_string = client.post("/v1/completions", json={**body, "stop": ["never", stop]}).json()["choices"][0]
+    assert (by_string["finish_reason"], by_string["stop_reason"]) == ("stop", stop)
+    with client.stream("POST", "/v1/completions", json={**body, "stop": stop, "stream": True}) as s:
+        parts = [c for line in s.iter_lines() if line.startswith("data: {") for c in json.loads(line[6:])["choices"]]
+    assert parts[-1]["stop_reason"] == stop and all(p["stop_reason"] is None for p in parts[:-1])
+    ran_out = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert (ran_out["finish_reason"], ran_out["stop_reason"]) == ("length", None)

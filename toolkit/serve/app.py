@@ -89,6 +89,7 @@ def build_app(served: Served) -> FastAPI:
                                 "tokens, which leaves no room to generate", field, "context_length_exceeded")
         d = served.defaults
         max_tokens = body.max_tokens if body.max_tokens is not None else min(ctx - len(ids), d.max_tokens or ctx)
+        max_tokens = max_tokens or 1  # 0 (with echo: the prompt scored alone): one token that Choice drops
         if len(ids) + max_tokens > ctx:  # named as the client sent it (chat: max_completion_tokens wins)
             name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
             raise ApiError(400, f"{name} ({max_tokens}) + the prompt ({len(ids)} tokens) exceed this server's "
@@ -183,7 +184,7 @@ def build_app(served: Served) -> FastAPI:
                 ids = list(prompt)
             # seeded seed + j as if alone: a prompt's reply does not depend on the batch it came in
             seqs += [sequence(body, ids, "prompt", j) for j in range(body.n)]
-            texts.append(prompt if isinstance(prompt, str) else tok.decode(ids, skip_special_tokens=True))
+            texts.append(prompt if isinstance(prompt, str) else tok.decode(ids))  # as vLLM: special tokens shown
         return await respond(request, body, seqs, texts, chat=False)
 
     async def respond(request: Request, body, seqs: list[Sequence], prompts: list[str], chat: bool):
@@ -197,8 +198,12 @@ def build_app(served: Served) -> FastAPI:
                 batcher.cancel(req)
             raise
         echo = getattr(body, "echo", False)
+        # vLLM fills a completion's prompt_logprobs with echo's figures too; chat carries them once, at the top
+        prompt_top = None if chat else body.prompt_logprobs if body.prompt_logprobs is not None else (
+            body.logprobs if echo else None)
+        own_ids = frozenset(body.stop_token_ids or ()) - served.stop_ids  # stop_reason names these, not end-of-turn
         choices = [Choice(i, req, batcher, tok, body.stop or [], chat, prompts[i // body.n] if echo else None,
-                          None if chat else body.prompt_logprobs) for i, req in enumerate(reqs)]
+                          prompt_top, own_ids, silent=body.max_tokens == 0) for i, req in enumerate(reqs)]
         rid, now = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         kind = "chat.completion" if chat else "text_completion"
 
@@ -242,9 +247,9 @@ def build_app(served: Served) -> FastAPI:
             reply = {"id": rid, "object": kind, "created": now, "model": served.name,
                      "choices": [c.body(t.result(), c.finish_reason(), False) for c, t in zip(choices, tasks)],
                      "usage": usage(choices, positions, body.n)}
-            if chat and body.prompt_logprobs is not None:  # vLLM's: one prompt, so once for the response
-                reply["prompt_logprobs"] = choices[0].write.vllm_prompt(seqs[0].result.prompt_logprobs,
-                                                                        body.prompt_logprobs)
+            if chat:  # vLLM's: one prompt, so once for the response (null when not asked)
+                reply["prompt_logprobs"] = None if body.prompt_logprobs is None else choices[0].write.vllm_prompt(
+                    seqs[0].result.prompt_logprobs, body.prompt_logprobs)
             return reply
 
         def event(chunk_choices: list, **extra) -> str:

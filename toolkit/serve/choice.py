@@ -1,7 +1,8 @@
 """One choice of a response: the engine sequence behind it, its text so far (cut at a stop string), its
 log-probs, and the counts `usage` reports. A request with `n` > 1 holds n choices, one engine sequence each (a
 completions batch of p prompts, p x n: choice i * n + j is prompt i's j-th). With `echo` a completion choice's
-first text (and log-probs) starts with its prompt's.
+first text (and log-probs) starts with its prompt's; with `echo` and `max_tokens: 0` it is the prompt alone (the
+engine still generates one token, which no one sees: vLLM's way of scoring a prompt).
 
 Usage is read only once the engine is through with a sequence (its last update says so), never while the
 engine thread may still add to it.
@@ -36,12 +37,15 @@ def through(result: Result, n: int) -> Result:
 
 class Choice:
     def __init__(self, index: int, req: Request, batcher: Batcher, tok, stops: list[str], chat: bool,
-                 echo: str | None = None, prompt_top: int | None = None):
+                 echo: str | None = None, prompt_top: int | None = None, stop_token_ids=frozenset(),
+                 silent: bool = False):
         self.index, self.req, self.batcher, self.chat = index, req, batcher, chat
         self.stream = TextStream(tok, stops, req.seq.params.min_tokens)
         self.write = LogprobWriter(tok, chat, req.seq.params.logprobs)
         self.echo = echo                # the prompt's text to put first (completions' echo), until it is sent
         self.prompt_top = prompt_top    # vLLM's prompt_logprobs: the likeliest tokens beside each prompt token
+        self.stop_token_ids = stop_token_ids  # the request's own (not end-of-turn): vLLM's stop_reason names them
+        self.silent = silent            # max_tokens 0: the generated token is dropped
         self.generated: list[int] = []  # the updates carry new tokens only
         self.logprobs: list = []        # their TokenLogprobs, when asked for
         self.given = 0                  # of those, the ones sent already
@@ -59,7 +63,8 @@ class Choice:
         self.generated.extend(update.tokens)
         self.logprobs.extend(update.logprobs)
         self.done = update.done
-        return self.stream.update(self.generated, self.done)
+        text = self.stream.update(self.generated, self.done)
+        return "" if self.silent else text
 
     async def let_go(self) -> None:
         """The text showed a stop string before the engine stopped (ClientStops makes that rare): cancel the
@@ -75,7 +80,19 @@ class Choice:
     def finish_reason(self) -> str:
         # the engine says why it stopped (its stop strings are matched in text decoded with special tokens, the
         # stream's without: a stop string that is a special token ends it only there)
+        if self.silent:
+            return "length"
         return "stop" if self.stream.stopped or self.req.seq.result.finish == "stop" else "length"
+
+    def stop_reason(self) -> int | str | None:
+        """vLLM's `stop_reason`: the stop string or the request's stop token id that ended the choice; null for
+        an end-of-turn token, the length, or while it runs."""
+        if self.silent or not self.finished:
+            return None
+        if self.stream.stopped:
+            return self.stream.matched
+        tokens = self.req.seq.result.tokens
+        return tokens[-1] if tokens and tokens[-1] in self.stop_token_ids else None
 
     def _new_logprobs(self) -> dict | None:
         """The log-probs not sent yet, through the token that completed a stop string if one showed; with echo
@@ -83,7 +100,7 @@ class Choice:
         seq = self.req.seq
         if seq.params.logprobs is None:
             return None
-        end = self.stream.stop_at if self.stream.stopped else len(self.logprobs)
+        end = 0 if self.silent else self.stream.stop_at if self.stream.stopped else len(self.logprobs)
         part, self.given = self.logprobs[self.given:end], max(self.given, end)
         if self.echo is None:
             return self.write(part)
@@ -100,15 +117,17 @@ class Choice:
         if not self.chat:
             if self.echo is not None:  # sent once, ahead of the first text
                 text, self.echo = self.echo + (text or ""), None
-            out = {"index": self.index, "text": text or "", "logprobs": lp, "finish_reason": reason}
-            return out if delta or self.prompt_top is None else {**out, "prompt_logprobs": self.prompt_logprobs()}
+            out = {"index": self.index, "text": text or "", "logprobs": lp, "finish_reason": reason,
+                   "stop_reason": reason and self.stop_reason()}
+            return out if delta else {**out, "prompt_logprobs": self.prompt_logprobs()}
         key = "delta" if delta else "message"
         msg = ({"content": text} if text is not None else {}) if delta else {"role": "assistant", "content": text}
-        return {"index": self.index, key: msg, "logprobs": lp, "finish_reason": reason}
+        return {"index": self.index, key: msg, "logprobs": lp, "finish_reason": reason,
+                "stop_reason": reason and self.stop_reason()}
 
     def result(self) -> Result:
         """This choice's engine result, cut at the stop string its text was cut at (the engine may have gone on)."""
-        result, upto = self.req.seq.result, self.stream.stop_at
+        result, upto = self.req.seq.result, 0 if self.silent else self.stream.stop_at
         return result if upto is None or upto >= len(result.tokens) else through(result, upto)
 
 

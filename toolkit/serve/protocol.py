@@ -203,7 +203,7 @@ class ChatRequest(Sampling):
 
 
 class CompletionRequest(Sampling):
-    max_tokens: StrictInt | None = Field(default=16, ge=1)  # the legacy endpoint's default (OpenAI, vLLM)
+    max_tokens: StrictInt | None = Field(default=16, ge=0)  # the legacy endpoint's default (OpenAI, vLLM); 0: echo
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # one prompt or a batch of them
     echo: StrictBool = False  # the prompt before the completion, in the text and in logprobs
     suffix: str | None = None
@@ -230,6 +230,9 @@ class CompletionRequest(Sampling):
     def completion_supported(self):
         if not self.prompt or any(not p for p in self.prompts()):
             raise ApiError(400, "prompt is empty (or one of the batch is)", "prompt")
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(400, "max_tokens 0 needs echo: true (the prompt scored, nothing generated); otherwise "
+                                "give at least 1", "max_tokens")
         for name, bad in (("suffix", self.suffix), ("best_of", (self.best_of or 1) > 1)):
             if bad:
                 raise ApiError(400, f"{name} is not supported", name)

@@ -27,6 +27,7 @@ class TextStream:
         self.prefix = self.read = 0      # tokens[prefix:read]: the context the next tokens are decoded in
         self.stopped = False             # a stop string was found: the text ends before it
         self.stop_at: int | None = None  # then: the tokens up to the one that completed it (the engine's count)
+        self.matched: str | None = None  # and which stop string it was
 
     def _decode(self, tokens: list[int]) -> str:
         return self.tok.decode(tokens, skip_special_tokens=True)
@@ -55,6 +56,7 @@ class TextStream:
         hit = None if self.floor is None else self._hit(self.text, searched)
         if hit is None:
             return self.text
+        self.matched = next(s for s in self.stops if self.text.find(s, max(searched, self.floor - len(s) + 1)) == hit)
         self.stopped, self.text = True, self.text[:hit]
         self.stop_at = self._completing(tokens[prefix:self.read], read - prefix, kept, searched) + prefix
         return self.text

@@ -11,6 +11,11 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 from toolkit.serve.protocol import ApiError, Message
 
 
+# vLLM's /tokenize fields this server does not apply, with the value that leaves them alone: refused when set (the
+# ids would silently differ from what the caller asked for)
+UNSERVED = {"continue_final_message": False, "chat_template": None, "tools": None, "mm_processor_kwargs": None}
+
+
 class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
@@ -19,6 +24,14 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: StrictBool = True      # messages: end with the assistant's turn opening, as chat does
     chat_template_kwargs: dict | None = None
     return_token_strs: StrictBool = False         # each id's text too
+
+    @model_validator(mode="before")
+    @classmethod
+    def no_unserved(cls, data):
+        for name, default in (UNSERVED.items() if isinstance(data, dict) else ()):
+            if data.get(name, default) not in (default, None):
+                raise ApiError(400, f"{name} is not supported by this server's /tokenize; leave it out", name)
+        return data
 
     @model_validator(mode="after")
     def one_input(self):
