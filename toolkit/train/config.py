@@ -53,8 +53,9 @@ class TrainConfig:
     max_minutes: float | None = None         # wall-clock budget: stop, save and export at the first step past it
     seed: int = 0
     dtype: str = "auto"                      # target dtype: auto = bf16 on GPU or under bf16 autocast, else fp32
-    mixed_precision: str = "auto"            # head autocast: no | bf16 | fp16; auto = as accelerate was launched,
-    #                                          on a CPU launched without one by its GEMM rates (cpu_speed.py)
+    mixed_precision: str = "auto"            # head autocast: no | bf16 | fp16; auto = a half precision the launch
+    #                                          named, else on a CPU by its GEMM rates (cpu_speed.py), on a GPU bf16
+    #                                          where it has it (precision.py)
     # bookkeeping
     log_every: int = 10
     save_every: int = 500

@@ -61,16 +61,20 @@ def make_accelerator(cfg):
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not torch.cuda.is_available() else []
     log_with = ["wandb"] if cfg.wandb_project else None
-    # mixed_precision "auto" leaves accelerate's own choice (launch flag, env, config file; default no). On a
-    # CPU the choice follows this CPU's GEMM rates: emulated bf16 (no AVX512-BF16 / AMX) trained ~60x slower
-    requested = cfg.mixed_precision
+    # mixed_precision "auto" keeps a half precision the launch named; else on a CPU it follows this CPU's GEMM
+    # rates (emulated bf16, without AVX512-BF16 / AMX, trained ~60x slower) and on a GPU it is bf16 where the card
+    # has it (precision.py: the target is bf16 there already; accelerate's default would leave the head fp32)
+    requested, launched = cfg.mixed_precision, os.environ.get("ACCELERATE_MIXED_PRECISION")
     if not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         from toolkit.cpu_speed import cpu_training_precision
 
-        requested, note = cpu_training_precision(requested, os.environ.get("ACCELERATE_MIXED_PRECISION"),
-                                                 cfg.threads or torch.get_num_threads())
+        requested, note = cpu_training_precision(requested, launched, cfg.threads or torch.get_num_threads())
         if note and os.environ.get("RANK", "0") == "0":
             print(note, file=sys.stderr if note.startswith("WARNING") else sys.stdout, flush=True)
+    else:
+        from toolkit.train.precision import gpu_training_precision
+
+        requested = gpu_training_precision(requested, launched, torch.cuda.is_bf16_supported())
     precision = {} if requested == "auto" else {"mixed_precision": requested}
     acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers,
                       **precision)
