@@ -72,3 +72,23 @@ def test_completions_choices_carry_their_own_logprobs(client):
 def test_n_out_of_range_is_refused(client, n):
     r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "n": n})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+
+
+def test_continuous_usage_stats_count_each_choice_so_far(client):
+    """vLLM's continuous_usage_stats: every chunk carries its choice's counts so far, rising to what the choice
+    ends with (12 tokens, or those through a stop string); the last chunk the whole request's."""
+    body = {"messages": MESSAGES, "max_tokens": 12, "temperature": 1.0, "seed": 3, "n": 2, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    prompt = chunks[-1]["usage"]["prompt_tokens"]
+    for i in range(2):
+        seen = [c["usage"] for c in chunks[:-1] if c["choices"][0]["index"] == i]
+        assert seen[0]["completion_tokens"] == 0 and seen[-1]["completion_tokens"] == 12  # role chunk .. finish
+        assert all(u["prompt_tokens"] == prompt and u["total_tokens"] == prompt + u["completion_tokens"] for u in seen)
+        assert [u["completion_tokens"] for u in seen] == sorted(u["completion_tokens"] for u in seen)
+    assert chunks[-1]["usage"]["completion_tokens"] == 24
+    plain = {**body, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/chat/completions", json=plain) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert all(c["usage"] is None for c in chunks[:-1])

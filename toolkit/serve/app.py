@@ -260,13 +260,21 @@ def build_app(served: Served) -> FastAPI:
         async def events():
             ended = failed = False
             # with include_usage every chunk carries "usage": null but the last, which carries the counts (OpenAI)
-            nulls = {"usage": None} if body.stream_options and body.stream_options.include_usage else {}
+            options = body.stream_options
+            nulls = {"usage": None} if options and options.include_usage else {}
+
+            def counts(c: Choice) -> dict:  # vLLM's continuous_usage_stats: each chunk its choice's counts so far
+                if not (options and options.include_usage and options.continuous_usage_stats):
+                    return nulls
+                prompt, out = len(c.req.seq.prompt), c.sent_tokens()
+                return {"usage": {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}}
+
             waiting: dict = {}  # each unfinished choice's next update, as a task; the choices' chunks interleave
             try:
                 if chat:
                     for c in choices:
                         yield event([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}], **nulls)
+                                      "logprobs": None, "finish_reason": None}], **counts(c))
                 waiting = {asyncio.ensure_future(c.update()): c for c in choices}
                 while waiting and not failed:
                     ready, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
@@ -279,13 +287,13 @@ def build_app(served: Served) -> FastAPI:
                             failed = True
                             break
                         if delta:
-                            yield event([c.body(delta, None, True)], **nulls)
+                            yield event([c.body(delta, None, True)], **counts(c))
                         if not c.finished:
                             waiting[asyncio.ensure_future(c.update())] = c
                             continue
                         if not c.done:  # the update's word, not seq.done: that turns true before the step ends
                             await c.let_go()
-                        yield event([c.body(None, c.finish_reason(), True)], **nulls)
+                        yield event([c.body(None, c.finish_reason(), True)], **counts(c))
                 if not failed:
                     if body.stream_options and body.stream_options.include_usage:
                         yield event([], usage=usage(choices, positions, body.n))

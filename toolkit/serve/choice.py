@@ -84,6 +84,12 @@ class Choice:
             return "length"
         return "stop" if self.stream.stopped or self.req.seq.result.finish == "stop" else "length"
 
+    def sent_tokens(self) -> int:
+        """The tokens the text so far stands for: through the one that completed a stop string, if one showed."""
+        if self.silent:
+            return 0
+        return self.stream.stop_at if self.stream.stopped else len(self.generated)
+
     def stop_reason(self) -> int | str | None:
         """vLLM's `stop_reason`: the stop string or the request's stop token id that ended the choice; null for
         an end-of-turn token, the length, or while it runs."""

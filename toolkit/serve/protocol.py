@@ -67,6 +67,7 @@ class Message(BaseModel):
 
 class StreamOptions(BaseModel):
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM's: with include_usage, every chunk its choice's counts so far
 
 
 class Sampling(BaseModel):
