@@ -74,7 +74,9 @@ def test_accepted_forms():
     ({"messages": USER, "guided_json": {"type": "object"}}, "guided_json"),
     ({"messages": USER, "include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ({"messages": USER, "skip_special_tokens": False}, "skip_special_tokens"),
-    ({"messages": USER, "add_generation_prompt": False}, "add_generation_prompt"),
+    ({"messages": USER + [{"role": "assistant", "content": "Hi"}], "continue_final_message": True},
+     "continue_final_message"),  # add_generation_prompt must be false beside it, as vLLM asks
+    ({"messages": USER, "continue_final_message": True, "add_generation_prompt": False}, "messages"),
     ({"messages": USER, "chat_template": "{{ messages }}"}, "chat_template"),
     ({"messages": USER, "functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ({"messages": USER, "truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),  # vLLM's: keeps the last 8 only

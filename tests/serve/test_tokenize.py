@@ -54,7 +54,7 @@ def test_lm_eval_finds_the_remote_tokenizer(client, tok):
     ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
     ("/tokenize", {"prompt": "a", "chat_template_kwargs": {"tokenize": True}}, 400, "chat_template_kwargs"),
     ("/tokenize", {"prompt": "a", "model": "other"}, 404, "model"),
-    ("/tokenize", {"messages": MESSAGES, "continue_final_message": True}, 400, "continue_final_message"),
+    ("/tokenize", {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools"),
     ("/tokenize", {"messages": MESSAGES, "chat_template": "{{ 1 }}"}, 400, "chat_template"),
     ("/detokenize", {"tokens": [1, 10 ** 9]}, 400, "tokens"),
     ("/detokenize", {"tokens": ["a"]}, 400, "tokens.0"),
@@ -63,3 +63,18 @@ def test_lm_eval_finds_the_remote_tokenizer(client, tok):
 def test_bad_bodies_are_refused_by_name(client, path, body, status, param):
     r = client.post(path, json=body)
     assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_final_assistant_message_is_continued(client, tok):
+    """vLLM's continue_final_message (with add_generation_prompt false): the template leaves the assistant's
+    message open, /tokenize and the chat endpoint agree on its ids, and the reply goes on from its last word."""
+    body = {"messages": MESSAGES + [{"role": "assistant", "content": "Red, green and"}],
+            "add_generation_prompt": False, "continue_final_message": True}
+    ids = client.post("/tokenize", json=body).json()["tokens"]
+    assert tok.decode(ids).endswith("<|im_start|>assistant\nRed, green and")
+    r = client.post("/v1/chat/completions", json={**body, "max_tokens": 6, "temperature": 0}).json()
+    plain = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 6, "temperature": 0}).json()
+    assert r["choices"][0]["message"]["content"] == plain["choices"][0]["text"] != ""
+    assert r["usage"]["prompt_tokens"] == len(ids)
+    r = client.post("/v1/chat/completions", json={**body, "continue_final_message": False})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"

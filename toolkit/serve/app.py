@@ -150,11 +150,14 @@ def build_app(served: Served) -> FastAPI:
             raise ApiError(400, f"{what} exceeds what this server queues at once (--max-queue {batcher.max_queue}); "
                                 "ask for fewer choices per request", "n" if prompts == 1 else "prompt")
 
-    def chat_text(messages: list, template_kwargs: dict, add_generation_prompt: bool = True) -> str:
-        """The served chat template over request messages, a request's template variables over the server's."""
+    def chat_text(messages: list, template_kwargs: dict, add_generation_prompt: bool = True,
+                  continue_final_message: bool = False) -> str:
+        """The served chat template over request messages, a request's template variables over the server's;
+        continue_final_message: the last (assistant) message left open for the reply to go on from."""
         turns = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
         try:
             return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message,
                                            **{**served.template_kwargs, **template_kwargs})
         except Exception as e:  # a template may refuse a role order (e.g. no system turn)
             raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
@@ -165,7 +168,8 @@ def build_app(served: Served) -> FastAPI:
     async def chat(request: Request):
         body = await parse(request, ChatRequest)
         check_n(body)
-        text = chat_text(body.messages, body.chat_template_kwargs)
+        text = chat_text(body.messages, body.chat_template_kwargs, body.add_generation_prompt,
+                         body.continue_final_message)
         ids = tok(text, add_special_tokens=body.add_special_tokens).input_ids
         return await respond(request, body, [sequence(body, ids, "messages", i) for i in range(body.n)], [text],
                              chat=True)

@@ -23,7 +23,7 @@ UNSERVED_EXTRAS = {"guided_json": None, "guided_regex": None, "guided_choice": N
                    "skip_special_tokens": True, "use_beam_search": False,
                    "allowed_token_ids": None, "bad_words": None, "logits_processors": None,
                    "truncate_prompt_tokens": None, "custom_logit_processor": None}
-CHAT_UNSERVED_EXTRAS = {"add_generation_prompt": True, "continue_final_message": False, "chat_template": None,
+CHAT_UNSERVED_EXTRAS = {"chat_template": None,
                         "echo": False, "functions": None}  # functions: OpenAI's older tools
 
 
@@ -172,6 +172,9 @@ class ChatRequest(Sampling):
     tool_choice: str | dict | None = None
     chat_template_kwargs: dict | None = None  # vLLM's / SGLang's extra template variables (Qwen3: enable_thinking)
     add_special_tokens: StrictBool = False  # vLLM's: a BOS on top of the template's own (the template has one)
+    # vLLM's: end on the assistant turn's opening (default), or continue the last (assistant) message as written
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
@@ -198,8 +201,16 @@ class ChatRequest(Sampling):
             raise ApiError(400, "tool_choice is not supported by this server (no tools)", "tool_choice")
         if self.max_completion_tokens is not None:  # OpenAI's newer name wins over max_tokens
             self.max_tokens = self.max_completion_tokens
-        if self.messages[-1].role == "assistant":
-            raise ApiError(400, "messages: the last one must not be the assistant's (nothing to answer)", "messages")
+        if self.continue_final_message:
+            if self.add_generation_prompt:  # as vLLM refuses it
+                raise ApiError(400, "continue_final_message needs add_generation_prompt: false (one continues the "
+                                    "last message, the other opens a new turn)", "continue_final_message")
+            if self.messages[-1].role != "assistant":
+                raise ApiError(400, "messages: continue_final_message continues an assistant message, so the last "
+                                    "one must be the assistant's", "messages")
+        elif self.messages[-1].role == "assistant":
+            raise ApiError(400, "messages: the last one must not be the assistant's (nothing to answer; to continue "
+                                "it, send continue_final_message: true with add_generation_prompt: false)", "messages")
         return self
 
 

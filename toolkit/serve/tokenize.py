@@ -13,7 +13,7 @@ from toolkit.serve.protocol import ApiError, Message
 
 # vLLM's /tokenize fields this server does not apply, with the value that leaves them alone: refused when set (the
 # ids would silently differ from what the caller asked for)
-UNSERVED = {"continue_final_message": False, "chat_template": None, "tools": None, "mm_processor_kwargs": None}
+UNSERVED = {"chat_template": None, "tools": None, "mm_processor_kwargs": None}
 
 
 class TokenizeRequest(BaseModel):
@@ -22,6 +22,7 @@ class TokenizeRequest(BaseModel):
     messages: list[Message] | None = Field(default=None, min_length=1)
     add_special_tokens: StrictBool | None = None  # None: true for a prompt, false for messages (vLLM's defaults)
     add_generation_prompt: StrictBool = True      # messages: end with the assistant's turn opening, as chat does
+    continue_final_message: StrictBool = False    # messages: leave the last (assistant) message open
     chat_template_kwargs: dict | None = None
     return_token_strs: StrictBool = False         # each id's text too
 
@@ -53,7 +54,8 @@ class DetokenizeRequest(BaseModel):
 
 def add_tokenizer_routes(app, parse, tok, chat_text, vocab: int, max_len: int) -> None:
     """`parse(request, Model)`: the app's body parser (JSON, validation, model name); `chat_text(messages,
-    template_kwargs, add_generation_prompt)`: the served chat template applied as the chat endpoint applies it."""
+    template_kwargs, add_generation_prompt, continue_final_message)`: the served chat template applied as the chat
+    endpoint applies it."""
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -61,7 +63,8 @@ def add_tokenizer_routes(app, parse, tok, chat_text, vocab: int, max_len: int) -
         if body.prompt is not None:
             ids = tok(body.prompt, add_special_tokens=body.add_special_tokens is not False).input_ids
         else:
-            text = chat_text(body.messages, body.chat_template_kwargs, body.add_generation_prompt)
+            text = chat_text(body.messages, body.chat_template_kwargs, body.add_generation_prompt,
+                             body.continue_final_message)
             ids = tok(text, add_special_tokens=bool(body.add_special_tokens)).input_ids
         strs = tok.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": max_len, "tokens": ids, "token_strs": strs}
