@@ -393,7 +393,8 @@ def test_a_negative_lookup_is_refused(tiny_draft, capsys):
     (["--host", "nosuch.invalid"], "--host nosuch.invalid"),
     (["--no-speculation", "--num-steps", "3", "--sample-draft"], "--num-steps, --sample-draft shape the draft's rounds"),
     (["--no-speculation", "--token-map", "freq.pt"], "--token-map shapes the draft's rounds"),
-    (["--default-chat-template-kwargs", "enable_thinking=false"], "--default-chat-template-kwargs 'enable_thinking")])
+    (["--default-chat-template-kwargs", "enable_thinking=false"], "--default-chat-template-kwargs 'enable_thinking"),
+    (["--reasoning-parser", "granite"], "--reasoning-parser granite: accepted qwen3, deepseek_r1")])
 def test_bad_flags_are_refused_before_loading(capsys, extra, message):
     """--num-draft-tokens 0 served as the default and --log-every -1 was taken; a host name that does not resolve
     was reported as 'pick another --port'; drafting flags beside --no-speculation were taken and did nothing."""

@@ -42,6 +42,7 @@ class Served:
     created: int = 0
     template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs; a request's keys win
     defaults: SamplingDefaults = SamplingDefaults()  # what a request that names no temperature etc. gets
+    reasoning_parser: str | None = None  # --reasoning-parser: chat replies' thinking split out (reasoning.py)
 
 
 def build_app(served: Served) -> FastAPI:
@@ -207,7 +208,8 @@ def build_app(served: Served) -> FastAPI:
             body.logprobs if echo else None)
         own_ids = frozenset(body.stop_token_ids or ()) - served.stop_ids  # stop_reason names these, not end-of-turn
         choices = [Choice(i, req, batcher, tok, body.stop or [], chat, prompts[i // body.n] if echo else None,
-                          prompt_top, own_ids, silent=body.max_tokens == 0) for i, req in enumerate(reqs)]
+                          prompt_top, own_ids, silent=body.max_tokens == 0,
+                          reasoning=served.reasoning_parser if chat else None) for i, req in enumerate(reqs)]
         rid, now = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         kind = "chat.completion" if chat else "text_completion"
 

@@ -17,6 +17,7 @@ from toolkit.infer.sequence import Result
 from toolkit.serve.batcher import Batcher, Request
 from toolkit.serve.logprobs import LogprobWriter
 from toolkit.serve.protocol import ApiError
+from toolkit.serve.reasoning import ReasoningSplit
 from toolkit.serve.text import TextStream
 
 RELEASE_WAIT = 30.0  # seconds a reply cut at a stop string waits for the engine to let its sequence go
@@ -38,7 +39,7 @@ def through(result: Result, n: int) -> Result:
 class Choice:
     def __init__(self, index: int, req: Request, batcher: Batcher, tok, stops: list[str], chat: bool,
                  echo: str | None = None, prompt_top: int | None = None, stop_token_ids=frozenset(),
-                 silent: bool = False):
+                 silent: bool = False, reasoning: str | None = None):
         self.index, self.req, self.batcher, self.chat = index, req, batcher, chat
         self.stream = TextStream(tok, stops, req.seq.params.min_tokens)
         self.write = LogprobWriter(tok, chat, req.seq.params.logprobs)
@@ -46,6 +47,7 @@ class Choice:
         self.prompt_top = prompt_top    # vLLM's prompt_logprobs: the likeliest tokens beside each prompt token
         self.stop_token_ids = stop_token_ids  # the request's own (not end-of-turn): vLLM's stop_reason names them
         self.silent = silent            # max_tokens 0: the generated token is dropped
+        self.split = ReasoningSplit(reasoning) if reasoning else None  # chat: thinking apart from the answer
         self.generated: list[int] = []  # the updates carry new tokens only
         self.logprobs: list = []        # their TokenLogprobs, when asked for
         self.given = 0                  # of those, the ones sent already
@@ -127,9 +129,21 @@ class Choice:
                    "stop_reason": reason and self.stop_reason()}
             return out if delta else {**out, "prompt_logprobs": self.prompt_logprobs()}
         key = "delta" if delta else "message"
-        msg = ({"content": text} if text is not None else {}) if delta else {"role": "assistant", "content": text}
+        if self.split is not None:
+            msg = self._split(text, delta, done=not delta or reason is not None)
+        else:
+            msg = ({"content": text} if text is not None else {}) if delta else {"role": "assistant", "content": text}
         return {"index": self.index, key: msg, "logprobs": lp, "finish_reason": reason,
                 "stop_reason": reason and self.stop_reason()}
+
+    def _split(self, text: str | None, delta: bool, done: bool) -> dict:
+        """A chat message or delta with the thinking in reasoning_content (and vLLM's newer name, reasoning)."""
+        thought, answer = self.split.feed(text or "", done)
+        if not delta:
+            return {"role": "assistant", "content": answer or None, "reasoning_content": thought or None,
+                    "reasoning": thought or None}
+        return {**({"reasoning_content": thought, "reasoning": thought} if thought else {}),
+                **({"content": answer} if answer else {})}
 
     def result(self) -> Result:
         """This choice's engine result, cut at the stop string its text was cut at (the engine may have gone on)."""

@@ -18,6 +18,7 @@ import torch
 
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
+from toolkit.serve.reasoning import PARSERS
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -40,6 +41,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON",
                    help='template variables for every chat request, e.g. \'{"enable_thinking": false}\' (Qwen3); a '
                         "request's chat_template_kwargs override them key by key (as vLLM's flag)")
+    p.add_argument("--reasoning-parser", default=None, metavar="|".join(PARSERS),
+                   help="split a chat reply's thinking (<think> ... </think>) into message.reasoning_content, as "
+                        "vLLM's flag: qwen3 (thinking when the reply opens with <think>) or deepseek_r1 (thinking "
+                        "until </think>: R1, QwQ, Qwen3-Thinking-2507)")
     p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
                    help="sampling values a request that leaves them out gets: auto (default, as vLLM) = the target's "
                         "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
@@ -88,6 +93,8 @@ def main(args: argparse.Namespace) -> int:
     if args.max_seq_len < 0 or not 0 <= args.port <= 65535:
         raise ValueError(f"--max-seq-len must be >= 0 and --port in 0..65535 (0 = any free one); got "
                          f"{args.max_seq_len} and {args.port}")
+    if args.reasoning_parser not in (None, *PARSERS):
+        raise ValueError(f"--reasoning-parser {args.reasoning_parser}: accepted {', '.join(PARSERS)}")
     if args.threads is not None and args.threads < 0:
         raise ValueError(f"--threads {args.threads}: give a positive count (0 or absent = torch's default)")
     if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
@@ -159,7 +166,7 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
     defaults = sampling_defaults(args.generation_config, loaded.folder)
     served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher,
-                    template_kwargs=args.template_kwargs, defaults=defaults)
+                    template_kwargs=args.template_kwargs, defaults=defaults, reasoning_parser=args.reasoning_parser)
     app = Gate(build_app(served), args.max_body_bytes, metrics)
     spec = (f"draft {args.draft}" + (f" with token map {args.token_map}" if args.token_map else "")
             + f", tree {vars(tree)}") if head is not None else "no speculation"
