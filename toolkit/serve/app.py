@@ -8,30 +8,25 @@ the sequence (its last update says so), never while the engine thread may still 
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolkit.infer.sequence import Sequence
 from toolkit.infer.sampling import SamplingParams
 from toolkit.serve.batcher import Batcher
-from toolkit.serve.choice import Choice, usage
+from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
+from toolkit.serve.reply import Reply
 from toolkit.serve.text import ClientStops
 from toolkit.serve.tokenize import add_tokenizer_routes
-
-class ClientGone(Exception):
-    """A non-streamed request's client went away: its choices are cancelled."""
-
 
 @dataclass
 class Served:
@@ -210,111 +205,13 @@ def build_app(served: Served) -> FastAPI:
         choices = [Choice(i, req, batcher, tok, body.stop or [], chat, prompts[i // body.n] if echo else None,
                           prompt_top, own_ids, silent=body.max_tokens == 0,
                           reasoning=served.reasoning_parser if chat else None) for i, req in enumerate(reqs)]
-        rid, now = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
-
-        def cancel_all() -> None:  # the client went away: free every choice's row
-            for c in choices:
-                batcher.cancel(c.req)
-            metrics.cancelled.inc()
-
-        if not body.stream:  # the same incremental text as a stream, so a stop string ends it there too
-            async def collect(c: Choice) -> str:
-                parts, checked = [], time.monotonic()
-                while not c.finished:
-                    try:
-                        parts.append(await c.update(timeout=1.0))
-                    except asyncio.TimeoutError:
-                        pass
-                    # once a second whether tokens flow or not: every engine step posts an update, so a check
-                    # made only when none came for a second never ran while a left request kept generating
-                    if not c.done and time.monotonic() - checked >= 1.0:
-                        checked = time.monotonic()
-                        if await request.is_disconnected():
-                            raise ClientGone
-                if not c.done:
-                    await c.let_go()
-                return "".join(parts)
-
-            try:
-                async with asyncio.TaskGroup() as group:  # one failing (or the client leaving) stops the others
-                    tasks = [group.create_task(collect(c)) for c in choices]
-            except asyncio.CancelledError:  # the server stops
-                cancel_all()
-                raise
-            except BaseExceptionGroup as errors:
-                if errors.subgroup(ClientGone) is not None:
-                    cancel_all()
-                    raise asyncio.CancelledError from None
-                for c in choices:  # the engine failed a choice: the others' rows go too
-                    batcher.cancel(c.req)
-                failed = errors.subgroup(ApiError)
-                raise failed.exceptions[0] if failed is not None else errors from None
-            reply = {"id": rid, "object": kind, "created": now, "model": served.name,
-                     "choices": [c.body(t.result(), c.finish_reason(), False) for c, t in zip(choices, tasks)],
-                     "usage": usage(choices, positions, body.n)}
+        reply = Reply(choices, body, chat, served.name, batcher, positions)
+        if not body.stream:
+            whole = await reply.whole(request)
             if chat:  # vLLM's: one prompt, so once for the response (null when not asked)
-                reply["prompt_logprobs"] = None if body.prompt_logprobs is None else choices[0].write.vllm_prompt(
+                whole["prompt_logprobs"] = None if body.prompt_logprobs is None else choices[0].write.vllm_prompt(
                     seqs[0].result.prompt_logprobs, body.prompt_logprobs)
-            return reply
-
-        def event(chunk_choices: list, **extra) -> str:
-            data = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": now, "model": served.name,
-                    "choices": chunk_choices, **extra}
-            return f"data: {json.dumps(data)}\n\n"
-
-        async def events():
-            ended = failed = False
-            # with include_usage every chunk carries "usage": null but the last, which carries the counts (OpenAI)
-            options = body.stream_options
-            nulls = {"usage": None} if options and options.include_usage else {}
-
-            def counts(c: Choice) -> dict:  # vLLM's continuous_usage_stats: each chunk its choice's counts so far
-                if not (options and options.include_usage and options.continuous_usage_stats):
-                    return nulls
-                prompt, out = len(c.req.seq.prompt), c.sent_tokens()
-                return {"usage": {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}}
-
-            waiting: dict = {}  # each unfinished choice's next update, as a task; the choices' chunks interleave
-            try:
-                if chat:
-                    for c in choices:
-                        yield event([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                      "logprobs": None, "finish_reason": None}], **counts(c))
-                waiting = {asyncio.ensure_future(c.update()): c for c in choices}
-                while waiting and not failed:
-                    ready, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                    for task in ready:
-                        c = waiting.pop(task)
-                        try:
-                            delta = task.result()
-                        except ApiError as err:  # the engine failed: say so, then end the stream
-                            yield f"data: {json.dumps(err.body())}\n\n"
-                            failed = True
-                            break
-                        if delta:
-                            yield event([c.body(delta, None, True)], **counts(c))
-                        if not c.finished:
-                            waiting[asyncio.ensure_future(c.update())] = c
-                            continue
-                        if not c.done:  # the update's word, not seq.done: that turns true before the step ends
-                            await c.let_go()
-                        yield event([c.body(None, c.finish_reason(), True)], **counts(c))
-                if not failed:
-                    if body.stream_options and body.stream_options.include_usage:
-                        yield event([], usage=usage(choices, positions, body.n))
-                ended = True
-                yield "data: [DONE]\n\n"
-            finally:
-                for task in waiting:
-                    task.cancel()
-                if not ended:  # the client went away mid-stream: free its rows
-                    cancel_all()
-                elif failed:  # the engine failed a choice: the others' rows go too
-                    for c in choices:
-                        batcher.cancel(c.req)
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return whole
+        return reply.streaming()
 
     return app
