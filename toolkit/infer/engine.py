@@ -218,7 +218,8 @@ class Engine:
                 if s.params.penalized:  # counts from here on: the prompt's ids, then each token added
                     held = s.stop_ids if s.held_ids is None else s.held_ids
                     s.penalties = Penalties(s.params, s.prompt, logits.shape[-1], self.device, held)
-                scores = logits[b] if s.penalties is None else s.penalties.apply(logits[b])      # [1, V]
+                scores = logits[b] if s.grammar is None else s.grammar.apply(logits[b])            # [1, V]
+                scores = scores if s.penalties is None else s.penalties.apply(scores)
                 token = self._pick(scores[0], s.params, s.generator)
                 if s.params.logprobs is not None:
                     s.result.logprobs += token_logprobs(logits[b], [token], s.params.logprobs)
@@ -362,8 +363,9 @@ class Engine:
             logits, *aux = out
         paths, emitted, logprobs = [], [], []
         for b, (tree, s) in enumerate(zip(trees, seqs)):
-            scores = logits[b] if s.penalties is None else s.penalties.apply(
-                logits[b], tree.tokens, tree.ancestor_mask() if ancestors is None else ancestors[b])
+            scores = logits[b] if s.grammar is None else s.grammar.apply(logits[b], tree.tokens, tree.parents)
+            scores = scores if s.penalties is None else s.penalties.apply(
+                scores, tree.tokens, tree.ancestor_mask() if ancestors is None else ancestors[b])
             path, out = verify_tree(tree, scores, s.params, s.generator, self._draft_ids)
             self.cache.keep_path(b, s.prefix, path)
             paths.append(path)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from toolkit.infer.grammar import GrammarMask
 from toolkit.infer.penalties import Penalties
 from toolkit.infer.sampling import SamplingParams
 
@@ -70,6 +71,7 @@ class Sequence:
     penalties: Penalties | None = None         # its logit bias and token counts, when params ask for them
     held_ids: frozenset | None = None          # what min_tokens holds back (None: stop_ids); vLLM holds back the
                                                # end-of-turn ids even where ignore_eos leaves them out of stop_ids
+    grammar: GrammarMask | None = None         # structured output: what the text must stay inside (grammar.py)
 
     def add(self, token: int) -> bool:
         """Append a generated token; True (and done) when generation stops here."""
@@ -77,6 +79,8 @@ class Sequence:
         toks.append(token)
         if self.penalties is not None:
             self.penalties.add(token)
+        if self.grammar is not None:
+            self.grammar.add(token)
         strings = self.stop_strings is not None and self.stop_strings(toks, self.params.min_tokens)
         if token in self.stop_ids or strings:
             self.result.finish = "stop"  # a stop at the last allowed token is a stop, as in vLLM
