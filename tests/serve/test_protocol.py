@@ -52,7 +52,7 @@ def test_accepted_forms():
     ({"messages": USER, "logit_bias": {"fifty": 1}}, "logit_bias"),
     ({"messages": USER, "logit_bias": {"50": True}}, "logit_bias"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
-    ({"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format"),
     ({"messages": USER, "max_tokens": 0}, "max_tokens"),
     ({"messages": USER, "n": 0}, "n"),
     ({"messages": USER, "stop": [""]}, "stop"),
@@ -70,8 +70,8 @@ def test_accepted_forms():
     ({"messages": USER, "max_completion_tokens": True}, "max_completion_tokens"),  # was read as 1
     ({"messages": USER, "max_completion_tokens": "12"}, "max_completion_tokens"),
     # vLLM's / SGLang's extras that change the output: refused when set, no longer silently ignored
-    ({"messages": USER, "guided_choice": ["yes", "no"]}, "guided_choice"),
-    ({"messages": USER, "guided_json": {"type": "object"}}, "guided_json"),
+    ({"messages": USER, "guided_choice": ["yes", "no"], "guided_json": {"type": "object"}}, "guided_choice"),
+    ({"messages": USER, "structural_tag": {"type": "x"}}, "structural_tag"),
     ({"messages": USER, "include_stop_str_in_output": True}, "include_stop_str_in_output"),
     ({"messages": USER, "skip_special_tokens": False}, "skip_special_tokens"),
     ({"messages": USER + [{"role": "assistant", "content": "Hi"}], "continue_final_message": True},
@@ -94,7 +94,7 @@ def test_chat_refusals_name_the_field(body, param):
                                         ({"prompt": "a", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
                                         ({"prompt": "a", "prompt_logprobs": 21}, "prompt_logprobs"),
                                         ({"prompt": "a", "best_of": 2}, "best_of"), ({"prompt": ""}, "prompt"),
-                                        ({"prompt": "a", "guided_regex": "[0-9]+"}, "guided_regex"),
+                                        ({"prompt": "a", "guided_regex": "[0-9]+", "ebnf": "root ::= \"a\""}, "ebnf"),
                                         ({"prompt": "a", "use_beam_search": True}, "use_beam_search")])
 def test_completion_refusals_name_the_field(body, param):
     assert refusal(CompletionRequest, body).param == param

@@ -89,15 +89,19 @@ class Grammars:
         self.compiler = xgr.GrammarCompiler(self.info)
         self.vocab = vocab
 
-    def compile(self, kind: str, spec=None):
-        """A compiled grammar, or ValueError naming what is wrong with `spec`."""
+    def compile(self, kind: str, spec=None, any_whitespace: bool = True):
+        """A compiled grammar, or ValueError naming what is wrong with `spec`. any_whitespace False: JSON without
+        free whitespace between its tokens (vLLM's disable_any_whitespace; small models may pad with it forever)."""
         import json
 
         try:
             if kind == "json":
-                return self.compiler.compile_builtin_json_grammar()
+                if any_whitespace:
+                    return self.compiler.compile_builtin_json_grammar()
+                spec, kind = {"type": "object"}, "json_schema"  # OpenAI's json_object: an object
             if kind == "json_schema":
-                return self.compiler.compile_json_schema(spec if isinstance(spec, str) else json.dumps(spec))
+                return self.compiler.compile_json_schema(spec if isinstance(spec, str) else json.dumps(spec),
+                                                         any_whitespace=any_whitespace)
             if kind == "regex":
                 return self.compiler.compile_regex(spec)
             if kind == "choice":
@@ -113,5 +117,5 @@ class Grammars:
             raise ValueError(f"{kind}: {SOURCE_LINE.sub('', first)}") from None
         raise ValueError(f"unknown constraint {kind!r}; accepted: {', '.join(KINDS)}")
 
-    def mask(self, kind: str, spec, stop_ids: frozenset) -> GrammarMask:
-        return GrammarMask(self.compile(kind, spec), stop_ids, self.vocab)
+    def mask(self, kind: str, spec, stop_ids: frozenset, any_whitespace: bool = True) -> GrammarMask:
+        return GrammarMask(self.compile(kind, spec, any_whitespace), stop_ids, self.vocab)

@@ -26,6 +26,7 @@ from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from toolkit.serve.reply import Reply
+from toolkit.serve.structured import constraint
 from toolkit.serve.text import ClientStops
 from toolkit.serve.tokenize import add_tokenizer_routes
 
@@ -114,7 +115,24 @@ def build_app(served: Served) -> FastAPI:
         # ignore_eos (vLLM's): generate max_tokens whatever the model says, as load benchmarks ask
         stop_ids = (frozenset() if body.ignore_eos else served.stop_ids) | frozenset(extra)
         # min_tokens holds back the end-of-turn ids with ignore_eos too, as vLLM does
-        return Sequence(ids, params, stop_ids, stops, gen, held_ids=served.stop_ids | frozenset(extra))
+        return Sequence(ids, params, stop_ids, stops, gen, held_ids=served.stop_ids | frozenset(extra),
+                        grammar=grammar(body, stop_ids))
+
+    compiler = []  # the tokenizer's grammar compiler, made at the first request that needs one (~0.1 s)
+
+    def grammar(body, stop_ids: frozenset):
+        """The request's structured-output constraint as a fresh grammar state, or None."""
+        found = constraint(body)
+        if found is None:
+            return None
+        if not compiler:
+            from toolkit.infer.grammar import Grammars
+
+            compiler.append(Grammars(tok, engine.target.config.vocab_size))
+        try:
+            return compiler[0].mask(found.kind, found.spec, stop_ids, found.any_whitespace)
+        except ValueError as e:
+            raise ApiError(400, f"{found.field}: {e}", found.field) from None
 
     @app.get("/health")
     async def health():

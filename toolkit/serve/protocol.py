@@ -17,9 +17,8 @@ MAX_STOP_CHARS = 1024  # per stop string
 # vLLM's / SGLang's extra fields that change the output (constrained decoding, stop text kept, special tokens shown,
 # beam search, token filters), with the value that leaves it alone: refused when set, not silently ignored as
 # unknown fields are; a reply that ignored its constraint looks like an answer and is not the one asked for
-UNSERVED_EXTRAS = {"guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
-                   "structural_tag": None, "structured_outputs": None, "regex": None, "ebnf": None,
-                   "json_schema": None, "include_stop_str_in_output": False, "no_stop_trim": False,
+UNSERVED_EXTRAS = {"structural_tag": None, "guided_decoding_backend": None, "guided_whitespace_pattern": None,
+                   "include_stop_str_in_output": False, "no_stop_trim": False,
                    "skip_special_tokens": True, "use_beam_search": False,
                    "allowed_token_ids": None, "bad_words": None, "logits_processors": None,
                    "truncate_prompt_tokens": None, "custom_logit_processor": None}
@@ -88,6 +87,15 @@ class Sampling(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
     logit_bias: dict | tuple | None = ()  # read as ((token id, bias), ...)
     response_format: dict | None = None
+    # structured output (toolkit/infer/grammar.py), as vLLM's guided_* / structured_outputs and SGLang's names
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict | None = None  # vLLM's newer {"json" | "regex" | "choice" | "grammar" | "json_object"}
+    json_schema: dict | str | None = None   # SGLang's
+    regex: str | None = None                # SGLang's
+    ebnf: str | None = None                 # SGLang's
     user: str | None = None
     # vLLM's sampling extras that benchmark clients send, served
     ignore_eos: StrictBool = False
@@ -158,9 +166,9 @@ class Sampling(BaseModel):
             raise ApiError(400, "prompt_logprobs is not available with stream: true", "prompt_logprobs")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
-        if (self.response_format or {}).get("type", "text") != "text":
-            raise ApiError(400, f"response_format {self.response_format.get('type')!r} is not supported (no "
-                           "constrained decoding); accepted: text", "response_format")
+        from toolkit.serve.structured import constraint
+
+        constraint(self)  # at most one, of a known form
         return self
 
 
