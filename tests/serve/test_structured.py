@@ -87,6 +87,7 @@ def test_with_speculation_the_constrained_reply_is_the_same(tiny_target, tiny_dr
     ({"guided_choice": ["a"], "regex": "b"}, "regex"),
     ({"structured_outputs": {"xml": "<a/>"}}, "structured_outputs.xml"),
     ({"structural_tag": {"type": "x"}}, "structural_tag"),
+    ({"guided_choice": ["a", "b"], "min_tokens": 3}, "min_tokens"),
 ])
 def test_bad_constraints_are_refused_by_name(client, extra, param):
     r = client.post("/v1/chat/completions", json={"messages": MESSAGES, **extra})

@@ -125,6 +125,9 @@ def build_app(served: Served) -> FastAPI:
         found = constraint(body)
         if found is None:
             return None
+        if body.min_tokens:  # a grammar complete before then allows only the stop ids min_tokens holds back
+            raise ApiError(400, f"min_tokens cannot be combined with a structured-output constraint ({found.field}): "
+                                "a reply the grammar completes early could take no token at all", "min_tokens")
         if not compiler:
             from toolkit.infer.grammar import Grammars
 
