@@ -88,7 +88,36 @@ def test_with_speculation_the_constrained_reply_is_the_same(tiny_target, tiny_dr
     ({"structured_outputs": {"xml": "<a/>"}}, "structured_outputs.xml"),
     ({"structural_tag": {"type": "x"}}, "structural_tag"),
     ({"guided_choice": ["a", "b"], "min_tokens": 3}, "min_tokens"),
+    ({"structured_outputs": {"choice": "abc"}}, "structured_outputs.choice"),  # a string is no list of choices
+    ({"guided_json": {"type": "array", "uniqueItems": True}}, "guided_json"),  # compiled but not enforced
+    ({"guided_json": {"properties": {"d": {"type": "string", "format": "color"}}}}, "guided_json"),
+    ({"guided_json": {"type": "string", "pattern": "[a-z]+", "maxLength": 3}}, "guided_json"),
 ])
 def test_bad_constraints_are_refused_by_name(client, extra, param):
     r = client.post("/v1/chat/completions", json={"messages": MESSAGES, **extra})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_stop_token_id_the_grammar_needs_stops_the_reply_without_breaking_it(client, tiny_target):
+    """A request's stop_token_ids stay text to the grammar (the model's end of turn ends it): the newline the regex
+    needs is generated and stops the reply there, as a stop id does (its text kept, as vLLM keeps a stop id that is
+    no special token), where it once left no token allowed."""
+    from toolkit.data.chat import load_tokenizer
+
+    newline = load_tokenizer(model=str(tiny_target))("\n", add_special_tokens=False).input_ids[0]
+    c = chat(client, guided_regex="a\nb", stop_token_ids=[newline])
+    assert (c["message"]["content"], c["finish_reason"], c["stop_reason"]) == ("a\n", "stop", newline)
+
+
+def test_json_object_is_an_object(tiny_target):
+    from toolkit.data.chat import load_tokenizer
+    import xgrammar as xgr
+
+    from toolkit.infer.grammar import Grammars
+
+    grammars = Grammars(load_tokenizer(model=str(tiny_target)), 49152)
+    for compact in (True, False):
+        compiled = grammars.compile("json", None, any_whitespace=not compact)
+        for text, whole in (('{"a": [1, 2]}', True), ("[1, 2]", False), ("7", False)):
+            m = xgr.GrammarMatcher(compiled)
+            assert (m.accept_string(text) and m.is_completed()) == whole, (text, compact)

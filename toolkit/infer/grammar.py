@@ -3,16 +3,23 @@ keep the text inside, enforced by masking the target's logits (xgrammar, the bac
 
 A grammar's state after a token depends on the tokens before it, so in a verify step each tree node is masked
 with the state its own path reaches: a depth-first walk accepts each node's token into the matcher, fills the
-node's mask, visits its children and rolls back. A draft token the grammar refuses at its parent gets -inf
-there, so verification never accepts it (its own mask is left open: no one samples from it). Greedy output is
-then plain constrained decoding's token for token, and sampling keeps its law. The mask comes first, before the
-penalties and temperature (vLLM's order: min-p then measures against the likeliest allowed token).
+node's mask, visits its children and rolls back. A draft token its parent's mask refuses is not walked into: it
+gets -inf there, so verification never accepts it (its own row is left open: no one samples from it). Greedy
+output is then plain constrained decoding's token for token, and sampling keeps its law. The mask comes first,
+before the penalties and temperature (vLLM's order: min-p then measures against the likeliest allowed token).
 """
 from __future__ import annotations
 
+import json
 import re
 
 import torch
+
+KINDS = ("json", "json_schema", "regex", "choice", "grammar")
+SOURCE_LINE = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # xgrammar's "[22:32:28] /project/cpp/x.cc:94: " prefix
+# string formats xgrammar 0.2 enforces (checked one by one); others it would silently let through
+FORMATS = {"email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid", "uri",
+           "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"}
 
 
 def allowed_ids(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -21,13 +28,30 @@ def allowed_ids(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return bits.bool().reshape(bitmask.shape[0], -1)[:, :vocab]
 
 
+def unenforced(schema, path: str = "schema") -> str | None:
+    """The first keyword of a JSON schema that xgrammar would compile but not enforce (so a reply could break the
+    schema unnoticed), named with its path; None when there is none (vLLM refuses the same kinds)."""
+    if isinstance(schema, list):
+        return next((found for i, item in enumerate(schema) if (found := unenforced(item, f"{path}[{i}]"))), None)
+    if not isinstance(schema, dict):
+        return None
+    if schema.get("uniqueItems") or any(k in schema for k in ("contains", "minContains", "maxContains")):
+        return f"{path}: uniqueItems / contains"
+    if "format" in schema and schema["format"] not in FORMATS:
+        return f"{path}: format {schema['format']!r} (enforced: {', '.join(sorted(FORMATS))})"
+    if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
+        return f"{path}: pattern together with minLength / maxLength"
+    return next((found for key, value in schema.items() if (found := unenforced(value, f"{path}.{key}"))), None)
+
+
 class GrammarMask:
     """One sequence's grammar state (an xgrammar GrammarMatcher over a compiled grammar)."""
 
     def __init__(self, compiled, stop_ids: frozenset, vocab: int):
         import xgrammar as xgr
 
-        # the stop ids are the ones this sequence stops at: allowed once the grammar is complete, and only then
+        # the model's end-of-turn ids: allowed once the grammar is complete, and only then (a request's own
+        # stop_token_ids are not among them: text the grammar needs must stay writable, as in vLLM)
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(stop_ids) or None)
         self.vocab = vocab
         self.words = xgr.get_bitmask_shape(1, vocab)[1]
@@ -42,44 +66,53 @@ class GrammarMask:
         """The text is a whole sentence of the grammar and took its stop token (or can take no more)."""
         return self.matcher.is_terminated()
 
-    def masks(self, tokens: list[int] | None = None, parents: list[int] | None = None) -> torch.Tensor:
-        """bool [n, V]: what each node of a tree (tokens, parents: -1 for the root, node 0) may be followed by;
-        without a tree, [1, V] for the next token."""
+    def bitmask(self, tokens: list[int] | None = None, parents: list[int] | None = None) -> torch.Tensor:
+        """Packed int32 [n, words]: what each node of a tree (tokens, parents: -1 for the root, node 0) may be
+        followed by; without a tree, [1, words] for the next token."""
         n = 1 if tokens is None else len(tokens)
         bitmask = torch.full((n, self.words), -1, dtype=torch.int32)  # all allowed: a node the walk never reaches
         children: list[list[int]] = [[] for _ in range(n)]
         for node in range(1, n):
-            children[parents[node]].append(node)
+            if parents[node] >= 0:  # -1 past the root: a padding node
+                children[parents[node]].append(node)
         stack = [(0, False)]  # (node, leaving): accept on entry (the root is already in), roll back on leaving
         while stack:
             node, leaving = stack.pop()
             if leaving:
                 self.matcher.rollback(1)
                 continue
-            if node and not self.matcher.accept_token(tokens[node]):
-                continue  # refused at its parent: masked there, so never accepted
             if node:
+                token, row = tokens[node], bitmask[parents[node]]
+                if not (token < self.vocab and int(row[token // 32]) >> (token % 32) & 1):
+                    continue  # its parent refuses it: -inf there, so never accepted
+                if not self.matcher.accept_token(token):
+                    raise RuntimeError(f"grammar refused token {token} its own mask allowed")
                 stack.append((node, True))
-            if not self.matcher.is_terminated():  # after a stop token the row stays open: the sequence ends there
-                self.matcher.fill_next_token_bitmask(bitmask, node)
+            if self.matcher.is_terminated():  # a stop token: the sequence ends here, its row and subtree stay open
+                continue
+            self.matcher.fill_next_token_bitmask(bitmask, node)
             stack += [(child, False) for child in reversed(children[node])]
-        return allowed_ids(bitmask, self.vocab)
+        return bitmask
+
+    def masks(self, tokens: list[int] | None = None, parents: list[int] | None = None) -> torch.Tensor:
+        """bool [n, V]: `bitmask` unpacked (for tests and readers; apply uses the packed form)."""
+        return allowed_ids(self.bitmask(tokens, parents), self.vocab)
 
     def apply(self, logits: torch.Tensor, tokens: torch.Tensor | None = None,
               parents: torch.Tensor | None = None) -> torch.Tensor:
         """logits [n, V] at a tree's nodes (or the one next position) -> float32 logits, -inf where refused."""
-        allowed = self.masks(None if tokens is None else tokens.tolist(),
-                             None if parents is None else parents.tolist())
-        return logits.float().masked_fill(~allowed.to(logits.device), float("-inf"))
+        import xgrammar as xgr
 
-
-KINDS = ("json", "json_schema", "regex", "choice", "grammar")
-SOURCE_LINE = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # xgrammar's "[22:32:28] /project/cpp/x.cc:94: " prefix
+        bitmask = self.bitmask(None if tokens is None else tokens.tolist(),
+                               None if parents is None else parents.tolist())
+        logits = logits.to(torch.float32, copy=True)  # the batch's logits stay raw (log-probs are read from them)
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=self.vocab)
+        return logits
 
 
 class Grammars:
     """Compiles request constraints for one tokenizer (xgrammar caches compiled grammars by their text):
-    json (any JSON value, OpenAI's json_object), json_schema (a schema: dict or JSON text), regex, choice (one of
+    json (OpenAI's json_object: a JSON object), json_schema (a schema: dict or JSON text), regex, choice (one of
     a list of strings, matched exactly), grammar (EBNF, as xgrammar and vLLM read it)."""
 
     def __init__(self, tokenizer, vocab: int):
@@ -92,30 +125,31 @@ class Grammars:
     def compile(self, kind: str, spec=None, any_whitespace: bool = True):
         """A compiled grammar, or ValueError naming what is wrong with `spec`. any_whitespace False: JSON without
         free whitespace between its tokens (vLLM's disable_any_whitespace; small models may pad with it forever)."""
-        import json
-
+        if kind == "json":  # vLLM's reading of json_object: an object, not any JSON value
+            kind, spec = "json_schema", {"type": "object"}
+        if kind == "json_schema":
+            try:
+                schema = json.loads(spec) if isinstance(spec, str) else spec
+            except ValueError as e:
+                raise ValueError(f"not JSON: {e}") from None
+            problem = unenforced(schema)
+            if problem:
+                raise ValueError(f"{problem} is not supported (the grammar would not enforce it)")
+        if kind == "choice" and not (isinstance(spec, list) and spec and all(isinstance(c, str) and c for c in spec)):
+            raise ValueError("give a non-empty list of non-empty strings")
+        if kind not in KINDS:
+            raise ValueError(f"unknown constraint {kind!r}; accepted: {', '.join(KINDS)}")
         try:
-            if kind == "json":
-                if any_whitespace:
-                    return self.compiler.compile_builtin_json_grammar()
-                spec, kind = {"type": "object"}, "json_schema"  # OpenAI's json_object: an object
             if kind == "json_schema":
-                return self.compiler.compile_json_schema(spec if isinstance(spec, str) else json.dumps(spec),
-                                                         any_whitespace=any_whitespace)
+                return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
             if kind == "regex":
                 return self.compiler.compile_regex(spec)
             if kind == "choice":
-                if not spec or not all(isinstance(c, str) and c for c in spec):
-                    raise ValueError("give a non-empty list of non-empty strings")
                 return self.compiler.compile_regex("|".join(f"({re.escape(c)})" for c in spec))
-            if kind == "grammar":
-                return self.compiler.compile_grammar(spec)
-        except ValueError:
-            raise
+            return self.compiler.compile_grammar(spec)
         except Exception as e:  # xgrammar raises RuntimeError (and its own types) for a bad schema / regex / grammar
             first = (str(e).splitlines() or [type(e).__name__])[0]
-            raise ValueError(f"{kind}: {SOURCE_LINE.sub('', first)}") from None
-        raise ValueError(f"unknown constraint {kind!r}; accepted: {', '.join(KINDS)}")
+            raise ValueError(SOURCE_LINE.sub("", first)) from None
 
     def mask(self, kind: str, spec, stop_ids: frozenset, any_whitespace: bool = True) -> GrammarMask:
         return GrammarMask(self.compile(kind, spec, any_whitespace), stop_ids, self.vocab)

@@ -9,6 +9,7 @@ the sequence (its last update says so), never while the engine thread may still 
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from toolkit.infer.grammar import GrammarMask, Grammars
 from toolkit.infer.sequence import Sequence
 from toolkit.infer.sampling import SamplingParams
 from toolkit.serve.batcher import Batcher
@@ -79,7 +81,7 @@ def build_app(served: Served) -> FastAPI:
                            "model", "model_not_found")
         return body
 
-    def sequence(body, ids: list[int], field: str, index: int = 0) -> Sequence:
+    def sequence(body, ids: list[int], field: str, index: int = 0, compiled=None) -> Sequence:
         """Choice `index` of the request: its own generator (seed + index: n samples, each reproducible)."""
         ctx = engine.max_len
         if len(ids) >= ctx:
@@ -115,13 +117,16 @@ def build_app(served: Served) -> FastAPI:
         # ignore_eos (vLLM's): generate max_tokens whatever the model says, as load benchmarks ask
         stop_ids = (frozenset() if body.ignore_eos else served.stop_ids) | frozenset(extra)
         # min_tokens holds back the end-of-turn ids with ignore_eos too, as vLLM does
+        # a grammar's own end is the model's end of turn (a request's stop_token_ids stay text it may need)
+        grammar = None if compiled is None else GrammarMask(compiled, served.stop_ids, engine.target.config.vocab_size)
         return Sequence(ids, params, stop_ids, stops, gen, held_ids=served.stop_ids | frozenset(extra),
-                        grammar=grammar(body, stop_ids))
+                        grammar=grammar)
 
-    compiler = []  # the tokenizer's grammar compiler, made at the first request that needs one (~0.1 s)
+    compiler = []  # the tokenizer's grammar compiler, made at the first request that needs one (~0.1-1 s)
 
-    def grammar(body, stop_ids: frozenset):
-        """The request's structured-output constraint as a fresh grammar state, or None."""
+    async def compile_constraint(body):
+        """The request's structured-output constraint compiled (off the event loop: a long regex or the first
+        compiler takes up to a second, which would stall every stream), or None."""
         found = constraint(body)
         if found is None:
             return None
@@ -129,11 +134,9 @@ def build_app(served: Served) -> FastAPI:
             raise ApiError(400, f"min_tokens cannot be combined with a structured-output constraint ({found.field}): "
                                 "a reply the grammar completes early could take no token at all", "min_tokens")
         if not compiler:
-            from toolkit.infer.grammar import Grammars
-
-            compiler.append(Grammars(tok, engine.target.config.vocab_size))
+            compiler.append(await asyncio.to_thread(Grammars, tok, engine.target.config.vocab_size))
         try:
-            return compiler[0].mask(found.kind, found.spec, stop_ids, found.any_whitespace)
+            return await asyncio.to_thread(compiler[0].compile, found.kind, found.spec, found.any_whitespace)
         except ValueError as e:
             raise ApiError(400, f"{found.field}: {e}", found.field) from None
 
@@ -189,14 +192,16 @@ def build_app(served: Served) -> FastAPI:
         text = chat_text(body.messages, body.chat_template_kwargs, body.add_generation_prompt,
                          body.continue_final_message)
         ids = tok(text, add_special_tokens=body.add_special_tokens).input_ids
-        return await respond(request, body, [sequence(body, ids, "messages", i) for i in range(body.n)], [text],
-                             chat=True)
+        compiled = await compile_constraint(body)
+        return await respond(request, body, [sequence(body, ids, "messages", i, compiled) for i in range(body.n)],
+                             [text], chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
         prompts, texts, seqs = body.prompts(), [], []
         check_n(body, len(prompts))
+        compiled = await compile_constraint(body)
         for prompt in prompts:  # a batch: prompt i's choices are i * n .. i * n + n - 1 (vLLM's order)
             if isinstance(prompt, str):
                 ids = tok(prompt, add_special_tokens=body.add_special_tokens).input_ids
@@ -205,7 +210,7 @@ def build_app(served: Served) -> FastAPI:
             else:
                 ids = list(prompt)
             # seeded seed + j as if alone: a prompt's reply does not depend on the batch it came in
-            seqs += [sequence(body, ids, "prompt", j) for j in range(body.n)]
+            seqs += [sequence(body, ids, "prompt", j, compiled) for j in range(body.n)]
             texts.append(prompt if isinstance(prompt, str) else tok.decode(ids))  # as vLLM: special tokens shown
         return await respond(request, body, seqs, texts, chat=False)
 
