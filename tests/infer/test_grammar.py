@@ -117,3 +117,50 @@ def test_sampled_constrained_law_is_the_same_with_a_tree(setup):
     assert {tok.decode(s[:-1]) for s in plain} <= set(spec) and len(set(plain)) > 2
     stat, df = chi2(Counter(plain), Counter(spec_))
     assert stat < limit(df), (stat, df)
+
+
+def test_a_reasoning_models_grammar_starts_after_its_think_block(setup):
+    """With `after` (a reasoning model's </think>; here a token the free reply writes third) the text is free up to
+    it and a sentence of the grammar from there, the same with every draft (nodes on either side of `after` in one
+    tree); a prompt that already closed its block (after_thinking) constrains from the first token."""
+    from toolkit.infer.grammar import GrammarMask, after_thinking
+
+    tok, target, grammars = setup
+    stop, spec = tok.eos_token_id, ["red", "green", "blue"]
+    prompts = [tok(t).input_ids for t in ("Pick a color:", "The answer is")]
+    free = [Engine(target, max_len=128).generate(p, SamplingParams(max_new_tokens=6)).tokens for p in prompts]
+    compiled = grammars.compile("choice", spec)
+
+    def run_after(head=None, tree=None, lookup=None):
+        eng = Engine(target, head, tree, max_len=128, max_batch=2, lookup=lookup)
+        seqs = [Sequence(p, SamplingParams(max_new_tokens=30), frozenset({stop}),
+                         grammar=GrammarMask(compiled, frozenset({stop}), target.config.vocab_size, after=f[2],
+                                             active=False)) for p, f in zip(prompts, free)]
+        eng.admit(seqs)
+        while eng.running:
+            eng.step()
+        return [s.result.tokens for s in seqs]
+
+    plain = run_after()
+    for out, f in zip(plain, free):
+        k = f.index(f[2])
+        assert out[:k + 1] == f[:k + 1] and tok.decode(out[k + 1:-1]) in spec and out[-1] == stop
+    runs = [p + o for p, o in zip(prompts, plain)]
+    for head, tree, lookup in ((random_head(target.config, seed=1), TreeConfig(3, 2, 6), None),
+                               (Oracle.of(target, runs, wrong_every=3), TreeConfig(4, 3, 10), None),
+                               (None, None, LookupConfig(4))):
+        assert run_after(head, tree, lookup) == plain
+
+    class Tok:  # a tokenizer whose vocabulary has the tags as single tokens
+        unk_token_id = 0
+
+        def convert_tokens_to_ids(self, t):
+            return {"<think>": 7, "</think>": 8}[t]
+
+        def convert_ids_to_tokens(self, i):
+            return {7: "<think>", 8: "</think>"}[i]
+
+    assert after_thinking(Tok(), [1, 7, 5, 8, 5]) == (8, True)    # enable_thinking false: an empty block, closed
+    assert after_thinking(Tok(), [1, 7, 5, 8, 5, 7]) == (8, False)  # the template opened one: think first
+    assert after_thinking(Tok(), [1, 5]) == (8, False)
+    assert after_thinking(tok, prompts[0]) == (None, True)  # SmolLM2 has no </think> token

@@ -47,17 +47,23 @@ def unenforced(schema, path: str = "schema") -> str | None:
 class GrammarMask:
     """One sequence's grammar state (an xgrammar GrammarMatcher over a compiled grammar)."""
 
-    def __init__(self, compiled, stop_ids: frozenset, vocab: int):
+    def __init__(self, compiled, stop_ids: frozenset, vocab: int, after: int | None = None, active: bool = True):
+        """after: a token that opens the constrained part (a reasoning model's `</think>`): until the sequence
+        has it (active False) the text is free, so the model thinks first and answers in the grammar (vLLM's
+        structured output beside a reasoning parser)."""
         import xgrammar as xgr
 
         # the model's end-of-turn ids: allowed once the grammar is complete, and only then (a request's own
         # stop_token_ids are not among them: text the grammar needs must stay writable, as in vLLM)
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(stop_ids) or None)
-        self.vocab = vocab
+        self.vocab, self.after, self.active = vocab, after, active or after is None
         self.words = xgr.get_bitmask_shape(1, vocab)[1]
 
     def add(self, token: int) -> None:
         """Take in a generated token (the engine only emits tokens the mask allowed)."""
+        if not self.active:
+            self.active = token == self.after
+            return
         if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
             raise RuntimeError(f"token {token} breaks the sequence's grammar: the mask and the engine disagree")
 
@@ -75,23 +81,27 @@ class GrammarMask:
         for node in range(1, n):
             if parents[node] >= 0:  # -1 past the root: a padding node
                 children[parents[node]].append(node)
-        stack = [(0, False)]  # (node, leaving): accept on entry (the root is already in), roll back on leaving
+        # (node, leaving, the grammar constrains its parent's row): accept on entry (the root is already in), roll
+        # back on leaving; a path still before `after` accepts nothing (its rows stay open)
+        stack = [(0, False, None)]
         while stack:
-            node, leaving = stack.pop()
+            node, leaving, constrained = stack.pop()
             if leaving:
                 self.matcher.rollback(1)
                 continue
-            if node:
+            active = self.active if node == 0 else constrained or tokens[node] == self.after
+            if node and constrained:
                 token, row = tokens[node], bitmask[parents[node]]
                 if not (token < self.vocab and int(row[token // 32]) >> (token % 32) & 1):
                     continue  # its parent refuses it: -inf there, so never accepted
                 if not self.matcher.accept_token(token):
                     raise RuntimeError(f"grammar refused token {token} its own mask allowed")
-                stack.append((node, True))
-            if self.matcher.is_terminated():  # a stop token: the sequence ends here, its row and subtree stay open
+                stack.append((node, True, None))
+            if active and self.matcher.is_terminated():  # a stop token: the sequence ends here, rows stay open
                 continue
-            self.matcher.fill_next_token_bitmask(bitmask, node)
-            stack += [(child, False) for child in reversed(children[node])]
+            if active:
+                self.matcher.fill_next_token_bitmask(bitmask, node)
+            stack += [(child, False, active) for child in reversed(children[node])]
         return bitmask
 
     def masks(self, tokens: list[int] | None = None, parents: list[int] | None = None) -> torch.Tensor:
@@ -153,3 +163,14 @@ class Grammars:
 
     def mask(self, kind: str, spec, stop_ids: frozenset, any_whitespace: bool = True) -> GrammarMask:
         return GrammarMask(self.compile(kind, spec, any_whitespace), stop_ids, self.vocab)
+
+
+def after_thinking(tokenizer, prompt: list[int]) -> tuple[int | None, bool]:
+    """(the `</think>` token a reasoning model's constrained answer starts after, whether the prompt has already
+    closed its think block: Qwen3 with enable_thinking false writes an empty one); (None, True) where `</think>` is
+    no single token (then the grammar holds from the first token)."""
+    start, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<think>", "</think>"))
+    if end is None or end == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(end) != "</think>":
+        return None, True
+    last = {t: max((i for i, x in enumerate(prompt) if x == t), default=-1) for t in (start, end)}
+    return end, last[end] > last[start]

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from toolkit.infer.grammar import GrammarMask, Grammars
+from toolkit.infer.grammar import GrammarMask, Grammars, after_thinking
 from toolkit.infer.sequence import Sequence
 from toolkit.infer.sampling import SamplingParams
 from toolkit.serve.batcher import Batcher
@@ -117,8 +117,11 @@ def build_app(served: Served) -> FastAPI:
         # ignore_eos (vLLM's): generate max_tokens whatever the model says, as load benchmarks ask
         stop_ids = (frozenset() if body.ignore_eos else served.stop_ids) | frozenset(extra)
         # min_tokens holds back the end-of-turn ids with ignore_eos too, as vLLM does
-        # a grammar's own end is the model's end of turn (a request's stop_token_ids stay text it may need)
-        grammar = None if compiled is None else GrammarMask(compiled, served.stop_ids, engine.target.config.vocab_size)
+        # a grammar's own end is the model's end of turn (a request's stop_token_ids stay text it may need); beside
+        # a reasoning parser it starts after the think block, as vLLM's (a chat reply thinks freely, then answers)
+        after, active = after_thinking(tok, ids) if served.reasoning_parser and field == "messages" else (None, True)
+        grammar = None if compiled is None else GrammarMask(compiled, served.stop_ids, engine.target.config.vocab_size,
+                                                            after, active)
         return Sequence(ids, params, stop_ids, stops, gen, held_ids=served.stop_ids | frozenset(extra),
                         grammar=grammar)
 
