@@ -78,3 +78,12 @@ def test_a_final_assistant_message_is_continued(client, tok):
     assert r["usage"]["prompt_tokens"] == len(ids)
     r = client.post("/v1/chat/completions", json={**body, "continue_final_message": False})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+
+
+def test_ping_and_version(client):
+    from toolkit import __version__
+
+    assert client.get("/version").json() == {"version": __version__}
+    for method in ("GET", "POST"):
+        r = client.request(method, "/ping")
+        assert r.status_code == 200 and r.json()["status"] == "ok"

@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API over the batcher: /v1/chat/completions, /v1/completions (both streamed as
 server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/models, /health, /metrics, and
-vLLM's /tokenize, /detokenize and /tokenizer_info (tokenize.py). A request becomes one engine sequence per
+vLLM's /tokenize, /detokenize and /tokenizer_info (tokenize.py), /ping and /version. A request becomes one engine sequence per
 choice (choice.py), answered whole or as a stream by reply.py.
 
 Each response's `usage` has the standard token counts plus `speculative`: this request's verify steps,
@@ -148,6 +148,16 @@ def build_app(served: Served) -> FastAPI:
         if not batcher.alive:
             return JSONResponse({"status": "engine thread stopped"}, status_code=503)
         return {"status": "ok", "running": len(engine.running), "waiting": len(batcher.waiting)}
+
+    @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's (SageMaker's health check): /health's answer
+    async def ping():
+        return await health()
+
+    @app.get("/version")  # vLLM's
+    async def version():
+        from toolkit import __version__
+
+        return {"version": __version__}
 
     def model_card() -> dict:
         return {"id": served.name, "object": "model", "created": served.created, "owned_by": "toolkit",
