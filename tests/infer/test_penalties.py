@@ -93,6 +93,54 @@ def test_min_tokens_holds_the_stop_ids_back_as_transformers_does(tiny, draft):
     assert all(len(r.tokens) <= 5 and r.finish == "stop" for r in early)  # without it they stop at once
 
 
+@torch.no_grad()
+def reference_banned(hf, prompt: list[int], p: SamplingParams) -> list[int]:
+    """Greedy with vLLM's allowed_token_ids and bad_words rules applied by hand (the output is the context)."""
+    out: list[int] = []
+    for _ in range(p.max_new_tokens):
+        logits = hf(torch.tensor([prompt + out])).logits[0, -1].float()
+        if p.allowed_token_ids:
+            keep = torch.zeros_like(logits, dtype=torch.bool)
+            keep[list(p.allowed_token_ids)] = True
+            logits[~keep] = float("-inf")
+        for w in p.bad_words:
+            if len(w) == 1 or (len(out) >= len(w) - 1 and out[len(out) - len(w) + 1:] == list(w[:-1])):
+                logits[w[-1]] = float("-inf")
+        out.append(int(logits.argmax()))
+    return out
+
+
+@pytest.mark.parametrize("draft", ["plain", "oracle-chain", "oracle-tree", "eagle3-tree", "mtp-chain", "lookup",
+                                   "oracle-tree+lookup"])
+def test_bad_words_and_allowed_ids_as_vllm_rules_them(tiny, draft):
+    """A two-token word banned where its first token ends the output (node by node: a draft path may complete
+    it), a three-token one, a one-token one, and an allowed-ids list; greedy equals the hand-applied rules."""
+    target, hf = tiny
+    plain = [reference_greedy(hf, p, SamplingParams(max_new_tokens=20)) for p in PROMPTS]
+    words = ((plain[0][3], plain[0][4]), (plain[1][2], plain[1][3], plain[1][4]), (plain[2][5],))
+    cases = [SamplingParams(max_new_tokens=20, bad_words=words),
+             SamplingParams(max_new_tokens=20, allowed_token_ids=tuple(range(1, 64, 3)), bad_words=words[2:])]
+    kind, tree, lookup = DRAFTS[draft]
+    for params in cases:
+        want = [reference_banned(hf, p, params) for p in PROMPTS]
+        assert want != plain
+        head = None if kind is None else (Oracle.of(target, [p + w for p, w in zip(PROMPTS, want)], wrong_every=4)
+                                          if kind == "oracle" else make_head(kind, target))
+        eng = Engine(target, head, tree, max_len=64, max_batch=len(PROMPTS), lookup=lookup)
+        assert [r.tokens for r in eng.generate_batch(PROMPTS, params)] == want
+
+
+def test_a_bad_word_is_banned_only_at_nodes_whose_path_completes_it():
+    """The output so far is 3, 4 (4 the root); the word (4, 5, 6): node 1's path makes it 4, 5, so 6 is banned after
+    it; the root (3, 4) and node 2 (4, 7) ban nothing."""
+    pen = Penalties(SamplingParams(bad_words=((4, 5, 6),)), [9], 10, torch.device("cpu"))
+    pen.add(3)
+    pen.add(4)  # the root
+    tree = Tree(torch.tensor([4, 5, 7]), torch.tensor([-1, 0, 0]), torch.tensor([0, 1, 1]))
+    out = pen.apply(torch.zeros(3, 10), tree.tokens, tree.ancestor_mask())
+    assert out[1, 6] == -math.inf and out[0, 6] == 0 and out[2, 6] == 0 and out.isinf().sum() == 1
+
+
 def test_min_tokens_masks_a_node_by_its_depth():
     """Two tokens are out, min_tokens 4: the stop id 3 is masked at the root (the 3rd token) and at depth 1
     (the 4th), free at depth 2 (the 5th)."""
@@ -193,6 +241,8 @@ def test_a_bias_outside_the_vocabulary_is_refused_before_any_prefill(tiny):
                                          ({"min_p": 1.5}, "min_p must be"),
                                          ({"min_tokens": 300}, r"min_tokens must be in \[0, max_new_tokens = 256\]"),
                                          ({"min_tokens": -1}, "min_tokens must be"),
+                                         ({"allowed_token_ids": (-1,)}, "allowed_token_ids must be"),
+                                         ({"bad_words": ((),)}, "bad_words must be"),
                                          ({"repetition_penalty": math.inf}, "repetition_penalty must be")])
 def test_bad_values_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):

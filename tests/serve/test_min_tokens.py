@@ -105,3 +105,22 @@ def test_stop_reason_names_what_ended_the_choice(client, ref):
     assert parts[-1]["stop_reason"] == stop and all(p["stop_reason"] is None for p in parts[:-1])
     ran_out = client.post("/v1/completions", json=body).json()["choices"][0]
     assert (ran_out["finish_reason"], ran_out["stop_reason"]) == ("length", None)
+
+
+def test_bad_words_and_allowed_token_ids_reach_the_engine(client, ref):
+    """vLLM's bad_words (each word as written and with a leading space) and allowed_token_ids: the reply is the
+    engine's own run under those bans, and differs from the free one."""
+    tok, ids, engine = ref
+    free = engine.generate(ids, SamplingParams(max_new_tokens=12)).tokens
+    word = tok.decode(free[3]).strip()
+    banned = tuple(dict.fromkeys(tuple(tok(t, add_special_tokens=False).input_ids) for t in (word, " " + word)))
+    allowed = tuple(sorted(set(free[:6]) | set(range(100, 400))))
+    for extra, params in (({"bad_words": [word]}, {"bad_words": banned}),
+                          ({"allowed_token_ids": list(allowed)}, {"allowed_token_ids": allowed})):
+        want = engine.generate(ids, SamplingParams(max_new_tokens=12, **params)).tokens
+        assert want != free
+        r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0, **extra}).json()
+        assert r["choices"][0]["text"] == tok.decode(want), extra
+    for extra in ({"allowed_token_ids": [10 ** 9]}, {"allowed_token_ids": []}, {"bad_words": [" "]}):
+        r = client.post("/v1/completions", json={"prompt": PROMPT, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == next(iter(extra)), r.text

@@ -165,9 +165,11 @@ class Engine:
         vocab, low, high = self.target.config.vocab_size, min(prompt), max(prompt)
         if low < 0 or high >= vocab:
             raise ValueError(f"prompt token id {low if low < 0 else high} outside the vocabulary 0..{vocab - 1}")
-        biased = [t for t, _ in params.logit_bias if t >= vocab]
-        if biased:
-            raise ValueError(f"logit_bias names token id {biased[0]}, outside the vocabulary 0..{vocab - 1}")
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("allowed_token_ids", params.allowed_token_ids),
+                          ("bad_words", [t for w in params.bad_words for t in w])):
+            outside = [t for t in ids if t >= vocab]
+            if outside:
+                raise ValueError(f"{name} names token id {outside[0]}, outside the vocabulary 0..{vocab - 1}")
         if len(prompt) + params.max_new_tokens > self.max_len:
             raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
                              f"the engine's max length {self.max_len}")

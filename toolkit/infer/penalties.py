@@ -12,7 +12,10 @@ in vLLM's order:
       by r when not (CTRL's rule, as transformers and vLLM apply it);
   frequency f, presence p: logit - f * (its count in the output) - p * (1 if in the output) (OpenAI's rule);
   min_tokens m: the sequence's stop ids (EOS and the request's own) get -inf while fewer than m tokens come before
-      (vLLM's rule; transformers' min_new_tokens): at a node of depth d, the output so far + d.
+      (vLLM's rule; transformers' min_new_tokens): at a node of depth d, the output so far + d;
+  allowed_token_ids (vLLM's): every other id gets -inf;
+  bad_words (vLLM's): a banned token-id sequence's last token gets -inf where the output (at a node: with the
+      node's path) ends with the rest of it; a one-token word is never generated.
 """
 from __future__ import annotations
 
@@ -31,6 +34,12 @@ class Penalties:
         self.in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)                # [V]
         self.in_prompt[torch.tensor(prompt, device=device)] = True
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)               # [V]
+        self.allowed = None
+        if params.allowed_token_ids:
+            self.allowed = torch.zeros(vocab, dtype=torch.bool, device=device)
+            self.allowed[torch.tensor(params.allowed_token_ids, device=device)] = True
+        self.recent: list[int] = []  # the output's last tokens, as many as the longest bad word needs
+        self.keep = max((len(w) for w in params.bad_words), default=1) - 1
         self.bias = None
         if params.logit_bias:
             ids, values = zip(*params.logit_bias)  # ids inside the vocabulary: Engine.check refused others
@@ -40,6 +49,24 @@ class Penalties:
     def add(self, token: int) -> None:
         self.counts[token] += 1
         self.generated += 1
+        if self.keep:
+            self.recent = (self.recent + [token])[-self.keep:]
+
+    def banned(self, n: int, tokens: torch.Tensor | None, ancestors: torch.Tensor | None) -> list[list[int]]:
+        """Per node, the ids bad_words forbid after it: its context is the output so far, then its path's draft
+        tokens (node 0, the root, is the output's last token already)."""
+        single = [w[0] for w in self.params.bad_words if len(w) == 1]
+        longer = [w for w in self.params.bad_words if len(w) > 1]
+        if not longer:
+            return [single] * n
+        paths = [[]] if n == 1 or tokens is None else [  # ancestors [n, n]: node indices grow with depth
+            [int(tokens[j]) for j in row.nonzero()[:, 0].tolist() if j] for row in ancestors.cpu()]
+        out = []
+        for path in paths:
+            context = self.recent + path
+            out.append(single + [w[-1] for w in longer if len(context) >= len(w) - 1 and
+                                 context[len(context) - len(w) + 1:] == list(w[:-1])])
+        return out
 
     def apply(self, logits: torch.Tensor, tokens: torch.Tensor | None = None,
               ancestors: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,6 +80,13 @@ class Penalties:
             ids = tokens[1:].to(logits.device).expand(n, -1)                                        # [n, n - 1]
             counts = counts.clone().scatter_add_(1, ids, on_path)  # no host sync (nonzero would wait for the GPU)
         logits = logits.float()
+        if self.allowed is not None:
+            logits = logits.masked_fill(~self.allowed, float("-inf"))
+        if p.bad_words:
+            rows = [(i, t) for i, ids in enumerate(self.banned(n, tokens, ancestors)) for t in ids]
+            if rows:
+                rows = torch.tensor(rows, device=logits.device)
+                logits = logits.index_put((rows[:, 0], rows[:, 1]), torch.tensor(float("-inf"), device=logits.device))
         if self.bias is not None:
             logits = logits + self.bias
         if p.repetition_penalty != 1.0:

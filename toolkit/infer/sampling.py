@@ -26,6 +26,8 @@ class SamplingParams:
     logit_bias: tuple = ()           # ((token id, bias), ...): added to the raw logits before the penalties
     min_tokens: int = 0              # stop ids masked and stop strings unchecked until this many tokens are out
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's log-prob (the first's none) and k likeliest
+    allowed_token_ids: tuple = ()    # vLLM's: only these may be generated (penalties.py); () = all
+    bad_words: tuple = ()            # vLLM's: token-id sequences never completed in the output (penalties.py)
 
     def __post_init__(self):
         if not 0 <= self.temperature < float("inf"):  # NaN fails too; inf would sample uniformly
@@ -51,6 +53,10 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
         if not 0 <= self.min_tokens <= self.max_new_tokens:
             raise ValueError(f"min_tokens must be in [0, max_new_tokens = {self.max_new_tokens}], got {self.min_tokens}")
+        if any(not (isinstance(t, int) and t >= 0) for t in self.allowed_token_ids):
+            raise ValueError(f"allowed_token_ids must be token ids >= 0, got {list(self.allowed_token_ids)}")
+        if any(not w or not all(isinstance(t, int) and t >= 0 for t in w) for w in self.bad_words):
+            raise ValueError(f"bad_words must be non-empty sequences of token ids >= 0, got {list(self.bad_words)}")
         for token, bias in self.logit_bias:
             if not (isinstance(token, int) and token >= 0 and -100 <= bias <= 100):
                 raise ValueError(f"logit_bias takes (token id >= 0, bias in [-100, 100]) pairs, got ({token}, {bias})")
@@ -63,7 +69,7 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Whether the raw logits are changed before sampling: a logit bias, a penalty or min_tokens (penalties.py)."""
         return (self.repetition_penalty != 1 or bool(self.presence_penalty) or bool(self.frequency_penalty)
-                or bool(self.logit_bias) or self.min_tokens > 0)
+                or bool(self.logit_bias) or self.min_tokens > 0 or bool(self.allowed_token_ids) or bool(self.bad_words))
 
 
 # temperatures this small are greedy: logits / 1e-39 overflow to inf, inf - inf is NaN, and one such request

@@ -103,7 +103,7 @@ def build_app(served: Served) -> FastAPI:
                                 body.logprob_count(), d.min_p if body.min_p is None else body.min_p,
                                 d.repetition_penalty if body.repetition_penalty is None else body.repetition_penalty,
                                 body.presence_penalty, body.frequency_penalty, body.logit_bias,
-                                body.min_tokens, body.prompt_logprob_count())
+                                body.min_tokens, body.prompt_logprob_count(), allowed_ids(body), bad_words(body))
         gen = torch.Generator(device=engine.device)
         gen.manual_seed((body.seed + index) % 2 ** 64) if body.seed is not None else gen.seed()
         # the engine stops where the client's text shows a stop string, not generating past what the reply cuts
@@ -124,6 +124,26 @@ def build_app(served: Served) -> FastAPI:
                                                             after, active)
         return Sequence(ids, params, stop_ids, stops, gen, held_ids=served.stop_ids | frozenset(extra),
                         grammar=grammar)
+
+    def allowed_ids(body) -> tuple:
+        ids = tuple(sorted(set(body.allowed_token_ids or ())))
+        if any(not 0 <= t < engine.target.config.vocab_size for t in ids) or body.allowed_token_ids == []:
+            raise ApiError(400, f"allowed_token_ids: give token ids in 0..{engine.target.config.vocab_size - 1}",
+                           "allowed_token_ids")
+        return ids
+
+    def bad_words(body) -> tuple:
+        """vLLM's reading: each word's ids as written (leading spaces stripped) and, where the tokenizer then gives
+        other ids, with one leading space, as the word reads inside a sentence."""
+        out = []
+        for word in body.bad_words or ():
+            if not word.strip():
+                raise ApiError(400, "bad_words: give non-empty words", "bad_words")
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = tuple(tok(text, add_special_tokens=False).input_ids)
+                if ids and ids not in out:
+                    out.append(ids)
+        return tuple(out)
 
     compiler = []  # the tokenizer's grammar compiler, made at the first request that needs one (~0.1-1 s)
 

@@ -20,7 +20,7 @@ MAX_STOP_CHARS = 1024  # per stop string
 UNSERVED_EXTRAS = {"structural_tag": None, "guided_decoding_backend": None, "guided_whitespace_pattern": None,
                    "include_stop_str_in_output": False, "no_stop_trim": False,
                    "skip_special_tokens": True, "use_beam_search": False,
-                   "allowed_token_ids": None, "bad_words": None, "logits_processors": None,
+                   "logits_processors": None,
                    "truncate_prompt_tokens": None, "custom_logit_processor": None}
 CHAT_UNSERVED_EXTRAS = {"chat_template": None,
                         "echo": False, "functions": None}  # functions: OpenAI's older tools
@@ -104,6 +104,8 @@ class Sampling(BaseModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)  # None: the served default
     repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
     prompt_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # each prompt token's (vLLM's)
+    allowed_token_ids: list[StrictInt] | None = None  # vLLM's: only these may be generated
+    bad_words: list[str] | None = None                # vLLM's: words the reply never writes
 
     @model_validator(mode="before")
     @classmethod
