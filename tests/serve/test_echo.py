@@ -45,7 +45,8 @@ def test_echo_puts_the_prompt_first_in_text_and_logprobs(client, ref):
     figures = [e.logprob for e in want.prompt_logprobs + want.logprobs]
     assert lp["token_logprobs"][1:] == pytest.approx(figures, abs=1e-5)
     assert [list(top) for top in lp["top_logprobs"][1:len(ids)]] == [
-        list(dict.fromkeys([tok.decode([e.token])] + [tok.decode([t]) for t, _ in e.top])) for e in want.prompt_logprobs]
+        list(dict.fromkeys([tok.decode([e.token])] + [tok.decode([t]) for t, _ in e.top]))
+        for e in want.prompt_logprobs]
     assert lp["text_offset"] == [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
     # streamed: the prompt comes once, ahead of the first text, and the pieces join to the same reply
     with client.stream("POST", "/v1/completions", json={**body, "echo": True, "stream": True}) as r:

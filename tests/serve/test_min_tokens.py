@@ -29,7 +29,7 @@ def ref(tiny_target):
 
 def stream_text(client, body: dict) -> str:
     with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
-        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     return "".join(c["text"] for e in events for c in e["choices"])
 
 

@@ -36,7 +36,8 @@ def test_a_choice_by_any_name_is_exactly_one_of_them(client, extra):
 
 @pytest.mark.parametrize("extra", [{"response_format": {"type": "json_schema", "json_schema": {"name": "c",
                                                                                                 "schema": SCHEMA}}},
-                                   {"guided_json": SCHEMA}, {"guided_json": json.dumps(SCHEMA)}, {"json_schema": SCHEMA}])
+                                   {"guided_json": SCHEMA}, {"guided_json": json.dumps(SCHEMA)},
+                                   {"json_schema": SCHEMA}])
 def test_a_schema_gives_json_of_it(client, extra):
     # the random target pads with the whitespace JSON allows between tokens (vLLM's default grammar allows any)
     padded = chat(client, max_tokens=90, **extra)

@@ -165,7 +165,8 @@ class Engine:
         vocab, low, high = self.target.config.vocab_size, min(prompt), max(prompt)
         if low < 0 or high >= vocab:
             raise ValueError(f"prompt token id {low if low < 0 else high} outside the vocabulary 0..{vocab - 1}")
-        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("allowed_token_ids", params.allowed_token_ids),
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
+                          ("allowed_token_ids", params.allowed_token_ids),
                           ("bad_words", [t for w in params.bad_words for t in w])):
             outside = [t for t in ids if t >= vocab]
             if outside:
