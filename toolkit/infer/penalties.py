@@ -40,6 +40,8 @@ class Penalties:
             self.allowed[torch.tensor(params.allowed_token_ids, device=device)] = True
         self.recent: list[int] = []  # the output's last tokens, as many as the longest bad word needs
         self.keep = max((len(w) for w in params.bad_words), default=1) - 1
+        self.single = [w[0] for w in params.bad_words if len(w) == 1]   # banned everywhere
+        self.longer = [w for w in params.bad_words if len(w) > 1]       # banned where the context ends in w[:-1]
         self.bias = None
         if params.logit_bias:
             ids, values = zip(*params.logit_bias)  # ids inside the vocabulary: Engine.check refused others
@@ -55,8 +57,7 @@ class Penalties:
     def banned(self, n: int, tokens: torch.Tensor | None, ancestors: torch.Tensor | None) -> list[list[int]]:
         """Per node, the ids bad_words forbid after it: its context is the output so far, then its path's draft
         tokens (node 0, the root, is the output's last token already)."""
-        single = [w[0] for w in self.params.bad_words if len(w) == 1]
-        longer = [w for w in self.params.bad_words if len(w) > 1]
+        single, longer = self.single, self.longer
         if not longer:
             return [single] * n
         paths = [[]] if n == 1 or tokens is None else [  # ancestors [n, n]: node indices grow with depth
