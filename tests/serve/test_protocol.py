@@ -63,7 +63,7 @@ def test_accepted_forms():
     ({"messages": USER, "repetition_penalty": 0}, "repetition_penalty"),
     ({"messages": USER, "min_p": 1.5}, "min_p"),
     ({"messages": USER, "min_tokens": -1}, "min_tokens"),
-    ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
+    ({"messages": USER, "tools": [{"type": "function"}]}, "tools[0]"),  # no function in it
     ({"messages": [{"role": "function", "content": "x"}]}, "messages.0.role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]}, "messages.0.content"),
     ({"messages": [{"role": "assistant", "content": "done"}]}, "messages"),

@@ -54,7 +54,8 @@ def test_lm_eval_finds_the_remote_tokenizer(client, tok):
     ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
     ("/tokenize", {"prompt": "a", "chat_template_kwargs": {"tokenize": True}}, 400, "chat_template_kwargs"),
     ("/tokenize", {"prompt": "a", "model": "other"}, 404, "model"),
-    ("/tokenize", {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools"),
+    ("/tokenize", {"messages": MESSAGES, "tools": [{"type": "function"}]}, 400, "tools[0]"),  # no function in it
+    ("/tokenize", {"prompt": "Hi", "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ("/tokenize", {"messages": MESSAGES, "chat_template": "{{ 1 }}"}, 400, "chat_template"),
     ("/detokenize", {"tokens": [1, 10 ** 9]}, 400, "tokens"),
     ("/detokenize", {"tokens": ["a"]}, 400, "tokens.0"),

@@ -35,6 +35,7 @@ BUILTIN_TEMPLATES = {t.name: t for t in (
     BuiltinTemplate("llama3", "<|eot_id|>", "<|begin_of_text|>", ("<|start_header_id|>", "<|eot_id|>")),
     BuiltinTemplate("qwen2", "<|im_end|>", None, ("<|im_start|>", "<|im_end|>", "<|endoftext|>")),
     BuiltinTemplate("chatml", "<|im_end|>", None, ("<|im_start|>", "<|im_end|>")),
+    BuiltinTemplate("chatml-tools", "<|im_end|>", None, ()),  # tools as Hermes / Qwen2.5 write them; named only
 )}
 
 
@@ -146,8 +147,8 @@ def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_
 
 def infer_template(tok) -> BuiltinTemplate | None:
     vocab = tok.get_vocab()
-    for t in BUILTIN_TEMPLATES.values():  # most specific first
-        if all(m in vocab for m in t.markers):
+    for t in BUILTIN_TEMPLATES.values():  # most specific first; one without markers is never inferred
+        if t.markers and all(m in vocab for m in t.markers):
             return t
     return None
 

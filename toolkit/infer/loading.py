@@ -311,15 +311,17 @@ def pick_kernels(kernels: str, target) -> str:
 
 
 def load(draft: str | None, model: str | None, token_map: str | None, device: str = "auto",
-         dtype: str = "auto", kernels: str = "auto", fp32_lm_head: bool = False) -> Loaded:
+         dtype: str = "auto", kernels: str = "auto", fp32_lm_head: bool = False,
+         chat_template: str | None = None) -> Loaded:
     """Target (+ draft when given) on the chosen device, with the chosen kernels; fp32_lm_head: the target's
-    logits in fp32 (Transformer.fp32_readout)."""
+    logits in fp32 (Transformer.fp32_readout); chat_template: a built-in name or .jinja file over the target's."""
     from toolkit.data.chat import load_tokenizer
     from toolkit.models import resolve_target
 
     device, torch_dtype = pick_device(device, dtype)
     folder = draft_target(draft, model) if draft else resolve_target(model or DEFAULT_MODEL)
-    tok, target = load_tokenizer(model=str(folder)), load_target(folder, torch_dtype, device)
+    tok = load_tokenizer(model=str(folder), chat_template=chat_template)
+    target = load_target(folder, torch_dtype, device)
     target.set_kernels(pick_kernels(kernels, target)).fp32_readout(fp32_lm_head)
     if fp32_lm_head and torch_dtype == torch.float32:
         print("--fp32-lm-head: the target runs in float32 already (its logits are fp32); it matters with --dtype "

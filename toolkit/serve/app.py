@@ -28,9 +28,11 @@ from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from toolkit.serve.reply import Reply
-from toolkit.serve.structured import constraint
-from toolkit.serve.text import ClientStops
+from toolkit.serve.structured import Constraint, constraint
+from toolkit.serve.text import ClientStops, shown_ids
 from toolkit.serve.tokenize import add_tokenizer_routes
+from toolkit.serve.tool_calls import TAGS
+from toolkit.serve.tools import template_turn
 
 @dataclass
 class Served:
@@ -42,6 +44,7 @@ class Served:
     template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs; a request's keys win
     defaults: SamplingDefaults = SamplingDefaults()  # what a request that names no temperature etc. gets
     reasoning_parser: str | None = None  # --reasoning-parser: chat replies' thinking split out (reasoning.py)
+    tool_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: tool_choice auto read with it
 
 
 def build_app(served: Served) -> FastAPI:
@@ -51,6 +54,8 @@ def build_app(served: Served) -> FastAPI:
     positions = max(engine.tree.num_steps if engine.head is not None else 0,  # draft positions usage reports:
                     engine.lookup.num_tokens if engine.lookup is not None else 0)  # the tree's or lookup's depth
     served.created = served.created or int(time.time())
+    # the parser's tags that are special tokens here: kept in the text it reads (vLLM turns skip_special_tokens off)
+    tags = shown_ids(tok, TAGS[served.tool_parser]) if served.tool_parser else frozenset()
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
@@ -81,8 +86,9 @@ def build_app(served: Served) -> FastAPI:
                            "model", "model_not_found")
         return body
 
-    def sequence(body, ids: list[int], field: str, index: int = 0, compiled=None) -> Sequence:
-        """Choice `index` of the request: its own generator (seed + index: n samples, each reproducible)."""
+    def sequence(body, ids: list[int], field: str, index: int = 0, compiled=None, keep=frozenset()) -> Sequence:
+        """Choice `index` of the request: its own generator (seed + index: n samples, each reproducible); `keep`:
+        special ids its text shows (a tool-call parser's tags)."""
         ctx = engine.max_len
         if len(ids) >= ctx:
             raise ApiError(400, f"the prompt is {len(ids)} tokens; this server's context (--max-seq-len) is {ctx} "
@@ -107,7 +113,7 @@ def build_app(served: Served) -> FastAPI:
         gen = torch.Generator(device=engine.device)
         gen.manual_seed((body.seed + index) % 2 ** 64) if body.seed is not None else gen.seed()
         # the engine stops where the client's text shows a stop string, not generating past what the reply cuts
-        stops = ClientStops(tok, body.stop, params.min_tokens) if body.stop else None
+        stops = ClientStops(tok, body.stop, params.min_tokens, keep) if body.stop else None
         if any(t >= engine.target.config.vocab_size for t, _ in body.logit_bias):
             raise ApiError(400, f"logit_bias: token ids must be in 0..{engine.target.config.vocab_size - 1}",
                            "logit_bias")
@@ -151,6 +157,12 @@ def build_app(served: Served) -> FastAPI:
         """The request's structured-output constraint compiled (off the event loop: a long regex or the first
         compiler takes up to a second, which would stall every stream), or None."""
         found = constraint(body)
+        held = body.tool.constraint(body.tools) if isinstance(body, ChatRequest) else None
+        if held is not None:  # tool_choice required or named: the reply is the calls' JSON
+            if found is not None:
+                raise ApiError(400, f"tool_choice {body.tool.mode} constrains the reply to tool calls already; leave "
+                                    f"out {found.field}", found.field)
+            found = Constraint("tools", *held, any_whitespace=False)  # one line, as models write calls
         if found is None:
             return None
         if body.min_tokens:  # a grammar complete before then allows only the stop ids min_tokens holds back
@@ -205,13 +217,13 @@ def build_app(served: Served) -> FastAPI:
                                 "ask for fewer choices per request", "n" if prompts == 1 else "prompt")
 
     def chat_text(messages: list, template_kwargs: dict, add_generation_prompt: bool = True,
-                  continue_final_message: bool = False) -> str:
-        """The served chat template over request messages, a request's template variables over the server's;
-        continue_final_message: the last (assistant) message left open for the reply to go on from."""
-        turns = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+                  continue_final_message: bool = False, tools: list | None = None) -> str:
+        """The served chat template over request messages (and tools), a request's template variables over the
+        server's; continue_final_message: the last (assistant) message left open for the reply to go on from."""
+        turns = [template_turn(m) for m in messages]
         try:
             return tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                           continue_final_message=continue_final_message,
+                                           continue_final_message=continue_final_message, tools=tools or None,
                                            **{**served.template_kwargs, **template_kwargs})
         except Exception as e:  # a template may refuse a role order (e.g. no system turn)
             raise ApiError(400, f"the chat template refused these messages: {e}", "messages") from None
@@ -222,12 +234,20 @@ def build_app(served: Served) -> FastAPI:
     async def chat(request: Request):
         body = await parse(request, ChatRequest)
         check_n(body)
+        choice = body.tool
+        if choice.mode == "auto" and served.tool_parser is None:  # vLLM's refusal: no parser to read the reply
+            raise ApiError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be '
+                                'set (tools without tool_choice mean auto); send tool_choice "none", "required" or '
+                                "a named function, or start the server with them", "tool_choice")
         text = chat_text(body.messages, body.chat_template_kwargs, body.add_generation_prompt,
-                         body.continue_final_message)
+                         body.continue_final_message, body.tools)
         ids = tok(text, add_special_tokens=body.add_special_tokens).input_ids
         compiled = await compile_constraint(body)
-        return await respond(request, body, [sequence(body, ids, "messages", i, compiled) for i in range(body.n)],
-                             [text], chat=True)
+        mode = served.tool_parser if choice.mode == "auto" else None if choice.mode == "none" else choice.mode
+        keep = tags if choice.mode == "auto" else frozenset()
+        seqs = [sequence(body, ids, "messages", i, compiled, keep) for i in range(body.n)]
+        return await respond(request, body, seqs, [text], chat=True,
+                             tools=(mode, choice.name, choice.parallel) if mode else None, keep=keep)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -247,8 +267,10 @@ def build_app(served: Served) -> FastAPI:
             texts.append(prompt if isinstance(prompt, str) else tok.decode(ids))  # as vLLM: special tokens shown
         return await respond(request, body, seqs, texts, chat=False)
 
-    async def respond(request: Request, body, seqs: list[Sequence], prompts: list[str], chat: bool):
-        """`seqs`: the choices' sequences, n per prompt; `prompts`: the prompts' texts (echo sends them)."""
+    async def respond(request: Request, body, seqs: list[Sequence], prompts: list[str], chat: bool,
+                      tools: tuple | None = None, keep=frozenset()):
+        """`seqs`: the choices' sequences, n per prompt; `prompts`: the prompts' texts (echo sends them); `tools`:
+        how the replies are read for tool calls (ToolCallReader's arguments), `keep`: special ids their text shows."""
         reqs: list = []  # one engine sequence per choice (n of them), queued together
         try:
             for seq in seqs:
@@ -264,7 +286,8 @@ def build_app(served: Served) -> FastAPI:
         own_ids = frozenset(body.stop_token_ids or ()) - served.stop_ids  # stop_reason names these, not end-of-turn
         choices = [Choice(i, req, batcher, tok, body.stop or [], chat, prompts[i // body.n] if echo else None,
                           prompt_top, own_ids, silent=body.max_tokens == 0,
-                          reasoning=served.reasoning_parser if chat else None) for i, req in enumerate(reqs)]
+                          reasoning=served.reasoning_parser if chat else None, tools=tools, keep=keep)
+                   for i, req in enumerate(reqs)]
         reply = Reply(choices, body, chat, served.name, batcher, positions)
         if not body.stream:
             whole = await reply.whole(request)

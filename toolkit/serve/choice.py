@@ -19,6 +19,7 @@ from toolkit.serve.logprobs import LogprobWriter
 from toolkit.serve.protocol import ApiError
 from toolkit.serve.reasoning import ReasoningSplit
 from toolkit.serve.text import TextStream
+from toolkit.serve.tool_calls import ToolCallReader
 
 RELEASE_WAIT = 30.0  # seconds a reply cut at a stop string waits for the engine to let its sequence go
 
@@ -39,15 +40,18 @@ def through(result: Result, n: int) -> Result:
 class Choice:
     def __init__(self, index: int, req: Request, batcher: Batcher, tok, stops: list[str], chat: bool,
                  echo: str | None = None, prompt_top: int | None = None, stop_token_ids=frozenset(),
-                 silent: bool = False, reasoning: str | None = None):
+                 silent: bool = False, reasoning: str | None = None, tools: tuple | None = None,
+                 keep: frozenset = frozenset()):
         self.index, self.req, self.batcher, self.chat = index, req, batcher, chat
-        self.stream = TextStream(tok, stops, req.seq.params.min_tokens)
+        self.stream = TextStream(tok, stops, req.seq.params.min_tokens, keep)  # keep: tool-call tags shown
         self.write = LogprobWriter(tok, chat, req.seq.params.logprobs)
         self.echo = echo                # the prompt's text to put first (completions' echo), until it is sent
         self.prompt_top = prompt_top    # vLLM's prompt_logprobs: the likeliest tokens beside each prompt token
         self.stop_token_ids = stop_token_ids  # the request's own (not end-of-turn): vLLM's stop_reason names them
         self.silent = silent            # max_tokens 0: the generated token is dropped
         self.split = ReasoningSplit(reasoning) if reasoning else None  # chat: thinking apart from the answer
+        self.calls = ToolCallReader(*tools) if tools else None  # chat: (mode, name, parallel) tool calls read
+        self.called = False             # tool calls were read: finish_reason tool_calls (but for a named one)
         self.generated: list[int] = []  # the updates carry new tokens only
         self.logprobs: list = []        # their TokenLogprobs, when asked for
         self.given = 0                  # of those, the ones sent already
@@ -129,21 +133,31 @@ class Choice:
                    "stop_reason": reason and self.stop_reason()}
             return out if delta else {**out, "prompt_logprobs": self.prompt_logprobs()}
         key = "delta" if delta else "message"
-        if self.split is not None:
-            msg = self._split(text, delta, done=not delta or reason is not None)
-        else:
+        if self.split is None and self.calls is None:
             msg = ({"content": text} if text is not None else {}) if delta else {"role": "assistant", "content": text}
+        else:
+            msg = self._read(text, delta, done=not delta or reason is not None)
+            if reason == "stop" and self.called and self.calls.mode != "named":  # OpenAI's and vLLM's reason
+                reason = "tool_calls"
         return {"index": self.index, key: msg, "logprobs": lp, "finish_reason": reason,
                 "stop_reason": reason and self.stop_reason()}
 
-    def _split(self, text: str | None, delta: bool, done: bool) -> dict:
-        """A chat message or delta with the thinking in reasoning_content (and vLLM's newer name, reasoning)."""
-        thought, answer = self.split.feed(text or "", done)
+    def _read(self, text: str | None, delta: bool, done: bool) -> dict:
+        """A chat message or delta with the thinking in reasoning_content (and vLLM's newer name, reasoning) and
+        the tool calls in tool_calls, the rest in content."""
+        thought, answer = self.split.feed(text or "", done) if self.split is not None else ("", text or "")
+        calls = []
+        if self.calls is not None:
+            answer, calls = self.calls.feed(answer, done)
+            self.called |= bool(calls)
         if not delta:
-            return {"role": "assistant", "content": answer or None, "reasoning_content": thought or None,
-                    "reasoning": thought or None}
+            msg = {"role": "assistant", "content": answer or None}
+            if self.split is not None:
+                msg |= {"reasoning_content": thought or None, "reasoning": thought or None}
+            whole = [{k: v for k, v in c.items() if k != "index"} for c in calls]  # index: a stream's merge key
+            return msg | ({"tool_calls": whole} if calls else {})
         return {**({"reasoning_content": thought, "reasoning": thought} if thought else {}),
-                **({"content": answer} if answer else {})}
+                **({"content": answer} if answer else {}), **({"tool_calls": calls} if calls else {})}
 
     def result(self) -> Result:
         """This choice's engine result, cut at the stop string its text was cut at (the engine may have gone on)."""

@@ -6,13 +6,13 @@ OpenAI API returns it, with `param` naming the offending field.
 from __future__ import annotations
 
 import json
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, StrictBool, StrictInt, field_validator, model_validator
 
 from toolkit.serve.logprobs import MAX_LOGPROBS
+from toolkit.serve.messages import Message
 
-ROLES = ("system", "developer", "user", "assistant")  # developer = OpenAI's newer name for system
 MAX_STOP_CHARS = 1024  # per stop string
 # vLLM's / SGLang's extra fields that change the output (constrained decoding, stop text kept, special tokens shown,
 # beam search, token filters), with the value that leaves it alone: refused when set, not silently ignored as
@@ -34,34 +34,6 @@ class ApiError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class Message(BaseModel):
-    role: str
-    content: str | list[TextPart] | None = None
-
-    @field_validator("role")
-    @classmethod
-    def known_role(cls, role: str) -> str:
-        if role not in ROLES:
-            raise ValueError(f"unsupported role {role!r}; accepted: {', '.join(ROLES)}")
-        return role
-
-    @model_validator(mode="after")
-    def has_content(self):
-        if self.content is None and self.role != "assistant":  # only an assistant turn may be empty (tool calls)
-            raise ValueError(f"a {self.role} message needs content")
-        return self
-
-    def text(self) -> str:
-        if isinstance(self.content, list):  # text parts on lines of their own, as vLLM joins them
-            return "\n".join(part.text for part in self.content)
-        return self.content or ""
 
 
 class StreamOptions(BaseModel):
@@ -178,8 +150,9 @@ class ChatRequest(Sampling):
     unserved: ClassVar[dict] = {**UNSERVED_EXTRAS, **CHAT_UNSERVED_EXTRAS}
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    tools: list | None = None
-    tool_choice: str | dict | None = None
+    tools: list | None = None              # function tools (toolkit/serve/tools.py)
+    tool_choice: str | dict | None = None  # none, auto, required, or a named function; absent: auto with tools
+    parallel_tool_calls: StrictBool | None = None  # false: one call at most
     chat_template_kwargs: dict | None = None  # vLLM's / SGLang's extra template variables (Qwen3: enable_thinking)
     add_special_tokens: StrictBool = False  # vLLM's: a BOS on top of the template's own (the template has one)
     # vLLM's: end on the assistant turn's opening (default), or continue the last (assistant) message as written
@@ -187,6 +160,11 @@ class ChatRequest(Sampling):
     continue_final_message: StrictBool = False
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    _tools = PrivateAttr(default=None)  # the tool choice read (tools.ToolChoice)
+
+    @property
+    def tool(self):
+        return self._tools
 
     def logprob_count(self) -> int | None:
         """None: no log-probs asked; k: each token's and its k likeliest alternatives (serve/logprobs.py)."""
@@ -205,10 +183,9 @@ class ChatRequest(Sampling):
             raise ApiError(400, str(e), "chat_template_kwargs") from None
         if self.top_logprobs and not self.logprobs:  # as OpenAI and vLLM refuse it
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-        if self.tools:
-            raise ApiError(400, "tools are not supported by this server", "tools")
-        if self.tool_choice not in (None, "none", "auto"):  # with no tools, auto is none
-            raise ApiError(400, "tool_choice is not supported by this server (no tools)", "tool_choice")
+        from toolkit.serve.tools import check_tools, read_choice
+
+        self._tools = read_choice(check_tools(self.tools or []), self.tool_choice, self.parallel_tool_calls)
         if self.max_completion_tokens is not None:  # OpenAI's newer name wins over max_tokens
             self.max_tokens = self.max_completion_tokens
         if self.continue_final_message:

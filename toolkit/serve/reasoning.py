@@ -43,7 +43,8 @@ class ReasoningSplit:
             end = self.pending.find(END)
             if end < 0:
                 keep = 0 if done else _held(self.pending, END)
-                reasoning, self.pending = self.pending[:len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+                cut = len(self.pending) - keep
+                reasoning, self.pending = self.pending[:cut], self.pending[cut:]
                 return reasoning, ""
             reasoning, self.pending, self.phase = self.pending[:end], self.pending[end + len(END):], "answer"
         content, self.pending = self.pending, ""

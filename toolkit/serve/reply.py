@@ -117,8 +117,10 @@ class Reply:
                         yield f"data: {json.dumps(err.body())}\n\n"
                         failed = True
                         break
-                    if delta:
-                        yield self.event([c.body(delta, None, True)], **self.counts(c))
+                    chunk = c.body(delta, None, True) if delta else None
+                    # a delta whose text a parser holds back (a tag's start, a tool call not closed) goes later
+                    if chunk is not None and (not self.chat or chunk["delta"] or chunk["logprobs"] is not None):
+                        yield self.event([chunk], **self.counts(c))
                     if not c.finished:
                         waiting[asyncio.ensure_future(c.update())] = c
                         continue

@@ -19,6 +19,7 @@ import torch
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
 from toolkit.serve.reasoning import PARSERS
+from toolkit.serve.tool_calls import PARSERS as TOOL_PARSERS
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -45,6 +46,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="split a chat reply's thinking (<think> ... </think>) into message.reasoning_content, as "
                         "vLLM's flag: qwen3 (thinking when the reply opens with <think>) or deepseek_r1 (thinking "
                         "until </think>: R1, QwQ, Qwen3-Thinking-2507)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="serve tool_choice auto (and tools sent without tool_choice): the model decides to call, its "
+                        "reply is read for calls with --tool-call-parser (vLLM's flags)")
+    p.add_argument("--tool-call-parser", default=None, metavar="|".join(TOOL_PARSERS),
+                   help="how the model writes tool calls: hermes (<tool_call> blocks: Hermes, Qwen2.5, Qwen3) or "
+                        "llama3_json (Llama 3.1/3.2 JSON calls)")
+    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help="the chat template over the target's: a .jinja file or a built-in one (llama3, qwen2, chatml, "
+                        "chatml-tools: ChatML with tools in the layout --tool-call-parser hermes reads)")
     p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
                    help="sampling values a request that leaves them out gets: auto (default, as vLLM) = the target's "
                         "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
@@ -95,6 +105,22 @@ def main(args: argparse.Namespace) -> int:
                          f"{args.max_seq_len} and {args.port}")
     if args.reasoning_parser not in (None, *PARSERS):
         raise ValueError(f"--reasoning-parser {args.reasoning_parser}: accepted {', '.join(PARSERS)}")
+    if args.tool_call_parser not in (None, *TOOL_PARSERS):
+        raise ValueError(f"--tool-call-parser {args.tool_call_parser}: accepted {', '.join(TOOL_PARSERS)}")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:  # as vLLM refuses it
+        raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({'|'.join(TOOL_PARSERS)}): how the "
+                         "model writes its calls")
+    if args.tool_call_parser and not args.enable_auto_tool_choice:
+        print(f"toolkit serve: --tool-call-parser {args.tool_call_parser} reads tool_choice auto replies, which only "
+              "--enable-auto-tool-choice serves; required and named tool choices need neither", file=sys.stderr)
+    if args.chat_template is not None:  # a bad one fails here, before binding and loading
+        from pathlib import Path
+
+        from toolkit.data.chat import BUILTIN_TEMPLATES
+
+        if args.chat_template not in BUILTIN_TEMPLATES and not Path(args.chat_template).is_file():
+            raise ValueError(f"--chat-template {args.chat_template}: not a file and not one of the built-in templates "
+                             f"{', '.join(BUILTIN_TEMPLATES)}")
     if args.threads is not None and args.threads < 0:
         raise ValueError(f"--threads {args.threads}: give a positive count (0 or absent = torch's default)")
     if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
@@ -148,8 +174,8 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     model = args.model
     if args.draft and args.no_speculation:  # still the draft's target, without the draft
         model = str(draft_target(args.draft, args.model))
-    loaded = load(None if args.no_speculation else args.draft, model, args.token_map, args.device, args.dtype, args.kernels,
-                  args.fp32_lm_head)
+    loaded = load(None if args.no_speculation else args.draft, model, args.token_map, args.device, args.dtype,
+                  args.kernels, args.fp32_lm_head, args.chat_template)
     head, tok, target = loaded.head, loaded.tok, loaded.target
     if head is not None:
         probe(head, target, tok, tok.apply_chat_template(
@@ -166,7 +192,12 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     batcher = Batcher(engine, metrics, args.max_queue, args.log_every, args.speculative_disable_by_batch_size)
     defaults = sampling_defaults(args.generation_config, loaded.folder)
     served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher,
-                    template_kwargs=args.template_kwargs, defaults=defaults, reasoning_parser=args.reasoning_parser)
+                    template_kwargs=args.template_kwargs, defaults=defaults, reasoning_parser=args.reasoning_parser,
+                    tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
+    if served.tool_parser and "tools" not in (tok.chat_template or ""):
+        print("toolkit serve: the chat template never reads `tools`, so the model is not shown the functions a "
+              "request offers; give --chat-template with a tool-use template (chatml-tools for "
+              "--tool-call-parser hermes)", file=sys.stderr)
     app = Gate(build_app(served), args.max_body_bytes, metrics)
     spec = (f"draft {args.draft}" + (f" with token map {args.token_map}" if args.token_map else "")
             + f", tree {vars(tree)}") if head is not None else "no speculation"

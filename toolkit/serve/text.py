@@ -7,7 +7,8 @@ event loop's time) while the text stays that of decoding the whole generation at
 word's leading space and a multi-byte character's earlier bytes). Held back until more tokens arrive: a
 trailing U+FFFD (a multi-byte character split across tokens) and a tail that could still become a stop string;
 the stop string itself never goes out. With min_tokens m (vLLM's rule) a stop string counts only if it ends in
-the text of a token after the m-th.
+the text of a token after the m-th. Special tokens are left out of the text, except `keep`: the ones a tool-call
+parser reads (`<tool_call>` is a special token in some tokenizers), as vLLM's parsers turn skip_special_tokens off.
 
 `ClientStops` is the engine's stop-string check for a served request: it stops the sequence at the very token
 at which the client's text (decoded without special tokens) shows a stop string, so the engine never generates
@@ -18,9 +19,20 @@ from __future__ import annotations
 from toolkit.infer.sequence import StopStrings
 
 
+def shown_ids(tok, tags) -> frozenset:
+    """The ids of those of `tags` that are special tokens in `tok` (decoded text would drop them)."""
+    special = {t.content: i for i, t in tok.added_tokens_decoder.items() if t.special}
+    return frozenset(special[t] for t in tags if t in special)
+
+
 class TextStream:
-    def __init__(self, tokenizer, stops: list[str], min_tokens: int = 0):
+    def __init__(self, tokenizer, stops: list[str], min_tokens: int = 0, keep: frozenset = frozenset()):
         self.tok, self.stops, self.sent, self.min_tokens = tokenizer, list(stops), 0, min_tokens
+        self.hidden = None  # with `keep`: the special ids still left out
+        if keep:
+            from toolkit.data.chat import special_ids
+
+            self.hidden = frozenset(special_ids(tokenizer)) - keep
         self.floor = 0 if min_tokens == 0 else None  # text[:floor] is the first m tokens': no stop may end there
         self.longest = max((len(s) for s in self.stops), default=0)
         self.text = ""                   # the decoded generation so far (up to `read` tokens)
@@ -30,7 +42,9 @@ class TextStream:
         self.matched: str | None = None  # and which stop string it was
 
     def _decode(self, tokens: list[int]) -> str:
-        return self.tok.decode(tokens, skip_special_tokens=True)
+        if self.hidden is None:
+            return self.tok.decode(tokens, skip_special_tokens=True)
+        return self.tok.decode([t for t in tokens if t not in self.hidden], skip_special_tokens=False)
 
     def _hit(self, text: str, start: int) -> int | None:
         """Where the first stop string in text[start:] that ends past `floor` begins, if any."""
@@ -97,9 +111,9 @@ class ClientStops(StopStrings):
     generation splits: the response cut the text there while the engine generated on to max_tokens, and the
     usage it reported counted those tokens too."""
 
-    def __init__(self, tokenizer, strings: list[str], min_tokens: int = 0):
+    def __init__(self, tokenizer, strings: list[str], min_tokens: int = 0, keep: frozenset = frozenset()):
         super().__init__(tokenizer, strings)
-        self.client = TextStream(tokenizer, strings, min_tokens)
+        self.client = TextStream(tokenizer, strings, min_tokens, keep)
 
     def __call__(self, tokens: list[int], min_tokens: int = 0) -> bool:
         self.client.scan(tokens)

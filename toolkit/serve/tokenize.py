@@ -8,12 +8,13 @@ from __future__ import annotations
 from fastapi import Request
 from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 
-from toolkit.serve.protocol import ApiError, Message
+from toolkit.serve.messages import Message
+from toolkit.serve.protocol import ApiError
 
 
 # vLLM's /tokenize fields this server does not apply, with the value that leaves them alone: refused when set (the
 # ids would silently differ from what the caller asked for)
-UNSERVED = {"chat_template": None, "tools": None, "mm_processor_kwargs": None}
+UNSERVED = {"chat_template": None, "mm_processor_kwargs": None}
 
 
 class TokenizeRequest(BaseModel):
@@ -24,6 +25,7 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: StrictBool = True      # messages: end with the assistant's turn opening, as chat does
     continue_final_message: StrictBool = False    # messages: leave the last (assistant) message open
     chat_template_kwargs: dict | None = None
+    tools: list | None = None                     # messages: function tools the template shows, as chat does
     return_token_strs: StrictBool = False         # each id's text too
 
     @model_validator(mode="before")
@@ -38,6 +40,12 @@ class TokenizeRequest(BaseModel):
     def one_input(self):
         if (self.prompt is None) == (self.messages is None):
             raise ApiError(400, "give either prompt (a text) or messages (a chat), not both or neither", "prompt")
+        if self.tools:
+            from toolkit.serve.tools import check_tools
+
+            if self.messages is None:
+                raise ApiError(400, "tools go with messages (the chat template shows them), not a prompt", "tools")
+            check_tools(self.tools)
         from toolkit.data.chat import template_kwargs
 
         try:
@@ -54,8 +62,8 @@ class DetokenizeRequest(BaseModel):
 
 def add_tokenizer_routes(app, parse, tok, chat_text, vocab: int, max_len: int) -> None:
     """`parse(request, Model)`: the app's body parser (JSON, validation, model name); `chat_text(messages,
-    template_kwargs, add_generation_prompt, continue_final_message)`: the served chat template applied as the chat
-    endpoint applies it."""
+    template_kwargs, add_generation_prompt, continue_final_message, tools)`: the served chat template applied as the
+    chat endpoint applies it."""
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
@@ -64,7 +72,7 @@ def add_tokenizer_routes(app, parse, tok, chat_text, vocab: int, max_len: int) -
             ids = tok(body.prompt, add_special_tokens=body.add_special_tokens is not False).input_ids
         else:
             text = chat_text(body.messages, body.chat_template_kwargs, body.add_generation_prompt,
-                             body.continue_final_message)
+                             body.continue_final_message, body.tools)
             ids = tok(text, add_special_tokens=bool(body.add_special_tokens)).input_ids
         strs = tok.convert_ids_to_tokens(ids) if body.return_token_strs else None
         return {"count": len(ids), "max_model_len": max_len, "tokens": ids, "token_strs": strs}
