@@ -112,7 +112,7 @@ BAD = [  # (body, status, param or None); each gets an OpenAI error object
     ({"messages": QUESTION, "temperature": -0.5}, 400, "temperature"),
     ({"messages": QUESTION, "top_p": 0}, 400, "top_p"),
     ({"messages": QUESTION, "top_p": 1.5}, 400, "top_p"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role"),
+    ({"messages": [{"role": "function", "content": "x"}]}, 400, "messages.0.role"),  # OpenAI's older role
     ({"messages": QUESTION, "n": 4}, 400, "n"),  # more choices than --max-queue 3
     ({"messages": QUESTION, "logit_bias": {"49152": 1}}, 400, "logit_bias"),  # outside the vocabulary
     ({"messages": []}, 400, "messages"),

@@ -190,8 +190,8 @@ def test_with_speculation_the_calls_are_the_same(tiny_target, tiny_draft, serve)
     bodies = [{"tool_choice": "required", "parallel_tool_calls": False},
               {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
               {"guided_regex": CALL.replace("{", "\\{").replace("}", "\\}"), "max_tokens": 100}]
-    flags = ("--chat-template", "chatml-tools", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-             "--max-seq-len", "512")
+    flags = ("--chat-template", "chatml-tools", "--enable-auto-tool-choice", "--tool-call-parser", "qwen25",
+             "--max-seq-len", "512")  # SGLang's name for hermes
 
     def replies(*args) -> list[dict]:
         with serve(*args, *flags) as (base, _):

@@ -19,6 +19,7 @@ import torch
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
 from toolkit.serve.reasoning import PARSERS
+from toolkit.serve.tool_calls import ALIASES as TOOL_ALIASES
 from toolkit.serve.tool_calls import PARSERS as TOOL_PARSERS
 
 
@@ -51,7 +52,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "reply is read for calls with --tool-call-parser (vLLM's flags)")
     p.add_argument("--tool-call-parser", default=None, metavar="|".join(TOOL_PARSERS),
                    help="how the model writes tool calls: hermes (<tool_call> blocks: Hermes, Qwen2.5, Qwen3) or "
-                        "llama3_json (Llama 3.1/3.2 JSON calls)")
+                        "llama3_json (Llama 3.1/3.2 JSON calls); SGLang's names qwen25, qwen, llama3 are taken too")
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="the chat template over the target's: a .jinja file or a built-in one (llama3, qwen2, chatml, "
                         "chatml-tools: ChatML with tools in the layout --tool-call-parser hermes reads)")
@@ -105,8 +106,10 @@ def main(args: argparse.Namespace) -> int:
                          f"{args.max_seq_len} and {args.port}")
     if args.reasoning_parser not in (None, *PARSERS):
         raise ValueError(f"--reasoning-parser {args.reasoning_parser}: accepted {', '.join(PARSERS)}")
+    args.tool_call_parser = TOOL_ALIASES.get(args.tool_call_parser, args.tool_call_parser)
     if args.tool_call_parser not in (None, *TOOL_PARSERS):
-        raise ValueError(f"--tool-call-parser {args.tool_call_parser}: accepted {', '.join(TOOL_PARSERS)}")
+        raise ValueError(f"--tool-call-parser {args.tool_call_parser}: accepted {', '.join(TOOL_PARSERS)} (or SGLang's "
+                         f"{', '.join(TOOL_ALIASES)})")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:  # as vLLM refuses it
         raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({'|'.join(TOOL_PARSERS)}): how the "
                          "model writes its calls")

@@ -11,7 +11,8 @@ How the calls are written depends on the request's `tool_choice` and, for `auto`
                request was served with makes it one (toolkit/serve/tools.py).
   named        (tool_choice naming a function) the reply is that function's arguments, streamed as written.
 
-A block or reply that does not parse as a call is content, so nothing the model wrote is lost. Streamed, content
+SGLang's names are taken too (qwen25 and qwen = hermes, llama3 = llama3_json). A block or reply that does not
+parse as a call is content, so nothing the model wrote is lost. Streamed, content
 goes out as it comes except a tail that could still open a call; a call goes out whole once its block closes (the
 named function's arguments piece by piece). The deltas of any chunking join to the whole reading (a test checks).
 """
@@ -21,6 +22,7 @@ import json
 import uuid
 
 PARSERS = ("hermes", "llama3_json")
+ALIASES = {"qwen25": "hermes", "qwen": "hermes", "llama3": "llama3_json"}  # SGLang's names for the same formats
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 TAGS = {"hermes": (OPEN, CLOSE), "llama3_json": (PYTHON_TAG,)}  # kept in the text the parser reads
