@@ -207,7 +207,8 @@ def test_a_stop_the_engine_misses_still_gives_final_usage_through_it(split_stop,
                 time.sleep(0.05)  # the engine thread runs on meanwhile: usage read now counted its new tokens
             return delta
 
-    monkeypatch.setattr("toolkit.serve.app.ClientStops", lambda tok, strings, min_tokens, keep: StopStrings(tok, strings))
+    monkeypatch.setattr("toolkit.serve.sequences.ClientStops",
+                        lambda tok, strings, min_tokens, keep: StopStrings(tok, strings))
     monkeypatch.setattr("toolkit.serve.choice.TextStream", BusyLoop)
     client, body, (text, upto), seqs = split_stop
     for got, seq in zip(replies(client, body), seqs):

@@ -9,27 +9,24 @@ the sequence (its last update says so), never while the engine thread may still 
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass, field
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from toolkit.infer.grammar import GrammarMask, Grammars, after_thinking
 from toolkit.infer.sequence import Sequence
-from toolkit.infer.sampling import SamplingParams
 from toolkit.serve.batcher import Batcher
 from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from toolkit.serve.reply import Reply
-from toolkit.serve.structured import Constraint, constraint
-from toolkit.serve.text import ClientStops, shown_ids
+from toolkit.serve.sequences import Sequences
+from toolkit.serve.structured import Compiler
+from toolkit.serve.text import shown_ids
 from toolkit.serve.tokenize import add_tokenizer_routes
 from toolkit.serve.tool_calls import TAGS
 from toolkit.serve.tools import template_turn
@@ -86,94 +83,8 @@ def build_app(served: Served) -> FastAPI:
                            "model", "model_not_found")
         return body
 
-    def sequence(body, ids: list[int], field: str, index: int = 0, compiled=None, keep=frozenset()) -> Sequence:
-        """Choice `index` of the request: its own generator (seed + index: n samples, each reproducible); `keep`:
-        special ids its text shows (a tool-call parser's tags)."""
-        ctx = engine.max_len
-        if len(ids) >= ctx:
-            raise ApiError(400, f"the prompt is {len(ids)} tokens; this server's context (--max-seq-len) is {ctx} "
-                                "tokens, which leaves no room to generate", field, "context_length_exceeded")
-        d = served.defaults
-        max_tokens = body.max_tokens if body.max_tokens is not None else min(ctx - len(ids), d.max_tokens or ctx)
-        max_tokens = max_tokens or 1  # 0 (with echo: the prompt scored alone): one token that Choice drops
-        if len(ids) + max_tokens > ctx:  # named as the client sent it (chat: max_completion_tokens wins)
-            name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
-            raise ApiError(400, f"{name} ({max_tokens}) + the prompt ({len(ids)} tokens) exceed this server's "
-                                f"context of {ctx} tokens", name, "context_length_exceeded")
-        if body.min_tokens > max_tokens:  # as vLLM refuses it
-            raise ApiError(400, f"min_tokens ({body.min_tokens}) must not exceed the tokens to generate "
-                                f"({max_tokens})", "min_tokens")
-        params = SamplingParams(d.temperature if body.temperature is None else body.temperature,
-                                d.top_p if body.top_p is None else body.top_p,
-                                d.top_k if body.top_k is None else max(body.top_k, 0), max_tokens,
-                                body.logprob_count(), d.min_p if body.min_p is None else body.min_p,
-                                d.repetition_penalty if body.repetition_penalty is None else body.repetition_penalty,
-                                body.presence_penalty, body.frequency_penalty, body.logit_bias,
-                                body.min_tokens, body.prompt_logprob_count(), allowed_ids(body), bad_words(body))
-        gen = torch.Generator(device=engine.device)
-        gen.manual_seed((body.seed + index) % 2 ** 64) if body.seed is not None else gen.seed()
-        # the engine stops where the client's text shows a stop string, not generating past what the reply cuts
-        stops = ClientStops(tok, body.stop, params.min_tokens, keep) if body.stop else None
-        if any(t >= engine.target.config.vocab_size for t, _ in body.logit_bias):
-            raise ApiError(400, f"logit_bias: token ids must be in 0..{engine.target.config.vocab_size - 1}",
-                           "logit_bias")
-        extra = set(body.stop_token_ids or [])
-        if any(not 0 <= t < engine.target.config.vocab_size for t in extra):
-            raise ApiError(400, f"stop_token_ids must be in 0..{engine.target.config.vocab_size - 1}", "stop_token_ids")
-        # ignore_eos (vLLM's): generate max_tokens whatever the model says, as load benchmarks ask
-        stop_ids = (frozenset() if body.ignore_eos else served.stop_ids) | frozenset(extra)
-        # min_tokens holds back the end-of-turn ids with ignore_eos too, as vLLM does
-        # a grammar's own end is the model's end of turn (a request's stop_token_ids stay text it may need); beside
-        # a reasoning parser it starts after the think block, as vLLM's (a chat reply thinks freely, then answers)
-        after, active = after_thinking(tok, ids) if served.reasoning_parser and field == "messages" else (None, True)
-        grammar = None if compiled is None else GrammarMask(compiled, served.stop_ids, engine.target.config.vocab_size,
-                                                            after, active)
-        return Sequence(ids, params, stop_ids, stops, gen, held_ids=served.stop_ids | frozenset(extra),
-                        grammar=grammar)
-
-    def allowed_ids(body) -> tuple:
-        ids = tuple(sorted(set(body.allowed_token_ids or ())))
-        if any(not 0 <= t < engine.target.config.vocab_size for t in ids) or body.allowed_token_ids == []:
-            raise ApiError(400, f"allowed_token_ids: give token ids in 0..{engine.target.config.vocab_size - 1}",
-                           "allowed_token_ids")
-        return ids
-
-    def bad_words(body) -> tuple:
-        """vLLM's reading: each word's ids as written (leading spaces stripped) and, where the tokenizer then gives
-        other ids, with one leading space, as the word reads inside a sentence."""
-        out = []
-        for word in body.bad_words or ():
-            if not word.strip():
-                raise ApiError(400, "bad_words: give non-empty words", "bad_words")
-            for text in (word.lstrip(), " " + word.lstrip()):
-                ids = tuple(tok(text, add_special_tokens=False).input_ids)
-                if ids and ids not in out:
-                    out.append(ids)
-        return tuple(out)
-
-    compiler = []  # the tokenizer's grammar compiler, made at the first request that needs one (~0.1-1 s)
-
-    async def compile_constraint(body):
-        """The request's structured-output constraint compiled (off the event loop: a long regex or the first
-        compiler takes up to a second, which would stall every stream), or None."""
-        found = constraint(body)
-        held = body.tool.constraint(body.tools) if isinstance(body, ChatRequest) else None
-        if held is not None:  # tool_choice required or named: the reply is the calls' JSON
-            if found is not None:
-                raise ApiError(400, f"tool_choice {body.tool.mode} constrains the reply to tool calls already; leave "
-                                    f"out {found.field}", found.field)
-            found = Constraint("tools", *held, any_whitespace=False)  # one line, as models write calls
-        if found is None:
-            return None
-        if body.min_tokens:  # a grammar complete before then allows only the stop ids min_tokens holds back
-            raise ApiError(400, f"min_tokens cannot be combined with a structured-output constraint ({found.field}): "
-                                "a reply the grammar completes early could take no token at all", "min_tokens")
-        if not compiler:
-            compiler.append(await asyncio.to_thread(Grammars, tok, engine.target.config.vocab_size))
-        try:
-            return await asyncio.to_thread(compiler[0].compile, found.kind, found.spec, found.any_whitespace)
-        except ValueError as e:
-            raise ApiError(400, f"{found.field}: {e}", found.field) from None
+    sequence = Sequences(served, engine)  # a request's choice -> an engine sequence (sequences.py)
+    compile_constraint = Compiler(tok, engine.target.config.vocab_size)  # its constraint, compiled (structured.py)
 
     @app.get("/health")
     async def health():

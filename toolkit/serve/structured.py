@@ -1,11 +1,12 @@
 """A request's structured-output constraint, by any of the names clients send it under: OpenAI's
 `response_format` (json_object, json_schema), vLLM's `guided_json` / `guided_regex` / `guided_choice` /
 `guided_grammar` and newer `structured_outputs` {json, regex, choice, grammar, json_object,
-disable_any_whitespace}, SGLang's `json_schema` / `regex` / `ebnf`. At most one per request. The engine enforces it
-(toolkit/infer/grammar.py).
+disable_any_whitespace}, SGLang's `json_schema` / `regex` / `ebnf`, or a chat request's `tool_choice` required / named
+(toolkit/serve/tools.py). At most one per request. The engine enforces it (toolkit/infer/grammar.py).
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from toolkit.serve.protocol import ApiError
@@ -53,3 +54,35 @@ def constraint(body) -> Constraint | None:
         raise ApiError(400, f"give one structured-output constraint, not {', '.join(c.field for c in found)}",
                        found[1].field)
     return found[0] if found else None
+
+
+class Compiler:
+    """A request's constraint compiled, or None; the tokenizer's grammar compiler is made at the first request that
+    needs one (~0.1-1 s). Compiles run off the event loop: a long regex or the first compiler takes up to a second,
+    which would stall every stream."""
+
+    def __init__(self, tok, vocab: int):
+        self.tok, self.vocab, self.grammars = tok, vocab, None
+
+    async def __call__(self, body):
+        found = constraint(body)
+        tool = getattr(body, "tool", None)
+        held = tool.constraint(body.tools) if tool is not None else None
+        if held is not None:  # tool_choice required or named: the reply is the calls' JSON
+            if found is not None:
+                raise ApiError(400, f"tool_choice {tool.mode} constrains the reply to tool calls already; leave "
+                                    f"out {found.field}", found.field)
+            found = Constraint("tools", *held, any_whitespace=False)  # one line, as models write calls
+        if found is None:
+            return None
+        if body.min_tokens:  # a grammar complete before then allows only the stop ids min_tokens holds back
+            raise ApiError(400, f"min_tokens cannot be combined with a structured-output constraint ({found.field}): "
+                                "a reply the grammar completes early could take no token at all", "min_tokens")
+        if self.grammars is None:
+            from toolkit.infer.grammar import Grammars
+
+            self.grammars = await asyncio.to_thread(Grammars, self.tok, self.vocab)
+        try:
+            return await asyncio.to_thread(self.grammars.compile, found.kind, found.spec, found.any_whitespace)
+        except ValueError as e:
+            raise ApiError(400, f"{found.field}: {e}", found.field) from None
