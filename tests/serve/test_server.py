@@ -395,7 +395,7 @@ def test_a_negative_lookup_is_refused(tiny_draft, capsys):
     (["--no-speculation", "--token-map", "freq.pt"], "--token-map shapes the draft's rounds"),
     (["--default-chat-template-kwargs", "enable_thinking=false"], "--default-chat-template-kwargs 'enable_thinking"),
     (["--reasoning-parser", "granite"], "--reasoning-parser granite: accepted qwen3, deepseek_r1"),
-    (["--tool-call-parser", "pythonic"], "--tool-call-parser pythonic: accepted hermes, llama3_json"),
+    (["--tool-call-parser", "granite"], "--tool-call-parser granite: accepted hermes, llama3_json, pythonic, mistral"),
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
     (["--chat-template", "nowhere.jinja"], "--chat-template nowhere.jinja: not a file and not one of the built-in")])
 def test_bad_flags_are_refused_before_loading(capsys, extra, message):

@@ -1,6 +1,7 @@
-"""Tool calls read out of a reply (toolkit/serve/tool_calls.py): hermes blocks, llama3_json objects, required's
-array and a named function's arguments; whatever is not a call stays content; the streamed deltas of any chunking
-join to the whole reading; parallel_tool_calls false keeps the first call."""
+"""Tool calls read out of a reply (toolkit/serve/tool_calls.py, tool_formats.py): hermes blocks, llama3_json
+objects, pythonic lists, mistral's [TOOL_CALLS] (both forms), required's array and a named function's arguments;
+whatever is not a call stays content; the streamed deltas of any chunking join to the whole reading;
+parallel_tool_calls false keeps the first call."""
 import json
 
 import pytest
@@ -28,6 +29,17 @@ CASES = {  # (mode, reply) -> (content, [(name, arguments)])
     ("llama3_json", '{"answer": 42}'): ('{"answer": 42}', []),
     ("llama3_json", '{"name": "get_weather", "parameters": {"ci'): ('{"name": "get_weather", "parameters": {"ci', []),
     ("llama3_json", "<|python"): ("<|python", []),
+    ("pythonic", '[get_weather(city="Paris"), get_time(zone="CET")]'): ("", [WEATHER, TIME]),
+    ("pythonic", '<|python_start|>[get_weather(city="Paris")]<|python_end|>'): ("", [WEATHER]),
+    ("pythonic", "[f(xs=[1, 2], on=True, k=None)]"): ("", [("f", {"xs": [1, 2], "on": True, "k": None})]),
+    ("pythonic", "[1, 2, 3] are numbers"): ("[1, 2, 3] are numbers", []),
+    ("pythonic", "[f(x=os.environ)]"): ("[f(x=os.environ)]", []),  # not a literal: no call
+    ("pythonic", "It is sunny [really]."): ("It is sunny [really].", []),
+    ("mistral", f'[TOOL_CALLS] [{W}, {T}]'): ("", [WEATHER, TIME]),
+    ("mistral", 'Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}'):
+        ("Let me look.", [WEATHER, TIME]),
+    ("mistral", "No tools needed [TOOL"): ("No tools needed [TOOL", []),
+    ("mistral", "[TOOL_CALLS] [{\"name\": \"get_wea"): ("[TOOL_CALLS] [{\"name\": \"get_wea", []),
     ("required", '[{"name": "get_weather", "parameters": {"city": "Paris"}}, '
                  '{"name": "get_time", "parameters": {"zone": "CET"}}]'): ("", [WEATHER, TIME]),
     ("required", '[{"name": "get_weather", "parameters": {"ci'): ('[{"name": "get_weather", "parameters": {"ci', []),
@@ -79,6 +91,8 @@ def test_a_named_function_streams_its_arguments_as_written():
 
 @pytest.mark.parametrize("mode, reply", [("hermes", f"<tool_call>{W}</tool_call><tool_call>{T}</tool_call>"),
                                          ("llama3_json", f"{W}; {T}"),
+                                         ("pythonic", '[get_weather(city="Paris"), get_time(zone="CET")]'),
+                                         ("mistral", f"[TOOL_CALLS][{W}, {T}]"),
                                          ("required", json.dumps([{"name": n, "parameters": a}
                                                                   for n, a in (WEATHER, TIME)]))])
 def test_without_parallel_calls_the_first_is_kept(mode, reply):
@@ -86,5 +100,5 @@ def test_without_parallel_calls_the_first_is_kept(mode, reply):
 
 
 def test_an_unknown_parser_is_refused():
-    with pytest.raises(ValueError, match="accepted hermes, llama3_json"):
-        ToolCallReader("pythonic")
+    with pytest.raises(ValueError, match="accepted hermes, llama3_json, pythonic, mistral"):
+        ToolCallReader("granite")

@@ -205,3 +205,22 @@ def test_with_speculation_the_calls_are_the_same(tiny_target, tiny_draft, serve)
     assert [s[:3] for s in spec] == [p[:3] for p in plain]
     assert [s[2] for s in spec] == ["tool_calls", "stop", "tool_calls"] and all(s[0] for s in spec)
     assert all(s[3] >= 1 for s in spec)
+
+
+def test_llama3_python_tag_reaches_the_parser(shared, tmp_path):
+    """Llama 3.1's tokenizer: Llama 3's with id 128010 named <|python_tag|>, a special token."""
+    from transformers import PreTrainedTokenizerFast
+
+    from toolkit.serve.text import TextStream, shown_ids
+    from toolkit.serve.tool_calls import TAGS, ToolCallReader
+
+    text = (shared / "tokenizers" / "llama3" / "tokenizer.json").read_text()
+    (tmp_path / "tokenizer.json").write_text(text.replace("<|reserved_special_token_5|>", "<|python_tag|>"))
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert tok.convert_tokens_to_ids("<|python_tag|>") == 128010
+    ids = [128010] + tok('{"name": "f", "parameters": {"x": 1}}', add_special_tokens=False).input_ids + [128009]
+    assert TextStream(tok, []).update(ids, True) == '{"name": "f", "parameters": {"x": 1}}'  # the tag dropped
+    text = TextStream(tok, [], keep=shown_ids(tok, TAGS["llama3_json"])).update(ids, True)
+    assert text == '<|python_tag|>{"name": "f", "parameters": {"x": 1}}'  # kept, <|eot_id|> still dropped
+    content, [call] = ToolCallReader("llama3_json").feed(text, done=True)
+    assert content == "" and call["function"] == {"name": "f", "arguments": '{"x": 1}'}

@@ -51,8 +51,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="serve tool_choice auto (and tools sent without tool_choice): the model decides to call, its "
                         "reply is read for calls with --tool-call-parser (vLLM's flags)")
     p.add_argument("--tool-call-parser", default=None, metavar="|".join(TOOL_PARSERS),
-                   help="how the model writes tool calls: hermes (<tool_call> blocks: Hermes, Qwen2.5, Qwen3) or "
-                        "llama3_json (Llama 3.1/3.2 JSON calls); SGLang's names qwen25, qwen, llama3 are taken too")
+                   help="how the model writes tool calls: hermes (<tool_call> blocks: Hermes, Qwen2.5, Qwen3), "
+                        "llama3_json (Llama 3.1/3.2 JSON calls), pythonic (Llama 3.2/4: [f(x=1)]) or mistral "
+                        "([TOOL_CALLS]); SGLang's names qwen25, qwen, llama3 are taken too")
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="the chat template over the target's: a .jinja file or a built-in one (llama3, qwen2, chatml, "
                         "chatml-tools: ChatML with tools in the layout --tool-call-parser hermes reads)")

@@ -5,60 +5,33 @@ How the calls are written depends on the request's `tool_choice` and, for `auto`
 
   hermes       Hermes 2/3, Qwen2.5, Qwen3: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block per
                call, text around them is content (whitespace between calls dropped).
-  llama3_json  Llama 3.1 / 3.2 JSON tool calling: a reply that opens with `<|python_tag|>` or `{` is calls,
-               `{"name": ..., "parameters": {...}}` separated by `;`; any other reply is content.
+  llama3_json, pythonic, mistral
+               calls that end the reply, after a marker (tool_formats.py)
   required     (tool_choice "required") the reply is a JSON array of {"name", "parameters"}: the grammar the
                request was served with makes it one (toolkit/serve/tools.py).
   named        (tool_choice naming a function) the reply is that function's arguments, streamed as written.
 
 SGLang's names are taken too (qwen25 and qwen = hermes, llama3 = llama3_json). A block or reply that does not
-parse as a call is content, so nothing the model wrote is lost. Streamed, content
-goes out as it comes except a tail that could still open a call; a call goes out whole once its block closes (the
-named function's arguments piece by piece). The deltas of any chunking join to the whole reading (a test checks).
+parse as a call is content, so nothing the model wrote is lost. Streamed, content goes out as it comes except a
+tail that could still open a call; a call goes out whole once its block closes or the reply ends (the named
+function's arguments piece by piece). The deltas of any chunking join to the whole reading (a test checks).
 """
 from __future__ import annotations
 
 import json
 import uuid
 
-PARSERS = ("hermes", "llama3_json")
+from toolkit.serve.tool_formats import FORMATS, call
+
+PARSERS = ("hermes", *FORMATS)
 ALIASES = {"qwen25": "hermes", "qwen": "hermes", "llama3": "llama3_json"}  # SGLang's names for the same formats
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-PYTHON_TAG = "<|python_tag|>"
-TAGS = {"hermes": (OPEN, CLOSE), "llama3_json": (PYTHON_TAG,)}  # kept in the text the parser reads
+TAGS = {"hermes": (OPEN, CLOSE), **{name: f.tags for name, f in FORMATS.items()}}  # kept in the parser's text
 
 
 def _held(text: str, tag: str) -> int:
     """How many trailing characters of `text` could be the start of `tag`."""
     return max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
-
-
-def _call(obj, args_key: str = "arguments") -> tuple[str, str] | None:
-    """A parsed JSON value -> (name, arguments as JSON text), or None when it is no call."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get(args_key, obj.get("parameters" if args_key == "arguments" else "arguments", {}))
-    if isinstance(args, str):  # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    return (obj["name"], json.dumps(args, ensure_ascii=False)) if isinstance(args, dict) else None
-
-
-def _objects(text: str) -> list | None:
-    """JSON values separated by `;` or whitespace (llama3_json's parallel calls), or None if any is not JSON."""
-    decoder, out, i = json.JSONDecoder(), [], 0
-    while True:
-        while i < len(text) and text[i] in " \t\r\n;":
-            i += 1
-        if i == len(text):
-            return out
-        try:
-            obj, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return None
-        out.append(obj)
 
 
 class ToolCallReader:
@@ -69,8 +42,9 @@ class ToolCallReader:
             raise ValueError(f"tool-call parser {mode!r}: accepted {', '.join(PARSERS)}")
         self.mode, self.name, self.parallel = mode, name, parallel
         self.pending = ""    # text not yet given out as content or read as a call
-        self.inside = False  # hermes: within a <tool_call> block; llama3_json: the reply is calls
-        self.decided = mode != "llama3_json"  # llama3_json: the reply's first characters decide
+        self.inside = False  # hermes: within a <tool_call> block; the other formats: past the marker
+        # formats whose calls open the reply: its first characters decide whether it is calls or content
+        self.decided = mode not in FORMATS or FORMATS[mode].anywhere
         self.calls = 0       # calls given out (their indices)
 
     def _new(self, name: str, arguments: str) -> dict:
@@ -89,8 +63,8 @@ class ToolCallReader:
             return self._named(done)
         if self.mode == "required":
             return self._required(done)
-        if self.mode == "llama3_json":
-            return self._llama3(done)
+        if self.mode in FORMATS:
+            return self._tail(done)
         return self._hermes(done)
 
     def _named(self, done: bool) -> tuple[str, list[dict]]:
@@ -107,24 +81,33 @@ class ToolCallReader:
             value = json.loads(text)
         except json.JSONDecodeError:  # cut short by max_tokens or a stop string
             return text, []
-        pairs = [_call(v, "parameters") for v in value] if isinstance(value, list) else [None]
+        pairs = [call(v, "parameters") for v in value] if isinstance(value, list) else [None]
         return (text, []) if not pairs or None in pairs else ("", self._take(pairs))
 
-    def _llama3(self, done: bool) -> tuple[str, list[dict]]:
-        if not self.decided:
-            head = self.pending.lstrip()
-            if not done and (not head or (PYTHON_TAG.startswith(head) and head != PYTHON_TAG)):
-                return "", []  # nothing yet, or it may still become <|python_tag|>
-            self.decided, self.inside = True, head.startswith((PYTHON_TAG, "{"))
-        if not self.inside:
-            content, self.pending = self.pending, ""
-            return content, []
+    def _tail(self, done: bool) -> tuple[str, list[dict]]:
+        """Content, then (from the format's marker) calls to the end of the reply, read once it is whole."""
+        fmt, content = FORMATS[self.mode], ""
+        if not self.inside and fmt.anywhere:  # content streams until a marker (a tail that may become one waits)
+            starts = [i for i in (self.pending.find(m) for m in fmt.markers) if i >= 0]
+            held = 0 if starts or done else max(_held(self.pending, m) for m in fmt.markers)
+            cut = min(starts) if starts else len(self.pending) - held
+            content, self.pending, self.inside = self.pending[:cut], self.pending[cut:], bool(starts)
+            if not self.inside:
+                return content, []
+        elif not self.inside:  # the reply's first characters decide: calls, or content throughout
+            if not self.decided:
+                head = self.pending.lstrip()
+                if not done and (not head or any(m.startswith(head) and m != head for m in fmt.markers)):
+                    return "", []  # nothing yet, or it may still become a marker
+                self.decided, self.inside = True, head.startswith(fmt.markers)
+            if not self.inside:
+                content, self.pending = self.pending, ""
+                return content, []
         if not done:
-            return "", []
+            return content, []
         text, self.pending = self.pending, ""
-        objects = _objects(text.lstrip().removeprefix(PYTHON_TAG))
-        pairs = [_call(o) for o in objects] if objects else [None]
-        return (text, []) if None in pairs else ("", self._take(pairs))
+        pairs = fmt.parse(text)
+        return (content + text, []) if pairs is None else (content, self._take(pairs))
 
     def _hermes(self, done: bool) -> tuple[str, list[dict]]:
         content, calls = "", []
@@ -149,7 +132,7 @@ class ToolCallReader:
             self.pending = "" if end < 0 else self.pending[end + len(CLOSE):]
             self.inside = False
             try:
-                pair = _call(json.loads(block))
+                pair = call(json.loads(block))
             except json.JSONDecodeError:
                 pair = None
             if pair is None:  # not a call: the block as the model wrote it
