@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API over the batcher: /v1/chat/completions, /v1/completions (both streamed as
 server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/models, /health, /metrics, and
 vLLM's /tokenize, /detokenize and /tokenizer_info (tokenize.py), /ping and /version. A request becomes one engine
-sequence per choice (choice.py), answered whole or as a stream by reply.py.
+sequence per choice (sequences.py, its constraint compiled by structured.py: a format, or a tool choice of tools.py),
+answered whole or as a stream by reply.py, each choice read by choice.py.
 
 Each response's `usage` has the standard token counts plus `speculative`: this request's verify steps,
 accepted draft tokens, τ and acceptance by draft position. Usage is read only once the engine is through with

@@ -2,7 +2,8 @@
 log-probs, and the counts `usage` reports. A request with `n` > 1 holds n choices, one engine sequence each (a
 completions batch of p prompts, p x n: choice i * n + j is prompt i's j-th). With `echo` a completion choice's
 first text (and log-probs) starts with its prompt's; with `echo` and `max_tokens: 0` it is the prompt alone (the
-engine still generates one token, which no one sees: vLLM's way of scoring a prompt).
+engine still generates one token, which no one sees: vLLM's way of scoring a prompt). A chat choice's text may be
+read further: its thinking split out (reasoning.py) and its tool calls (tool_calls.py), whole or delta by delta.
 
 Usage is read only once the engine is through with a sequence (its last update says so), never while the
 engine thread may still add to it.
