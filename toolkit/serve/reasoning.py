@@ -10,13 +10,10 @@ tail that could still become a tag is held back until the next text or the end.
 """
 from __future__ import annotations
 
+from toolkit.serve.text import held
+
 START, END = "<think>", "</think>"
 PARSERS = ("qwen3", "deepseek_r1")
-
-
-def _held(text: str, tag: str) -> int:
-    """How many trailing characters of `text` could be the start of `tag`."""
-    return max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
 
 
 class ReasoningSplit:
@@ -42,7 +39,7 @@ class ReasoningSplit:
         if self.phase == "think":
             end = self.pending.find(END)
             if end < 0:
-                keep = 0 if done else _held(self.pending, END)
+                keep = 0 if done else held(self.pending, END)
                 cut = len(self.pending) - keep
                 reasoning, self.pending = self.pending[:cut], self.pending[cut:]
                 return reasoning, ""

@@ -19,6 +19,11 @@ from __future__ import annotations
 from toolkit.infer.sequence import StopStrings
 
 
+def held(text: str, tag: str) -> int:
+    """How many trailing characters of `text` could be the start of `tag` (held back until more text shows)."""
+    return max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
+
+
 def shown_ids(tok, tags) -> frozenset:
     """The ids of those of `tags` that are special tokens in `tok` (decoded text would drop them)."""
     special = {t.content: i for i, t in tok.added_tokens_decoder.items() if t.special}
@@ -97,7 +102,7 @@ class TextStream:
         text = self.scan(tokens, done)
         if not (self.stopped or done):
             text = text.rstrip("\ufffd")
-            hold = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+            hold = max((held(text, s) for s in self.stops), default=0)
             text = text[:len(text) - hold]
         delta = text[self.sent:] if len(text) > self.sent else ""
         self.sent = max(self.sent, len(text))

@@ -21,17 +21,13 @@ from __future__ import annotations
 import json
 import uuid
 
+from toolkit.serve.text import held
 from toolkit.serve.tool_formats import FORMATS, call
 
 PARSERS = ("hermes", *FORMATS)
 ALIASES = {"qwen25": "hermes", "qwen": "hermes", "llama3": "llama3_json"}  # SGLang's names for the same formats
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 TAGS = {"hermes": (OPEN, CLOSE), **{name: f.tags for name, f in FORMATS.items()}}  # kept in the parser's text
-
-
-def _held(text: str, tag: str) -> int:
-    """How many trailing characters of `text` could be the start of `tag`."""
-    return max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
 
 
 class ToolCallReader:
@@ -89,8 +85,8 @@ class ToolCallReader:
         fmt, content = FORMATS[self.mode], ""
         if not self.inside and fmt.anywhere:  # content streams until a marker (a tail that may become one waits)
             starts = [i for i in (self.pending.find(m) for m in fmt.markers) if i >= 0]
-            held = 0 if starts or done else max(_held(self.pending, m) for m in fmt.markers)
-            cut = min(starts) if starts else len(self.pending) - held
+            keep = 0 if starts or done else max(held(self.pending, m) for m in fmt.markers)
+            cut = min(starts) if starts else len(self.pending) - keep
             content, self.pending, self.inside = self.pending[:cut], self.pending[cut:], bool(starts)
             if not self.inside:
                 return content, []
@@ -115,7 +111,7 @@ class ToolCallReader:
             if not self.inside:
                 start = self.pending.find(OPEN)
                 if start < 0:  # content, but a tail that may open a call waits; so does whitespace after a call
-                    keep = 0 if done else _held(self.pending, OPEN)
+                    keep = 0 if done else held(self.pending, OPEN)
                     out = self.pending[:len(self.pending) - keep]
                     if self.calls and not out.strip() and not done:
                         return content, calls
