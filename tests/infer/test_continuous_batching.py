@@ -22,18 +22,18 @@ PROMPTS = [[1, 504, 3575, 282, 19], [1, 88, 9], [1, 4000, 17, 2201, 77, 301, 5, 
 
 @pytest.mark.parametrize("tree", [None, TreeConfig(4, 1, 5), TreeConfig(3, 3, 8)], ids=["plain", "chain", "tree"])
 def test_sequences_joining_and_leaving_match_each_alone(target, tree, monkeypatch):
-    import toolkit.infer.engine as engine_module
+    import toolkit.infer.runner as runner_module
 
     head = None if tree is None else random_head(target.config, seed=1)
     drafted = []  # per step, the tree tokens each running sequence was offered, in row order
-    real_draft_trees = engine_module.draft_trees
+    real_draft_trees = runner_module.draft_trees
 
     def recording(*args):
         trees = real_draft_trees(*args)
         drafted.append([t.tokens.tolist() for t in trees])
         return trees
 
-    monkeypatch.setattr(engine_module, "draft_trees", recording)
+    monkeypatch.setattr(runner_module, "draft_trees", recording)
     lengths = [12, 5, 20, 9, 14, 3, 17, 8]  # different max_new_tokens: sequences leave at different steps
     solo, want, want_drafts = Engine(target, head, tree, max_len=64), [], []
     for p, n in zip(PROMPTS, lengths):
@@ -95,17 +95,17 @@ def test_a_seeded_sequence_samples_the_same_alone_and_in_a_batch(target):
 def test_speculation_paused_and_resumed_keeps_output_and_draft_state(target, monkeypatch):
     """step(speculate=False) decodes plainly but keeps the draft's cache in step: when speculation resumes at a
     position, the draft offers the same tree there as a run that never paused."""
-    import toolkit.infer.engine as engine_module
+    import toolkit.infer.runner as runner_module
 
     head, tree = random_head(target.config, seed=1), TreeConfig(3, 2, 5)
-    real_draft_trees, offered = engine_module.draft_trees, {}
+    real_draft_trees, offered = runner_module.draft_trees, {}
 
     def recording(head_, embed, cache, prefixes, *rest):
         trees = real_draft_trees(head_, embed, cache, prefixes, *rest)
         offered.setdefault(run, {})[prefixes[0]] = trees[0].tokens.tolist()
         return trees
 
-    monkeypatch.setattr(engine_module, "draft_trees", recording)
+    monkeypatch.setattr(runner_module, "draft_trees", recording)
     outputs = {}
     for run in ("always", "paused"):
         eng = Engine(target, head, tree, max_len=64)

@@ -94,7 +94,7 @@ def test_unrolled_steps_equal_what_the_engine_drafts(kind, num_layers):
             cache = head.new_cache(32)
             pairs = torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], 1)[:, :t + 1]
             emb = embed(pairs)
-            if head.blank_position0:  # as Engine._draft_extend feeds MTP the pair at position 0
+            if head.blank_position0:  # as Runner.extend feeds MTP the pair at position 0
                 emb[:, 0] = 0
             logp, out = head(emb, aux[:, :t + 1], torch.arange(t + 1)[None], cache)
             assert torch.allclose(logp[0, t], ttt[0][0, t].log_softmax(-1), atol=1e-4)

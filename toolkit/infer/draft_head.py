@@ -57,7 +57,7 @@ class DraftHead(KeepsFp32):
 
     kernels = "torch"
     # MTP: the token embedding paired with position 0 enters as zeros (MiMo's and DeepSeek's MTP in vLLM, MiMo's in
-    # SGLang: "not needed by MTP"); training (train/ttt.py) and the engine's prefill (Engine._draft_extend, where
+    # SGLang: "not needed by MTP"); training (train/ttt.py) and the engine's prefill (Runner.extend, where
     # the host knows which rows start at 0: no kernel in draft steps) both follow it
     blank_position0 = False
 

@@ -6,6 +6,7 @@ sequence's KV cache -> extends the draft over what was accepted.
 Running sequence i lives in row i of the KV caches; a sequence that finishes or is released leaves, and the
 rows after it move up, so the running batch is always rows 0..B-1 (the model reads rows :B).
 Without a draft head every round verifies the root alone, which is plain decoding with the same code.
+The forwards themselves (graphs, the compiled CPU step, eager) and the KV caches are the runner's (runner.py).
 Sequences are right-padded where lengths differ: a pad writes to cache slots past its sequence's end, which
 no mask lets anyone read and which the next round overwrites.
 """
@@ -17,15 +18,16 @@ import torch
 
 from toolkit.infer.draft_sampling import gumbel_inputs
 from toolkit.infer.drafts import Eagle3Head
-from toolkit.infer.kv_cache import KVCache, free_memory_bytes, max_len_for_memory
+from toolkit.infer.kv_cache import free_memory_bytes, max_len_for_memory
 from toolkit.infer.logprobs import prompt_logprobs, token_logprobs
 from toolkit.infer.lookup import LookupConfig, graft_all, propose
 from toolkit.infer.model import Transformer
 from toolkit.infer.penalties import Penalties
 from toolkit.infer.phase_clock import PhaseClock
+from toolkit.infer.runner import Runner
 from toolkit.infer.sampling import SamplingParams, target_probs
 from toolkit.infer.sequence import Result, Sequence, StopStrings
-from toolkit.infer.tree import Tree, TreeConfig, ancestor_masks, draft_trees, window_mask
+from toolkit.infer.tree import Tree, TreeConfig, ancestor_masks, window_mask
 from toolkit.infer.verify import verify_tree
 
 
@@ -54,10 +56,7 @@ class Engine:
                  cuda_graphs: bool | None = None, graph_capture=None, compile: bool = False,
                  sample_draft: bool = False, lookup: LookupConfig | None = None):
         """max_len None: size the KV cache from free memory (memory_fraction of it), capped by the
-        target's max_position_embeddings. cuda_graphs (default: on for a CUDA target) replays the verify /
-        decode step and the draft step from graphs per (batch, tokens) bucket (graphs.py); False is eager.
-        graph_capture: how graphs are captured (default torch.cuda.graph; tests pass eager_capture).
-        compile: on CPU, one sequence's decode / verify step runs torch.compile'd (compiled_decode.py).
+        target's max_position_embeddings. cuda_graphs, graph_capture, compile: how the forwards run (Runner).
         sample_draft: a chain draws its draft tokens from the head's tempered distribution for sequences that
         sample, verified with speculative sampling (verify.sample_chain_verify), instead of proposing the
         head's top-1; greedy sequences are drafted and verified as before.
@@ -89,71 +88,20 @@ class Engine:
         if max_len < 2:
             raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
         self.max_len, self.max_batch = max_len, max_batch
-        graphs = self.device.type == "cuda" and target.graphable if cuda_graphs is None else cuda_graphs
-        if graphs and not target.graphable:
-            raise ValueError("CUDA graphs cannot hold a MoE target's routing: run it eagerly (--eager)")
-        scratch = int(graphs)  # graphs send padding to one extra, never-attended cache slot
-        self.cache = KVCache(target.config, max_batch, max_len + self.tree.num_draft_tokens + extra + scratch, dtype,
-                             self.device)
-        self.draft_cache, self.aux_layers = None, head.aux_layers if head is not None else ()
-        if head is not None:
-            spare = self.tree.num_steps * self.tree.topk + 1 + extra
-            self.draft_cache = head.new_cache(max_len + spare + scratch, dtype, self.device, max_batch)
-        self.target_graphs = self.draft_graphs = self.draft_loop = None
-        if graphs:
-            self._capture(graph_capture)
-        self.compiled = None
-        if compile:
-            from toolkit.infer.compiled_decode import CompiledDecode
-
-            if self.device.type != "cpu":
-                raise ValueError("compile=True is the CPU decode path; on a GPU the engine replays CUDA graphs")
-            self.compiled = CompiledDecode(target, self.cache, self.aux_layers)
+        self.runner = Runner(target, head, self.tree, extra, max_len, max_batch, cuda_graphs, graph_capture, compile,
+                             sample_draft)
+        self.cache, self.draft_cache = self.runner.cache, self.runner.draft_cache  # row i: running sequence i
+        self.aux_layers, self._host = self.runner.aux_layers, self.runner.host
         self.running: list[Sequence] = []  # running sequence i is in cache row i
         self.seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0}  # engine time so far, by phase
         self.clock = PhaseClock(self.device)  # draft / verify split without syncing the device
 
-    @torch.no_grad()
-    def _capture(self, capture) -> None:
-        """Graphs for every batch bucket: the target at 1 token (plain decoding) and num_draft_tokens (verify),
-        the whole draft loop (tree.grow), and the draft extending over what was accepted (1..num_steps + 1
-        tokens over the target's features)."""
-        from toolkit.infer.graphs import GraphedDraftLoop, batch_buckets, graph_draft, graph_target
-
-        sizes, t = batch_buckets(self.max_batch), self.tree
-        counts = {1, t.num_draft_tokens, self._widest_round()}  # a lookup branch's nodes are verified too
-        self.target_graphs = graph_target(self.target, self.cache, self.aux_layers, sizes, sorted(counts), capture)
-        if self.head is not None:
-            width = len(self.aux_layers) * self.target.config.hidden_size
-            self.draft_graphs = graph_draft(self.head, self.draft_cache, width, sizes, list(range(1, t.num_steps + 2)),
-                                            capture)
-            self.draft_loop = GraphedDraftLoop(self.head, self.target.embed_tokens, self.draft_cache, t, sizes, capture,
-                                               sample=self.sample_draft)
-
     def warm_up(self) -> None:
         """Compile (compile=True) every step shape this engine's rounds take, so that no compile lands inside a
-        timed run or a served request: plain decoding, a short chain, and the widest round (the head's tree plus
-        a full lookup branch). A no-op otherwise; needs an idle engine."""
-        if self.compiled is None:
-            return
-        if self.running:
+        timed run or a served request. A no-op otherwise; needs an idle engine."""
+        if self.runner.compiled is not None and self.running:
             raise RuntimeError("warm_up needs an idle engine; it is serving other sequences")
-        from toolkit.infer.compiled_decode import FEW
-
-        widest = self._widest_round()
-        self.compiled.warm_up([1, min(widest, FEW), widest])
-
-    def _widest_round(self) -> int:
-        """The most nodes one verify step holds: the head's tree (or the root alone) plus a full lookup branch."""
-        return (self.tree.num_draft_tokens if self.head is not None else 1) + (
-            self.lookup.num_tokens if self.lookup is not None else 0)
-
-    def _draft(self, emb, hidden, positions, slots, mask):
-        """The head over the draft cache's rows 0..B-1, replayed from a graph when one holds the shape."""
-        out = None if self.draft_graphs is None else self.draft_graphs(
-            emb=emb, hidden=hidden, positions=positions, slots=slots, mask=mask)
-        return out if out is not None else self.head(emb, hidden, positions, self.draft_cache, slots=slots,
-                                                     mask=mask)
+        self.runner.warm_up()
 
     def check(self, prompt: list[int], params: SamplingParams) -> None:
         """Refuse what cannot fit: an empty prompt, an id outside the vocabulary (the prompt's or a logit bias's),
@@ -210,8 +158,7 @@ class Engine:
             ids = self._host(_pad([s.prompt for s in part], 0))
             last = self._host([len(s.prompt) - 1 for s in part])
             scored = any(s.params.prompt_logprobs is not None for s in part)  # then the final hidden states too
-            logits, aux = self.target(ids, cache=self.cache.rows(row0, row0 + len(part)), logits_at=last,
-                                      aux_layers=[*self.aux_layers, -1] if scored else self.aux_layers)  # [b, 1, V]
+            logits, aux = self.runner.prefill(ids, row0, last, [*self.aux_layers, -1] if scored else self.aux_layers)
             normed, aux = (aux[-1], aux[:-1]) if scored else (None, aux)                    # [b, T, H]
             for b, s in enumerate(part):
                 s.prefix = len(s.prompt)
@@ -229,7 +176,7 @@ class Engine:
                 s.add(token)
             if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
                 nxt = self._host(_pad([s.prompt[1:] + s.result.tokens for s in part], 0))
-                self._draft_extend(part, nxt, torch.cat(aux, -1), [0] * len(part), row0)
+                self.runner.extend(part, nxt, torch.cat(aux, -1), [0] * len(part), row0)
         self.seconds["prefill"] += time.perf_counter() - t0
         for s in seqs:
             s.result.seconds["prefill"] += (time.perf_counter() - t0) / m
@@ -250,13 +197,7 @@ class Engine:
             sampled = {} if not self.sample_draft else gumbel_inputs(
                 [s.params for s in seqs], [s.generator for s in seqs], self.tree.num_steps, len(self.head.d2t),
                 self.device)
-            grown = None if self.draft_loop is None else self.draft_loop(
-                self._host(prefix), self._host(roots), root_out, root_logp, **sampled)
-            if grown is not None:
-                trees = [Tree(*parts) for parts in zip(*grown)]
-            else:
-                trees = draft_trees(self.head, self.target.embed_tokens, self.draft_cache, prefix, roots, root_out,
-                                    root_logp, self.tree, **sampled)
+            trees = self.runner.grow(prefix, roots, root_out, root_logp, sampled)
         else:
             trees = [Tree(torch.tensor([root]), torch.tensor([-1]), torch.tensor([0])) for root in roots]
         own = len(trees[0].tokens)  # nodes the head drafted; a lookup branch's new nodes come after them
@@ -280,7 +221,7 @@ class Engine:
             width = max(len(p) for p in paths)  # each path's nodes, its last repeated as padding
             idx = self._host([p + p[-1:] * (width - len(p)) for p in paths])       # [B, width]
             hidden = fused.gather(1, idx[:, :, None].expand(-1, -1, fused.shape[-1]))
-            self._draft_extend(seqs, self._host(_pad(emitted, 0)), hidden, prefix, 0)
+            self.runner.extend(seqs, self._host(_pad(emitted, 0)), hidden, prefix, 0)
         self._retire()
         t4 = self.clock.mark()
         between = self.clock.between
@@ -292,11 +233,6 @@ class Engine:
             s.result.seconds["verify"] += verify / len(seqs)
         return seqs
 
-    def _host(self, data) -> torch.Tensor:
-        """Host data (a list or a CPU tensor) on the engine's device without stopping the host: a blocking
-        copy to a GPU first waits for all queued work, which would idle the GPU while the host catches up."""
-        return torch.as_tensor(data).to(self.device, non_blocking=True)
-
     def release(self, seq: Sequence) -> None:
         """Take a running sequence out between steps (a cancelled request); its row is reused."""
         seq.done = True
@@ -307,29 +243,8 @@ class Engine:
         keep = [(row, s) for row, s in enumerate(self.running) if not s.done]
         for new, (old, s) in enumerate(keep):
             if new != old:
-                self.cache.move(old, new, s.prefix)
-                if self.draft_cache is not None:
-                    self.draft_cache.move(old, new, s.prefix)
+                self.runner.move(old, new, s.prefix)
         self.running = [s for _, s in keep]
-
-    def _draft_extend(self, seqs: list[Sequence], tokens: torch.Tensor, hidden: torch.Tensor, start: list[int],
-                      row0: int) -> None:
-        """Write draft pairs for positions start[b]..prefix-1 of the sequences in rows row0.. (tokens/hidden
-        right-padded) and keep each one's output at prefix-1: the draft's prediction after its root."""
-        width, m = tokens.shape[1], len(seqs)
-        pos = self._host([[st + j for j in range(width)] for st in start])
-        emb = self.target.embed_tokens(tokens)
-        if getattr(self.head, "blank_position0", False) and 0 in start:  # MTP: pair 0 reads a zero embedding
-            emb[[b for b, st in enumerate(start) if st == 0], 0] = 0
-        if row0 == 0:  # the running rows (a step): causal by position, through the graphs when on
-            mask = torch.arange(max(start) + width, device=self.device)[None, None, :] <= pos[:, :, None]
-            logp, out = self._draft(emb, hidden, pos, pos, mask)
-        else:  # rows being admitted (a prefill)
-            cache = None if self.draft_cache is None else self.draft_cache.rows(row0, row0 + m)
-            logp, out = self.head(emb, hidden, pos, cache)
-        for b, (s, st) in enumerate(zip(seqs, start)):
-            last = max(s.prefix - st - 1, 0)  # s.prefix is already the new end
-            s.root_logp, s.root_out = logp[b, last].clone(), out[b, last].clone()  # not views of the batch
 
     def _pick(self, logits, params, generator) -> int:
         if params.greedy:
@@ -353,17 +268,7 @@ class Engine:
             mask = window_mask(start[:, 0], ancestors, max(prefix) + n)                # [B, n, S]
         tokens = self._host(torch.stack([t.tokens for t in trees]))
         positions = start + self._host(torch.stack([t.depth for t in trees]))
-        out = None if self.target_graphs is None else self.target_graphs(
-            tokens=tokens, positions=positions, slots=slots, mask=mask)
-        if out is None and self.compiled is not None and len(seqs) == 1:  # one sequence's step, compiled
-            logits, aux = self.compiled(tokens, positions, slots, None if n == 1 else mask)
-        elif out is None:
-            if n == 1 and len(seqs) == 1:  # plain decoding of one sequence: it sees every slot, no mask needed
-                mask = None
-            logits, aux = self.target(tokens, positions, cache=self.cache, slots=slots, mask=mask,
-                                      aux_layers=self.aux_layers)
-        else:
-            logits, *aux = out
+        logits, aux = self.runner.verify(tokens, positions, slots, mask)
         paths, emitted, logprobs = [], [], []
         for b, (tree, s) in enumerate(zip(trees, seqs)):
             scores = logits[b] if s.grammar is None else s.grammar.apply(logits[b], tree.tokens, tree.parents)
