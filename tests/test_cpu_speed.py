@@ -42,7 +42,7 @@ def test_no_measures_nothing():
 def test_the_trainer_takes_fp32_on_a_cpu_that_emulates_bf16(monkeypatch, capsys):
     """make_accelerator under mixed_precision auto, this CPU measured as emulating bf16: fp32, and it says so."""
     from toolkit.train.config import TrainConfig
-    from toolkit.train.trainer import make_accelerator
+    from toolkit.train.launch import make_accelerator
 
     monkeypatch.setattr("toolkit.cpu_speed.quick_gflops", rates(EMULATED))
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)

@@ -68,7 +68,7 @@ def _terminate(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from toolkit.train.trainer import parse_with_overrides
+    from toolkit.train.launch import parse_with_overrides
 
     args = parse_with_overrides(build_parser(), argv)
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers

@@ -70,7 +70,7 @@ def test_overrides_may_come_before_or_after_the_options(capsys):
     """`toolkit train --config r.yaml --output-dir run num_layers=2` is how people type it; argparse alone
     refuses words after an option, so the command line collects them as overrides (other words still fail)."""
     from toolkit.cli import build_parser
-    from toolkit.train.trainer import add_args, cli, parse_with_overrides
+    from toolkit.train.launch import add_args, cli, parse_with_overrides
 
     parser = build_parser()
     args = parse_with_overrides(parser, ["train", "lr=1e-3", "--config", "r.yaml", "--output-dir", "run",

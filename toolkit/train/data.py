@@ -100,6 +100,24 @@ class HiddenStateShards:
                     self.where[row] = (part / s["file"], offs[j], offs[j + 1])
         self.max_len = max_len
 
+    def check_fits(self, name: str, data: PreparedData, data_name: str, rows: list[int], target: Path) -> None:
+        """Refuse shards (the recipe's hidden_states `name`) that were not dumped from these training rows of
+        `data`, at least max_len long, by this target folder."""
+        from toolkit.models import same_target
+
+        if not self.covers(len(rows)):
+            raise ValueError(f"hidden_states {name} does not cover the {len(rows)} training rows of {data_name}; "
+                             "dump them for this dataset")
+        if why := self.differs_from(data, rows):
+            raise ValueError(f"hidden_states {name} were not dumped from {data_name}: {why}; dump them for this "
+                             "dataset")
+        if self.index.get("max_len", self.max_len) < self.max_len:  # longer dumps are cut to max_len
+            raise ValueError(f"hidden_states {name} were dumped with max_len {self.index['max_len']}, training has "
+                             f"max_len {self.max_len}: rows would be shorter than online; dump with at least the "
+                             "training max_len")
+        if not same_target(self.index["target_fingerprint"], target):
+            raise ValueError(f"hidden_states {name} were dumped from another target ({self.index['target']})")
+
     def covers(self, rows: int) -> bool:
         return all(r in self.where for r in range(rows))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from toolkit.train.trainer import add_args, cli
+from toolkit.train.launch import add_args, cli
 from toolkit.train.trainer import main as train
 
 __all__ = ["add_args", "main"]

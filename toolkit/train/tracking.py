@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
+
+import torch
 
 
 class Tracker:
@@ -32,6 +35,42 @@ class Tracker:
     def finish(self) -> None:
         if self.wandb:
             self.acc.end_training()
+
+
+class Window:
+    """What the micro-batches since the last log add up to on this rank, reduced over the ranks into one record."""
+
+    def __init__(self):
+        self.loss, self.losses, self.acc, self.count, self.tokens, self.n = 0.0, 0.0, 0.0, 0.0, 0, 0
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, losses: torch.Tensor, accs: torch.Tensor, counts: torch.Tensor,
+            tokens: int) -> None:
+        """A micro-batch: its loss, per-TTT-step mean losses and accuracies [ttt] over counts [ttt] tokens."""
+        self.loss += float(loss.detach())
+        self.losses = self.losses + losses.detach() * counts
+        self.acc = self.acc + accs * counts
+        self.count = self.count + counts
+        self.tokens += tokens
+        self.n += 1
+
+    def record(self, acc, epoch: int, **extra) -> dict:
+        """The logged record (a collective: every rank calls it at the same step). Per-step loss and accuracy are
+        token means over every rank's micro-batches; extra (lr, grad_norm, ...) is added as given."""
+        from toolkit.train.losses import simulated_tau
+
+        device = acc.device
+        sums = acc.reduce(torch.stack([self.losses, self.acc, self.count.float()]), "sum")
+        tokens = int(acc.reduce(torch.tensor(self.tokens, device=device), "sum"))
+        # with the step-wide denominators the micro-batch losses' mean is each step's token mean
+        loss_sum, n = acc.reduce(torch.tensor([self.loss, float(self.n)], device=device), "sum").tolist()
+        # the epoch of the step's last micro-batch, which the last rank holds (one process accumulating logs that)
+        epoch = int(acc.reduce(torch.tensor(epoch, device=device), "max"))
+        n_i = sums[2].clamp_min(1)
+        acc_i = (sums[1] / n_i).cpu()
+        return {"epoch": epoch, "loss": loss_sum / n, "loss_i": (sums[0] / n_i).tolist(), "acc_i": acc_i.tolist(),
+                "simulated_tau": simulated_tau(acc_i), "tokens_per_second": tokens / (time.perf_counter() - self.t0),
+                **extra}
 
 
 def read_metrics(path: Path) -> list[dict]:

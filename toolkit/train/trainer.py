@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -22,70 +21,9 @@ from typing import Iterator
 
 import torch
 
+from toolkit.train.launch import add_args, make_accelerator  # toolkit train reads this module's add_args and main
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="recipe YAML (recipes/*.yaml)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="override any recipe key")
-    for flag, key in (("--model", "model"), ("--data", "data"), ("--output-dir", "output_dir"),
-                      ("--max-steps", "max_steps"), ("--token-map", "token_map"),
-                      ("--hidden-states", "hidden_states")):
-        p.add_argument(flag, dest=key, default=None, help=f"same as {key}=...")
-    p.add_argument("--resume", action="store_true", help="continue the run in output_dir from its last checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="delete a previous run in output_dir first")
-    import dataclasses
-
-    from toolkit.train.config import TrainConfig
-
-    keys = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(TrainConfig)
-                     if f.init and f.default is not dataclasses.MISSING)
-    p.epilog = f"recipe keys and their defaults (toolkit/train/config.py says what each does): {keys}"
-
-
-def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """parse_args, except that key=value overrides may also follow the options (`--output-dir run lr=1e-3`):
-    argparse hands a positional list only the words before the first option, and refuses the rest."""
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
-            args.overrides = [*(args.overrides or []), *extra]
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args
-
-
-def make_accelerator(cfg):
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
-
-    # CPU ranks talk over gloo (without this handler accelerate + DeepSpeed on CPU see 1 process per rank)
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not torch.cuda.is_available() else []
-    log_with = ["wandb"] if cfg.wandb_project else None
-    # mixed_precision "auto" keeps a half precision the launch named; else on a CPU it follows this CPU's GEMM
-    # rates (emulated bf16, without AVX512-BF16 / AMX, trained ~60x slower) and on a GPU it is bf16 where the card
-    # has it (precision.py: the target is bf16 there already; accelerate's default would leave the head fp32)
-    requested, launched = cfg.mixed_precision, os.environ.get("ACCELERATE_MIXED_PRECISION")
-    if not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        from toolkit.cpu_speed import cpu_training_precision
-
-        requested, note = cpu_training_precision(requested, launched, cfg.threads or torch.get_num_threads())
-        if note and os.environ.get("RANK", "0") == "0":
-            print(note, file=sys.stderr if note.startswith("WARNING") else sys.stdout, flush=True)
-    else:
-        from toolkit.train.precision import gpu_training_precision
-
-        requested = gpu_training_precision(requested, launched, torch.cuda.is_bf16_supported())
-    precision = {} if requested == "auto" else {"mixed_precision": requested}
-    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers,
-                      **precision)
-    if acc.state.deepspeed_plugin is not None:  # fill the DeepSpeed config's "auto" values from the recipe
-        ds = acc.state.deepspeed_plugin.deepspeed_config
-        ds["train_micro_batch_size_per_gpu"] = cfg.batch_size
-        ds["gradient_accumulation_steps"] = cfg.grad_accum
-        if ds.get("gradient_clipping", "auto") == "auto":
-            ds["gradient_clipping"] = cfg.max_grad_norm
-        ds.setdefault("bf16", {})["enabled"] = acc.mixed_precision == "bf16"
-    return acc
+__all__ = ["add_args", "main"]
 
 
 def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
@@ -95,17 +33,17 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from transformers import get_scheduler
 
     from toolkit.infer.loading import load_target
-    from toolkit.models import fingerprint, resolve_target, same_target
+    from toolkit.models import fingerprint, resolve_target
     from toolkit.tokenmap.maps import save_vocab_map
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.config import check_resume, load_config
     from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches, prefetch
     from toolkit.train.head import (check_signature, head_signature, keep_variant, pick_vocabulary, serving_notes,
                                      start_from, take_weights, target_tensors)
-    from toolkit.train.losses import simulated_tau, step_counts
+    from toolkit.train.losses import step_counts
     from toolkit.train.objectives import OBJECTIVES, DraftTrainable
     from toolkit.train.ranks import on_main
-    from toolkit.train.tracking import Tracker
+    from toolkit.train.tracking import Tracker, Window
 
     cfg = load_config(args.config, args.overrides, model=args.model, data=args.data, output_dir=args.output_dir,
                       max_steps=args.max_steps, token_map=args.token_map, hidden_states=args.hidden_states,
@@ -156,19 +94,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     train_rows = list(range(len(data) - cfg.eval_samples))
     offline = cfg.hidden_states is not None
     shards = HiddenStateShards(cfg.hidden_states, cfg.max_len) if offline else None
-    if offline and not shards.covers(len(train_rows)):
-        raise ValueError(f"hidden_states {cfg.hidden_states} does not cover the {len(train_rows)} training rows "
-                         f"of {cfg.data}; dump them for this dataset")
-    if offline and (why := shards.differs_from(data, train_rows)):
-        raise ValueError(f"hidden_states {cfg.hidden_states} were not dumped from {cfg.data}: {why}; dump them "
-                         "for this dataset")
-    if offline and shards.index.get("max_len", cfg.max_len) < cfg.max_len:  # longer dumps are cut to max_len
-        raise ValueError(f"hidden_states {cfg.hidden_states} were dumped with max_len {shards.index['max_len']}, "
-                         f"training has max_len {cfg.max_len}: rows would be shorter than online; dump with at "
-                         "least the training max_len")
-    if offline and not same_target(shards.index["target_fingerprint"], folder):
-        raise ValueError(f"hidden_states {cfg.hidden_states} were dumped from another target "
-                         f"({shards.index['target']})")
+    if offline:
+        shards.check_fits(cfg.hidden_states, data, cfg.data, train_rows, folder)
     acc.print(f"data: {len(train_rows)} training rows of {cfg.data}, {len(held)} held out for evaluation; "
               + (f"offline, the target's states read from {cfg.hidden_states}" if offline
                  else f"online, the target {cfg.model} run per batch in {str(dtype).removeprefix('torch.')}"))
@@ -275,11 +202,10 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
             yield step[-1][0], [collate([source[r] for r in rows]) for _, rows in step]
 
     steps = prefetch(step_batches_of(batches))  # the next step's rows are read while this one computes
-    window = {"loss": 0.0, "losses": 0.0, "acc": 0.0, "count": 0.0, "tokens": 0, "n": 0}
+    window = Window()
     uncounted = 0  # this rank's tokens since progress.tokens was last brought up to date (at a log or a save)
     bar = tqdm(total=total, initial=progress.step, disable=not acc.is_main_process, unit="step", desc="train")
-    t_log, grad_norm = time.perf_counter(), None
-    t_start = t_log
+    t_start, grad_norm = time.perf_counter(), None
     model.train()
     while progress.step < total:
         epoch, step_batches = next(steps)
@@ -310,13 +236,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                 lr = sched.get_last_lr()[0]  # the rate this step trained at (sched.step moves to the next one)
                 sched.step()
                 opt.zero_grad()
-            window["loss"] += float(loss.detach())
-            window["losses"] = window["losses"] + losses.detach() * counts
-            window["acc"] = window["acc"] + accs * counts
-            window["count"] = window["count"] + counts
-            window["tokens"] += int(batch["valid"].sum())
+            window.add(loss, losses, accs, counts, int(batch["valid"].sum()))
             uncounted += int(batch["valid"].sum())
-            window["n"] += 1
         progress.step += 1
         bar.update(1)
         # A wall-clock budget ends the run early, as if this step were the last; the ranks agree (max of clocks)
@@ -329,25 +250,12 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
             progress.tokens += int(acc.reduce(torch.tensor(uncounted, device=device), "sum"))
             uncounted = 0
         if logging:
-            sums = acc.reduce(torch.stack([window["losses"], window["acc"], window["count"].float()]), "sum")
-            tokens = int(acc.reduce(torch.tensor(window["tokens"], device=device), "sum"))
-            # every rank's micro-batches: with the step-wide denominators their mean is each step's token mean
-            loss_sum, n = acc.reduce(torch.tensor([window["loss"], float(window["n"])], device=device), "sum").tolist()
-            # the epoch of the step's last micro-batch, which the last rank holds (one process accumulating logs that)
-            epoch = int(acc.reduce(torch.tensor(epoch, device=device), "max"))
-            n_i = sums[2].clamp_min(1)
-            acc_i = (sums[1] / n_i).cpu()
-            seconds = time.perf_counter() - t_log
-            rec = {"epoch": epoch, "loss": loss_sum / n, "loss_i": (sums[0] / n_i).tolist(),
-                   "acc_i": acc_i.tolist(), "simulated_tau": simulated_tau(acc_i), "lr": lr,
-                   "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                   "tokens_per_second": tokens / seconds, "tokens": progress.tokens,
-                   "peak_memory_gb": ckpt.peak_memory_gb(device)}
+            rec = window.record(acc, epoch, lr=lr, grad_norm=float(grad_norm) if grad_norm is not None else None,
+                                tokens=progress.tokens, peak_memory_gb=ckpt.peak_memory_gb(device))
             tracker.log(progress.step, rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", tau=f"{rec['simulated_tau']:.2f}",
                             tok_s=f"{rec['tokens_per_second']:.0f}")
-            window = {"loss": 0.0, "losses": 0.0, "acc": 0.0, "count": 0.0, "tokens": 0, "n": 0}
-            t_log = time.perf_counter()
+            window = Window()
         if saving:
             last = ckpt.save(acc, model, template, out, progress.step, cfg.keep_checkpoints, export_args)
         if (cfg.eval_every and progress.step % cfg.eval_every == 0) or final:
@@ -365,18 +273,3 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     tracker.finish()
     acc.wait_for_everyone()
     return 0
-
-
-def cli(script: str, doc: str, head_kind: str, argv: list[str] | None = None) -> int:
-    """An entry script's command line (`accelerate launch toolkit/train/<head>.py ...`)."""
-    p = argparse.ArgumentParser(prog=script, description=doc.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_args(p)
-    args = parse_with_overrides(p, argv)
-    try:
-        return main(args, head_kind)
-    except (ValueError, OSError, RuntimeError) as err:  # as `toolkit train` reports them (toolkit/cli.py)
-        if os.environ.get("TOOLKIT_DEBUG"):
-            raise
-        print(f"{script}: error: {err}", file=sys.stderr)
-        return 2
