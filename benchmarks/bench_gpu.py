@@ -76,7 +76,7 @@ def random_models(c: ModelConfig, dev: str, dtype, kernels: str):
     with torch.device(dev):
         model = Transformer(c).to(dtype).eval().fuse()  # fused q/k/v and gate/up, as load_target does
         head = random_head(c, list(range(min(32000, c.vocab_size)))).to(dtype)  # a 32k draft vocab
-    fuse_projections(head)  # as loading.load_draft does
+    fuse_projections(head)  # as draft_folder.load_draft does
     model.set_kernels(kernels)
     head.set_kernels(kernels)
     return model, head

@@ -61,7 +61,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from toolkit.data.chat import load_tokenizer
-    from toolkit.infer.loading import draft_target
+    from toolkit.infer.draft_folder import draft_target
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared"))

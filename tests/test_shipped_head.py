@@ -31,7 +31,7 @@ def test_the_shipped_head_follows_the_format(head):
 def test_the_shipped_head_records_the_embedded_targets_fingerprint(head, smollm2_dir):
     """`--model smollm2-135m-instruct` is checked against the fingerprint the head records: it must be the one
     this machine's build of the target has (the transformers version that wrote config.json is not part of it)."""
-    from toolkit.infer.loading import draft_target
+    from toolkit.infer.draft_folder import draft_target
     from toolkit.models import fingerprint
 
     assert json.loads((head / "config.json").read_text())["toolkit"]["target_fingerprint"] == fingerprint(smollm2_dir)

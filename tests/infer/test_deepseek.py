@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from toolkit.infer.config import ConfigError, ModelConfig
+from toolkit.infer.draft_folder import load_draft
 from toolkit.infer.engine import Engine
-from toolkit.infer.loading import load_draft, load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.model import Block
 from toolkit.infer.mtp import MTPHead
 from toolkit.infer.sampling import SamplingParams

@@ -235,7 +235,7 @@ def test_a_saved_head_spells_rope_both_ways(tmp_path, target, theta, scaling):
 
 
 def test_a_damaged_or_misdescribed_draft_folder_is_named_in_one_line(tmp_path):
-    from toolkit.infer.loading import draft_target, recorded_target
+    from toolkit.infer.draft_folder import draft_target, recorded_target
 
     write_draft(tmp_path / "cut")
     raw = (tmp_path / "cut" / "model.safetensors").read_bytes()

@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
+from toolkit.infer.draft_folder import draft_kind, recorded_target
 from toolkit.infer.drafts import load_eagle3, save_eagle3
-from toolkit.infer.loading import draft_kind, recorded_target
 
 TARGET = ModelConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=8,
                      num_heads=4, num_kv_heads=2, head_dim=16, max_position_embeddings=4096)
@@ -189,7 +189,8 @@ def test_a_head_without_an_lm_head_reads_out_through_the_targets(tmp_path):
 def test_the_engine_loads_such_a_head_with_its_target(tiny_llama, tmp_path):
     """load_draft hands the target's lm_head over: the head drafts through it."""
     from toolkit.infer.drafts import random_head
-    from toolkit.infer.loading import load_draft, load_target
+    from toolkit.infer.draft_folder import load_draft
+    from toolkit.infer.loading import load_target
 
     target = load_target(tiny_llama)
     save_eagle3(random_head(target.config), tmp_path, json.loads((tiny_llama / "config.json").read_text()),

@@ -8,7 +8,8 @@ from safetensors.torch import load_file, save_file
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.engine import Engine
-from toolkit.infer.loading import load_draft, load_target
+from toolkit.infer.draft_folder import load_draft
+from toolkit.infer.loading import load_target
 from toolkit.infer.model import Transformer
 from toolkit.infer.mtp import MTPHead, load_mtp, save_mtp
 from toolkit.infer.sampling import SamplingParams
@@ -285,7 +286,7 @@ def test_greedy_with_an_mtp_draft_equals_plain_decoding(tmp_path, tree):
 
 def test_a_target_that_ships_mtp_layers_drafts_for_itself(tmp_path):
     """`toolkit serve --draft DIR` with no --model: a folder with its own MTP layers is its own target."""
-    from toolkit.infer.loading import draft_target
+    from toolkit.infer.draft_folder import draft_target
 
     write_native(tmp_path / "t", "mimo", n_mtp=1)
     assert draft_target(str(tmp_path / "t"), None) == tmp_path / "t"
@@ -295,7 +296,7 @@ def test_a_target_that_ships_mtp_layers_drafts_for_itself(tmp_path):
 def test_an_mtp_only_folder_needs_model_naming_its_target(tmp_path, arch):
     """An SGLang NextN export (the MTP layer alone, no embed_tokens or body) is no target: without --model it is
     refused clearly (it was taken as its own target and failed on missing embed_tokens); with --model it serves."""
-    from toolkit.infer.loading import draft_target
+    from toolkit.infer.draft_folder import draft_target
 
     cfg, w = write_native(tmp_path / "t", "deepseek", n_mtp=1)
     p = f"model.layers.{LAYERS}."

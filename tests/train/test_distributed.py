@@ -115,7 +115,8 @@ def test_two_ranks_log_what_one_process_accumulating_both_batches_logs(runs, tin
 def test_mtp_trains_under_zero3_with_its_frozen_lm_head_and_exports(tiny_target, prepared, tmp_path):
     """The same launcher runs the MTP entry script; its module holds the target's frozen lm_head, which
     ZeRO-3 partitions and gathers for the export like any other weight."""
-    from toolkit.infer.loading import load_draft, load_target
+    from toolkit.infer.draft_folder import load_draft
+    from toolkit.infer.loading import load_target
 
     flags, env = LAUNCHES["zero3"]
     cmd = ["accelerate", "launch", *flags, "--main_process_port", str(free_port()), "toolkit/train/mtp.py",

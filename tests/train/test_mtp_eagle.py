@@ -14,8 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from toolkit.cli import main
+from toolkit.infer.draft_folder import load_draft
 from toolkit.infer.engine import Engine
-from toolkit.infer.loading import load_draft, load_target
+from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 from toolkit.train.tracking import read_metrics

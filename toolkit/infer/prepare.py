@@ -1,6 +1,6 @@
 """Preparing a model (a target or a draft head) for inference: the kernels it runs (apply_kernels), one fused
 weight for q/k/v and for gate/up (fuse_projections), and the CPU weight layout (in_out_storage, readout_layout).
-Transformer.set_kernels / .fuse and loading.load_draft call these; training never does."""
+Transformer.set_kernels / .fuse and draft_folder.load_draft call these; training never does."""
 from __future__ import annotations
 
 import os

@@ -168,7 +168,8 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     import uvicorn
 
     from toolkit.infer.engine import Engine
-    from toolkit.infer.loading import draft_target, load, probe, recorded_target, stop_ids
+    from toolkit.infer.draft_folder import draft_target, recorded_target
+    from toolkit.infer.loading import load, probe, stop_ids
     from toolkit.serve.app import Served, build_app
     from toolkit.serve.batcher import Batcher
     from toolkit.serve.defaults import sampling_defaults

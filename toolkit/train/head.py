@@ -95,7 +95,7 @@ def start_from(kind: str, folder: str | Path, target_cfg: ModelConfig, parts: di
 
     from toolkit.infer.drafts import load_eagle3
     from toolkit.infer.eagle2 import load_eagle2
-    from toolkit.infer.loading import draft_kind
+    from toolkit.infer.draft_folder import draft_kind
     from toolkit.infer.mtp import load_mtp
 
     found = draft_kind(folder)
