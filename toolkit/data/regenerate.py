@@ -9,9 +9,10 @@
 Answers come from our engine (batched, in-process: in_process.py) or from any OpenAI-compatible endpoint
 (vLLM, SGLang, `toolkit serve`: endpoint.py). The output is JSONL in the OpenAI chat schema, one line per
 finished conversation: {"id", "source", "messages"}. A line is written only when its conversation is done, so a
-killed run resumes from the file (a torn last line is cut off) with no duplicate and no gap. A conversation whose prompt outgrows
-the context keeps the turns answered before; one that fails (a server error after retries, a template that
-refuses it, an empty answer) is not written, but listed in OUT.errors.jsonl, and a rerun asks it again.
+killed run resumes from the file (a torn last line is cut off) with no duplicate and no gap. A conversation
+whose prompt outgrows the context keeps the turns answered before; one that fails (a server error after retries,
+a template that refuses it, an empty answer) is not written, but listed in OUT.errors.jsonl, and a rerun asks it
+again.
 """
 from __future__ import annotations
 
