@@ -154,7 +154,7 @@ def merge(reports: list[dict], where: list[str], partial: bool = False) -> dict:
 
 def main() -> None:
     from toolkit.atomic import write_text
-    from toolkit.infer.bench import write_png
+    from toolkit.infer.bench_report import write_png
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("files", nargs="+", type=Path, help="toolkit bench --shard I/N --out JSON files")

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from toolkit.atomic import atomic_path, check_out_path, write_text
+from toolkit.atomic import check_out_path, write_text
 from toolkit.data.chat import template_kwargs
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
+from toolkit.infer.bench_report import print_summary, write_png
 from toolkit.infer.prompts import answer_records, answer_turns, parse_shard, prompt_text, read_prompts, warm_up_ids
 from toolkit.infer.tree import TreeConfig
 
@@ -99,22 +100,6 @@ def run_engine(engine, tok, prompts, params, seed, stops: set[int]) -> tuple[lis
 
     answers = answer_turns(tok, prompts, generate)
     return results, answers, time.perf_counter() - start
-
-
-def write_png(path: Path, summary: dict) -> None:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(9, 3.6))
-    a, b = fig.subplots(1, 2)
-    rates = summary["accept_rate_by_position"]
-    a.bar(range(1, len(rates) + 1), [r * 100 for r in rates])
-    a.set(xlabel="draft position", ylabel="steps accepting it (%)", title=f"acceptance, tau = {summary['tau']:.2f}")
-    hist = summary["accepted_length_histogram"]
-    b.bar(range(len(hist)), hist)
-    b.set(xlabel="draft tokens accepted per verify step", ylabel="verify steps", title="accepted length")
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.88, wspace=0.3)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
 
 
 def parse_sweep(text: str, branch: lookup.LookupConfig | None = None,
@@ -267,21 +252,6 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     write_text(out, json.dumps(report, indent=2) + "\n")
     write_png(out.with_suffix(".png"), report["speculative"])
-    s = report["speculative"]
-    print(f"tau {s['tau']:.2f} over {s['verify_steps']} verify steps, {spec_tps:.1f} tok/s; per position "
-          f"{[round(r, 2) for r in s['accept_rate_by_position']]}; per turn "
-          f"{ {t: round(v['tau'], 2) for t, v in report['per_turn'].items()} }")
-    if branch is not None:
-        print(f"lookup branch: {s['accepted_from_lookup']} of {s['tokens'] - s['requests'] - s['verify_steps']} "
-              "accepted draft tokens "
-              "were proposed by prompt lookup alone")
-    if "prompt_lookup" in report:
-        pld = report["prompt_lookup"]
-        print(f"prompt lookup: tau {pld['tau']:.2f}, {pld['tokens_per_second']:.1f} tok/s; per turn "
-              f"{ {t: round(v['tau'], 2) for t, v in pld['per_turn'].items()} }")
-    for key in ("speedup_vs_baseline", "speedup_vs_hf", "greedy_identical_to_baseline", "greedy_identical_to_hf",
-                "greedy_identical_to_prompt_lookup"):
-        if key in report:
-            print(f"{key}: {report[key]:.2f}" if isinstance(report[key], float) else f"{key}: {report[key]}")
+    print_summary(report, branch is not None)
     print(f"wrote {out} and {out.with_suffix('.png')}" + (f", answers in {args.answers}" if args.answers else ""))
     return 0
