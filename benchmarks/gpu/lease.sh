@@ -167,18 +167,19 @@ step 40 "aot on this device" python - >> "$log" 2>&1 <<'EOF'
 import torch
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.kernels import aot
+from toolkit.infer.kernels.cross_compile import compiled_for, resources
 from toolkit.infer.kernels.gemv import _device_name
 
 name, cap = _device_name(torch.device("cuda")), torch.cuda.get_device_capability()
 c = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                 num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
                 max_position_embeddings=131072)
-with aot.compiled_for(cap[0] * 10 + cap[1], name) as (launches, label):
+with compiled_for(cap[0] * 10 + cap[1], name) as (launches, label):
     aot.drive(c, torch.bfloat16, label)
 kernels = {id(k): (fn, step, k) for fn, step, k in launches}
 print(f"{len(kernels)} specializations (kernel: cuobjdump regs / driver regs, local bytes / driver spills, step)")
 for fn, step, k in kernels.values():
-    off = aot.resources(k.asm["cubin"])
+    off = resources(k.asm["cubin"])
     k._init_handles()  # loads the cubin on this GPU
     print(f"  {fn.__name__:<20} {off['registers']:>4} / {k.n_regs:<4} {off['local_bytes']:>3} / {k.n_spills:<3} {step}")
 EOF

@@ -170,7 +170,7 @@ def test_a_kernel_the_interpreter_runs_but_the_compiler_refuses_is_caught(tmp_pa
         cwd=tmp_path, env={**compiler_env(), "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300)
     assert interpreted.returncode == 0, interpreted.stderr[-2000:]  # the interpreter's numbers are right
     compiled = subprocess.run(
-        [sys.executable, "-c", "import torch, bad_kernel\nfrom toolkit.infer.kernels.aot import compiled_for\n"
+        [sys.executable, "-c", "import torch, bad_kernel\nfrom toolkit.infer.kernels.cross_compile import compiled_for\n"
          "with compiled_for(90, 'NVIDIA H100 80GB HBM3'):\n    bad_kernel.row_sum(torch.empty(300, device='meta'))"],
         cwd=tmp_path, env=compiler_env(), capture_output=True, text=True, timeout=300)
     assert compiled.returncode != 0 and "Loop-carried variable acc" in compiled.stderr, compiled.stderr[-2000:]
@@ -183,7 +183,7 @@ def test_pdl_is_refused_before_sm_90():
 
 
 def test_compiling_is_refused_under_the_interpreter(monkeypatch):
-    from toolkit.infer.kernels.aot import compiled_for
+    from toolkit.infer.kernels.cross_compile import compiled_for
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET unset"):
