@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API over the batcher: /v1/chat/completions, /v1/completions (both streamed as
-server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/models, /health, /metrics, and
+server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/responses (served as the chat
+request it amounts to: responses.py, response_items.py), /v1/models, /health, /metrics, and
 vLLM's /tokenize, /detokenize and /tokenizer_info (tokenize.py), /ping and /version. A request becomes one engine
 sequence per choice (sequences.py, its constraint compiled by structured.py: a format, or a tool choice of tools.py),
 answered whole or as a stream by reply.py, each choice read by choice.py.
@@ -25,6 +26,8 @@ from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from toolkit.serve.reply import Reply
+from toolkit.serve.response_items import ResponseReply
+from toolkit.serve.responses import ResponseStore, ResponsesRequest, input_messages, renamed
 from toolkit.serve.sequences import Sequences
 from toolkit.serve.structured import Compiler
 from toolkit.serve.text import shown_ids
@@ -84,6 +87,7 @@ def build_app(served: Served) -> FastAPI:
                            "model", "model_not_found")
         return body
 
+    stored = ResponseStore()  # responses kept for previous_response_id (responses.py)
     sequence = Sequences(served, engine)  # a request's choice -> an engine sequence (sequences.py)
     compile_constraint = Compiler(tok, engine.target.config.vocab_size)  # its constraint, compiled (structured.py)
 
@@ -142,9 +146,9 @@ def build_app(served: Served) -> FastAPI:
 
     add_tokenizer_routes(app, parse, tok, chat_text, engine.target.config.vocab_size, engine.max_len)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        body = await parse(request, ChatRequest)
+    async def chat_sequences(body: ChatRequest) -> tuple[list[Sequence], str, tuple | None, frozenset]:
+        """A chat request's choices as engine sequences; its prompt text, how the replies are read for tool calls
+        (ToolCallReader's arguments, or None) and the special ids their text keeps."""
         check_n(body)
         choice = body.tool
         if choice.mode == "auto" and served.tool_parser is None:  # vLLM's refusal: no parser to read the reply
@@ -158,8 +162,41 @@ def build_app(served: Served) -> FastAPI:
         mode = served.tool_parser if choice.mode == "auto" else None if choice.mode == "none" else choice.mode
         keep = tags if choice.mode == "auto" else frozenset()
         seqs = [sequence(body, ids, "messages", i, compiled, keep) for i in range(body.n)]
-        return await respond(request, body, seqs, [text], chat=True,
-                             tools=(mode, choice.name, choice.parallel) if mode else None, keep=keep)
+        return seqs, text, (mode, choice.name, choice.parallel) if mode else None, keep
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await parse(request, ChatRequest)
+        seqs, text, tools, keep = await chat_sequences(body)
+        return await respond(request, body, seqs, [text], chat=True, tools=tools, keep=keep)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        body = await parse(request, ResponsesRequest)
+        history = [] if body.previous_response_id is None else stored.get(
+            body.previous_response_id, "previous_response_id")[1]
+        try:
+            chat_body = ChatRequest.model_validate(body.chat(history))
+        except ValidationError as e:
+            raise renamed(validation_error(e.errors())) from None
+        except ApiError as e:
+            raise renamed(e) from None
+        try:
+            seqs, text, tools, keep = await chat_sequences(chat_body)
+        except ApiError as e:
+            raise renamed(e) from None
+        turns = history + input_messages(body.input)  # what a response continuing this one sees before its reply
+        reply = ResponseReply(queued(chat_body, seqs, [text], True, tools, keep), body, served.name, stored, turns)
+        return reply.streaming() if body.stream else await reply.whole(request)
+
+    @app.get("/v1/responses/{rid}")
+    async def stored_response(rid: str):
+        return stored.get(rid)[0]
+
+    @app.delete("/v1/responses/{rid}")
+    async def delete_response(rid: str):
+        stored.delete(rid)
+        return {"id": rid, "object": "response.deleted", "deleted": True}
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -179,10 +216,11 @@ def build_app(served: Served) -> FastAPI:
             texts.append(prompt if isinstance(prompt, str) else tok.decode(ids))  # as vLLM: special tokens shown
         return await respond(request, body, seqs, texts, chat=False)
 
-    async def respond(request: Request, body, seqs: list[Sequence], prompts: list[str], chat: bool,
-                      tools: tuple | None = None, keep=frozenset()):
-        """`seqs`: the choices' sequences, n per prompt; `prompts`: the prompts' texts (echo sends them); `tools`:
-        how the replies are read for tool calls (ToolCallReader's arguments), `keep`: special ids their text shows."""
+    def queued(body, seqs: list[Sequence], prompts: list[str], chat: bool, tools: tuple | None = None,
+               keep=frozenset()) -> Reply:
+        """`seqs` queued, and the reply that reads them: `seqs` the choices' sequences, n per prompt; `prompts`: the
+        prompts' texts (echo sends them); `tools`: how the replies are read for tool calls (ToolCallReader's
+        arguments), `keep`: special ids their text shows."""
         reqs: list = []  # one engine sequence per choice (n of them), queued together
         try:
             for seq in seqs:
@@ -200,11 +238,15 @@ def build_app(served: Served) -> FastAPI:
                           prompt_top, own_ids, silent=body.max_tokens == 0,
                           reasoning=served.reasoning_parser if chat else None, tools=tools, keep=keep)
                    for i, req in enumerate(reqs)]
-        reply = Reply(choices, body, chat, served.name, batcher, positions)
+        return Reply(choices, body, chat, served.name, batcher, positions)
+
+    async def respond(request: Request, body, seqs: list[Sequence], prompts: list[str], chat: bool,
+                      tools: tuple | None = None, keep=frozenset()):
+        reply = queued(body, seqs, prompts, chat, tools, keep)
         if not body.stream:
             whole = await reply.whole(request)
             if chat:  # vLLM's: one prompt, so once for the response (null when not asked)
-                whole["prompt_logprobs"] = None if body.prompt_logprobs is None else choices[0].write.vllm_prompt(
+                whole["prompt_logprobs"] = None if body.prompt_logprobs is None else reply.choices[0].write.vllm_prompt(
                     seqs[0].result.prompt_logprobs, body.prompt_logprobs)
             return whole
         return reply.streaming()

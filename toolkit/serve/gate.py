@@ -8,7 +8,7 @@ from toolkit.serve.metrics import ServerMetrics
 from toolkit.serve.protocol import ApiError
 
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
 
 
 class Gate:
@@ -19,8 +19,8 @@ class Gate:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         # a fixed set of labels: a label per path any client may send would grow /metrics without bound
-        path = scope["path"] if scope["path"] in ROUTES else "/v1/models/{id}" if scope["path"].startswith(
-            "/v1/models/") else "other"
+        path = scope["path"] if scope["path"] in ROUTES else next(
+            (f"{r}/{{id}}" for r in ("/v1/models", "/v1/responses") if scope["path"].startswith(r + "/")), "other")
 
         async def counted_send(message):
             if message["type"] == "http.response.start":

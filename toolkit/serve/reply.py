@@ -8,6 +8,7 @@ failure on one choice ends the others too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -82,10 +83,9 @@ class Reply:
         return StreamingResponse(self.events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    def event(self, chunk_choices: list, **extra) -> str:
-        data = {"id": self.rid, "object": f"{self.kind}.chunk" if self.chat else self.kind, "created": self.now,
+    def chunk(self, chunk_choices: list, **extra) -> dict:
+        return {"id": self.rid, "object": f"{self.kind}.chunk" if self.chat else self.kind, "created": self.now,
                 "model": self.model, "choices": chunk_choices, **extra}
-        return f"data: {json.dumps(data)}\n\n"
 
     def counts(self, c: Choice) -> dict:
         """The usage key a chunk of choice c carries: none without include_usage, null with it (OpenAI: only the
@@ -99,12 +99,21 @@ class Reply:
         return {"usage": {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}}
 
     async def events(self):
+        """The chunks as server-sent events, `data: [DONE]` last (after an engine failure's error too)."""
+        async with contextlib.aclosing(self.chunks()) as chunks:
+            async for data in chunks:
+                yield f"data: {json.dumps(data)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def chunks(self):
+        """The stream's chunk objects in order, the usage chunk last when asked for; an engine failure ends it with
+        its error body. Closed early (the client went away), it frees every choice's row."""
         ended = failed = False
         waiting: dict = {}  # each unfinished choice's next update, as a task; the choices' chunks interleave
         try:
             if self.chat:
                 for c in self.choices:
-                    yield self.event([{"index": c.index, "delta": {"role": "assistant", "content": ""},
+                    yield self.chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
                                        "logprobs": None, "finish_reason": None}], **self.counts(c))
             waiting = {asyncio.ensure_future(c.update()): c for c in self.choices}
             while waiting and not failed:
@@ -114,23 +123,22 @@ class Reply:
                     try:
                         delta = task.result()
                     except ApiError as err:  # the engine failed: say so, then end the stream
-                        yield f"data: {json.dumps(err.body())}\n\n"
+                        yield err.body()
                         failed = True
                         break
                     chunk = c.body(delta, None, True) if delta else None
                     # a delta whose text a parser holds back (a tag's start, a tool call not closed) goes later
                     if chunk is not None and (not self.chat or chunk["delta"] or chunk["logprobs"] is not None):
-                        yield self.event([chunk], **self.counts(c))
+                        yield self.chunk([chunk], **self.counts(c))
                     if not c.finished:
                         waiting[asyncio.ensure_future(c.update())] = c
                         continue
                     if not c.done:  # the update's word, not seq.done: that turns true before the step ends
                         await c.let_go()
-                    yield self.event([c.body(None, c.finish_reason(), True)], **self.counts(c))
+                    yield self.chunk([c.body(None, c.finish_reason(), True)], **self.counts(c))
             if not failed and self.body.stream_options and self.body.stream_options.include_usage:
-                yield self.event([], usage=self.usage())
+                yield self.chunk([], usage=self.usage())
             ended = True
-            yield "data: [DONE]\n\n"
         finally:
             for task in waiting:
                 task.cancel()
