@@ -181,6 +181,19 @@ def save_random_draft(target_dir: Path, out: Path, name: str, seed: int = 1) -> 
 
 
 @pytest.fixture(scope="session")
+def tools_target(tiny_target, tmp_path_factory) -> Path:
+    """tiny_target with the built-in tool-use ChatML template (tools in the system turn, hermes calls)."""
+    from toolkit.data.chat import BUILTIN_TEMPLATES
+
+    folder = tmp_path_factory.mktemp("tools-target")
+    for f in tiny_target.iterdir():
+        if f.name != "chat_template.jinja":
+            (folder / f.name).symlink_to(f)
+    (folder / "chat_template.jinja").write_text(BUILTIN_TEMPLATES["chatml-tools"].source)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def tiny_draft(tiny_target, tmp_path_factory) -> Path:
     return save_random_draft(tiny_target, tmp_path_factory.mktemp("tiny-draft"), str(tiny_target))
 

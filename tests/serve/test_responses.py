@@ -8,23 +8,11 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from toolkit.data.chat import BUILTIN_TEMPLATES
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
           "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
                          "required": ["city"], "additionalProperties": False}}]
 Q = "What is the weather in Paris?"
-
-
-@pytest.fixture(scope="module")
-def tools_target(tiny_target, tmp_path_factory):
-    """tiny_target with the built-in tool-use ChatML template (tools in the system turn, hermes calls)."""
-    folder = tmp_path_factory.mktemp("responses-target")
-    for f in tiny_target.iterdir():
-        if f.name != "chat_template.jinja":
-            (folder / f.name).symlink_to(f)
-    (folder / "chat_template.jinja").write_text(BUILTIN_TEMPLATES["chatml-tools"].source)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from toolkit.data.chat import BUILTIN_TEMPLATES
 
 TOOLS = [{"type": "function", "function": {
              "name": "get_weather", "description": "The weather in a city",
@@ -19,17 +18,6 @@ TOOLS = [{"type": "function", "function": {
                                                 "required": ["zone"], "additionalProperties": False}}}]
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def tools_target(tiny_target, tmp_path_factory):
-    """tiny_target with the built-in tool-use ChatML template (tools in the system turn, hermes calls)."""
-    folder = tmp_path_factory.mktemp("tools-target")
-    for f in tiny_target.iterdir():
-        if f.name != "chat_template.jinja":
-            (folder / f.name).symlink_to(f)
-    (folder / "chat_template.jinja").write_text(BUILTIN_TEMPLATES["chatml-tools"].source)
-    return folder
 
 
 @pytest.fixture(scope="module")
