@@ -102,7 +102,7 @@ def running_server(*args: str, threads: int = 1, ready_timeout: float = 300, cwd
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     try:
         line = proc.stdout.readline()
-        if " on http://" not in line:
+        if " on http" not in line:  # http:// or https://
             proc.wait(timeout=30)
             raise AssertionError(f"server did not start: {line}{proc.stderr.read()}")
         base = line.rsplit(" on ", 1)[1].strip().removesuffix("/v1")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -32,6 +33,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                              "draft's recorded target)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes the server)")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port")
+    p.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                   help="require `Authorization: Bearer KEY` (any of the keys) on every path but /health, /ping, "
+                        "/version and /metrics, as vLLM's flag (default: $TOOLKIT_API_KEY when set, else none)")
+    p.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                   help="web origins browsers may call the API from (CORS), e.g. http://localhost:3000, or * for any "
+                        "(default: none, no CORS headers)")
+    p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (with --ssl-certfile)")
+    p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate chain (with --ssl-keyfile)")
     p.add_argument("--num-steps", type=int, default=None, help="draft depth per round (default 5)")
     p.add_argument("--topk", type=int, default=None, help="candidates per node (default 1 = chain)")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="tokens verified per round, root included "
@@ -90,10 +99,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def base_url(sock: socket.socket) -> str:
+def base_url(sock: socket.socket, tls: bool = False) -> str:
     """The URL clients use for the bound socket: an IPv6 address goes in brackets (http://[::1]:8000/v1)."""
     host, port = sock.getsockname()[:2]
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+    return f"http{'s' if tls else ''}://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -127,6 +136,14 @@ def main(args: argparse.Namespace) -> int:
                              f"{', '.join(BUILTIN_TEMPLATES)}")
     if args.threads is not None and args.threads < 0:
         raise ValueError(f"--threads {args.threads}: give a positive count (0 or absent = torch's default)")
+    args.api_key = args.api_key or ([os.environ["TOOLKIT_API_KEY"]] if os.environ.get("TOOLKIT_API_KEY") else None)
+    if args.api_key and not all(k.strip() for k in args.api_key):
+        raise ValueError("--api-key: a key is empty; give non-empty keys (or none to serve without one)")
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        raise ValueError("--ssl-keyfile and --ssl-certfile go together: give both to serve HTTPS, or neither")
+    for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{flag} {path}: no such file")
     if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
         raise ValueError("--speculative-disable-by-batch-size must be >= 0")
     if args.log_every < 0:
@@ -171,6 +188,7 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     from toolkit.infer.draft_folder import draft_target, recorded_target
     from toolkit.infer.loading import load, probe, stop_ids
     from toolkit.serve.app import Served, build_app
+    from toolkit.serve.auth import guarded
     from toolkit.serve.batcher import Batcher
     from toolkit.serve.defaults import sampling_defaults
     from toolkit.serve.gate import Gate
@@ -203,14 +221,15 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
         print("toolkit serve: the chat template never reads `tools`, so the model is not shown the functions a "
               "request offers; give --chat-template with a tool-use template (chatml-tools for "
               "--tool-call-parser hermes)", file=sys.stderr)
-    app = Gate(build_app(served), args.max_body_bytes, metrics)
+    app = Gate(guarded(build_app(served), args.api_key, args.allowed_origins), args.max_body_bytes, metrics)
     spec = (f"draft {args.draft}" + (f" with token map {args.token_map}" if args.token_map else "")
             + f", tree {vars(tree)}") if head is not None else "no speculation"
     if branch is not None:
         spec = ("" if head is None else spec + ", ") + f"prompt lookup {vars(branch)}"
     where = f"batch {engine.max_batch}, context {engine.max_len}"
     print(f"toolkit serve: a request that names no sampling values gets {defaults.describe()}", file=sys.stderr)
-    print(f"toolkit serve: serving {name} ({spec}; {where}) on {base_url(sock)}", flush=True)  # the URL ends it
+    tls = args.ssl_certfile is not None
+    print(f"toolkit serve: serving {name} ({spec}; {where}) on {base_url(sock, tls)}", flush=True)  # the URL ends it
     batcher.start()
 
     def interrupt(signum, frame):
@@ -219,7 +238,9 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: both end here as a clean stop
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)).run(sockets=[sock])
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, ssl_keyfile=args.ssl_keyfile,
+                                ssl_certfile=args.ssl_certfile)
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
