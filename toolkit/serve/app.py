@@ -175,14 +175,14 @@ def build_app(served: Served) -> FastAPI:
         body = await parse(request, ResponsesRequest)
         history = [] if body.previous_response_id is None else stored.get(
             body.previous_response_id, "previous_response_id")[1]
+        turns = history + input_messages(body.input)  # what a response continuing this one sees before its reply
         try:  # a refusal names the Responses field (max_output_tokens, not max_tokens)
-            chat_body = ChatRequest.model_validate(body.chat(history))
+            chat_body = ChatRequest.model_validate(body.chat(turns))
             seqs, text, tools, keep = await chat_sequences(chat_body)
         except ValidationError as e:
             raise renamed(validation_error(e.errors())) from None
         except ApiError as e:
             raise renamed(e) from None
-        turns = history + input_messages(body.input)  # what a response continuing this one sees before its reply
         reply = ResponseReply(queued(chat_body, seqs, [text], True, tools, keep), body, served.name, stored, turns)
         return reply.streaming() if body.stream else await reply.whole(request)
 

@@ -21,6 +21,12 @@ from toolkit.serve.choice import Choice, usage
 from toolkit.serve.protocol import ApiError
 
 
+def event_stream(events) -> StreamingResponse:
+    """Server-sent events, unbuffered by the server and by proxies in front of it."""
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
 class ClientGone(Exception):
     """A non-streamed request's client went away: its choices are cancelled."""
 
@@ -80,8 +86,7 @@ class Reply:
                 "usage": self.usage()}
 
     def streaming(self) -> StreamingResponse:
-        return StreamingResponse(self.events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return event_stream(self.events())
 
     def chunk(self, chunk_choices: list, **extra) -> dict:
         return {"id": self.rid, "object": f"{self.kind}.chunk" if self.chat else self.kind, "created": self.now,

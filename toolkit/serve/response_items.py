@@ -14,7 +14,7 @@ import uuid
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from toolkit.serve.reply import Reply
+from toolkit.serve.reply import Reply, event_stream
 
 
 def _id(prefix: str) -> str:
@@ -30,7 +30,7 @@ class Items:
         self.calls: dict[int, dict] = {}  # a chat tool call's index -> its function_call item
 
     def _add(self, item: dict, part: dict | None = None) -> list[dict]:
-        events = self._close("completed")
+        events = self.close()
         self.items.append(item)
         self.open = item
         added = {**item, "content": []} if part is not None else dict(item)
@@ -76,7 +76,9 @@ class Items:
                                "output_index": self.items.index(item), "delta": piece})
         return events
 
-    def _close(self, status: str) -> list[dict]:
+    def close(self, status: str = "completed") -> list[dict]:
+        """The open item ends: a next one begins, or the reply is whole (status incomplete when cut at
+        max_output_tokens)."""
         item, self.open = self.open, None
         if item is None:
             return []
@@ -93,10 +95,6 @@ class Items:
         if item["type"] != "reasoning":
             item["status"] = status
         return events + [{"type": "response.output_item.done", "output_index": at, "item": item}]
-
-    def close(self, status: str = "completed") -> list[dict]:
-        """The reply is whole: the open item ends (status incomplete when cut at max_output_tokens)."""
-        return self._close(status)
 
     def assistant_turn(self) -> dict:
         """The reply as the chat assistant message that continues it (previous_response_id)."""
@@ -152,8 +150,7 @@ class ResponseReply:
         return self._finish(items, choice["finish_reason"], chat["usage"])[0]
 
     def streaming(self) -> StreamingResponse:
-        return StreamingResponse(self.events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return event_stream(self.events())
 
     async def events(self):
         items, count, reason, usage, error = Items(), 0, None, None, None

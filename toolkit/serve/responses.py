@@ -69,11 +69,12 @@ class ResponsesRequest(BaseModel):
             raise ApiError(400, f"truncation {self.truncation!r}: give disabled or auto", "truncation")
         return self
 
-    def chat(self, history: list[dict]) -> dict:
-        """The chat request body this request amounts to, after the turns of `history` (previous_response_id)."""
+    def chat(self, turns: list[dict]) -> dict:
+        """The chat request body this request amounts to, over `turns`: a stored response's turns
+        (previous_response_id), then this input's (input_messages); the instructions go first."""
         system = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
         fmt = (self.text or {}).get("format")
-        body = {"model": self.model, "messages": system + history + input_messages(self.input),
+        body = {"model": self.model, "messages": system + turns,
                 "max_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": self.top_k, "seed": self.seed, "stream": self.stream, "user": self.user,
                 "tools": chat_tools(self.tools), "tool_choice": chat_tool_choice(self.tool_choice),
