@@ -1,6 +1,6 @@
 """Who may call the server (toolkit/serve/auth.py): with --api-key every path but the probes needs a bearer key (any
-of several; a wrong or missing one is OpenAI's 401, which the openai client raises as AuthenticationError); with
---allowed-origins browsers on those origins get CORS headers and preflights pass without a key; HTTPS with
+of several, or as the anthropic client's x-api-key; a wrong or missing one is OpenAI's 401, which the openai client
+raises as AuthenticationError, and Anthropic's on /v1/messages); with --allowed-origins browsers on those origins get CORS headers and preflights pass without a key; HTTPS with
 --ssl-keyfile / --ssl-certfile; bad flags are refused before loading."""
 import shutil
 import ssl
@@ -36,6 +36,18 @@ def test_every_path_but_the_probes_needs_a_key(asgi, method, path, body):
         for key in ("sk-one", "sk-two"):  # any of the keys; past the check, the path answers as it would
             r = c.request(method, path, json=body, headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == (404 if path == "/v1/made-up" else 200), r.text
+
+
+def test_the_anthropic_clients_x_api_key_header_is_a_key_too(asgi):
+    body = {"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    with TestClient(guarded(asgi, ["sk-one"])) as c:
+        for headers in ({}, {"x-api-key": "sk-two"}, {"x-api-key": ""}, {"Authorization": "Bearer sk-two",
+                                                                         "x-api-key": "sk-one"}):
+            r = c.post("/v1/messages", json=body, headers=headers)  # refused in Anthropic's error shape there
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", (headers, r.text)
+        assert c.post("/v1/messages", json=body, headers={"x-api-key": "sk-one"}).status_code == 200
+        assert c.get("/v1/models", headers={"x-api-key": "sk-one"}).status_code == 200
+        assert c.get("/v1/models", headers={"x-api-key": "sk-two"}).json()["error"]["code"] == "invalid_api_key"
 
 
 def test_probes_stay_open(asgi):

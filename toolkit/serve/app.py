@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP API over the batcher: /v1/chat/completions, /v1/completions (both streamed as
-server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/responses (served as the chat
-request it amounts to: responses.py, response_items.py), /v1/models, /health, /metrics, and
+server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/responses and Anthropic's
+/v1/messages (each served as the chat request it amounts to: responses.py, anthropic.py), /v1/models, /health, /metrics, and
 vLLM's /tokenize, /detokenize and /tokenizer_info (tokenize.py), /ping and /version. A request becomes one engine
 sequence per choice (sequences.py, its constraint compiled by structured.py: a format, or a tool choice of tools.py),
 answered whole or as a stream by reply.py, each choice read by choice.py.
@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolkit.infer.sequence import Sequence
+from toolkit.serve.anthropic import add_messages_routes
 from toolkit.serve.batcher import Batcher
 from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
@@ -146,6 +147,12 @@ def build_app(served: Served) -> FastAPI:
 
     add_tokenizer_routes(app, parse, tok, chat_text, engine.target.config.vocab_size, engine.max_len)
 
+    def prompt_ids(body: ChatRequest) -> tuple[list[int], str]:
+        """A chat request's prompt: token ids and text."""
+        text = chat_text(body.messages, body.chat_template_kwargs, body.add_generation_prompt,
+                         body.continue_final_message, body.tools)
+        return tok(text, add_special_tokens=body.add_special_tokens).input_ids, text
+
     async def chat_sequences(body: ChatRequest) -> tuple[list[Sequence], str, tuple | None, frozenset]:
         """A chat request's choices as engine sequences; its prompt text, how the replies are read for tool calls
         (ToolCallReader's arguments, or None) and the special ids their text keeps."""
@@ -155,9 +162,7 @@ def build_app(served: Served) -> FastAPI:
             raise ApiError(400, '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be '
                                 'set (tools without tool_choice mean auto); send tool_choice "none", "required" or '
                                 "a named function, or start the server with them", "tool_choice")
-        text = chat_text(body.messages, body.chat_template_kwargs, body.add_generation_prompt,
-                         body.continue_final_message, body.tools)
-        ids = tok(text, add_special_tokens=body.add_special_tokens).input_ids
+        ids, text = prompt_ids(body)
         compiled = await compile_constraint(body)
         mode = served.tool_parser if choice.mode == "auto" else None if choice.mode == "none" else choice.mode
         keep = tags if choice.mode == "auto" else frozenset()
@@ -248,4 +253,5 @@ def build_app(served: Served) -> FastAPI:
             return whole
         return reply.streaming()
 
+    add_messages_routes(app, parse, chat_sequences, queued, lambda body: prompt_ids(body)[0], served.name)
     return app

@@ -1,8 +1,9 @@
 """Who may call the server: `toolkit serve --api-key KEY [KEY ...]` (or $TOOLKIT_API_KEY) and `--allowed-origins`.
 
 With keys, every path but the probes (/health, /ping, /version, /metrics) needs `Authorization: Bearer KEY`, as
-vLLM's and SGLang's --api-key guard their routes; a missing or wrong key gets OpenAI's 401 (code invalid_api_key),
-which the openai client raises as AuthenticationError. Keys are compared as SHA-256 digests in constant time, each
+vLLM's and SGLang's --api-key guard their routes, or `x-api-key: KEY` (what the anthropic client sends); a missing or
+wrong key gets a 401 (OpenAI's code invalid_api_key; Anthropic's authentication_error on /v1/messages), which
+either client raises as AuthenticationError. Keys are compared as SHA-256 digests in constant time, each
 of them every time, so the answer's timing says nothing about how much of a key was right.
 
 With origins, browsers on those origins (or any, with "*") may call the API cross-origin (CORS); preflight OPTIONS
@@ -17,6 +18,7 @@ import secrets
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
+from toolkit.serve.anthropic import error_body
 from toolkit.serve.protocol import ApiError
 
 PUBLIC = ("/health", "/ping", "/version", "/metrics")  # probes and scraping stay open, as vLLM keeps them
@@ -36,18 +38,22 @@ class ApiKeys:
 
     def allows(self, headers: Headers) -> bool:
         scheme, _, token = (headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer":
+            token = headers.get("x-api-key") or ""
         given, match = _digest(token.strip()), False
         for digest in self.digests:  # every key compared, found or not
             match |= secrets.compare_digest(given, digest)
-        return scheme.lower() == "bearer" and match
+        return match
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or scope["path"] in PUBLIC or self.allows(
                 Headers(scope=scope)):
             return await self.app(scope, receive, send)
         err = ApiError(401, "Incorrect or missing API key: send the server's key as `Authorization: Bearer KEY` "
-                            "(the openai client's api_key)", None, "invalid_api_key")
-        await JSONResponse(err.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                            "(the openai client's api_key) or `x-api-key: KEY` (the anthropic client's)", None,
+                       "invalid_api_key")
+        body = error_body(401, err.message) if scope["path"].startswith("/v1/messages") else err.body()
+        await JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
 
 
 def guarded(app, api_keys: list[str] | None = None, allowed_origins: list[str] | None = None):

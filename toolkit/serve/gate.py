@@ -8,7 +8,8 @@ from toolkit.serve.metrics import ServerMetrics
 from toolkit.serve.protocol import ApiError
 
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+          "/v1/models", "/health", "/metrics")
 
 
 class Gate:
