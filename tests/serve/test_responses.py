@@ -1,8 +1,8 @@
 """OpenAI's Responses API on /v1/responses: the same greedy text as chat for the same turns, in the shapes the openai
 client parses (each stream event, the final response); streamed events join to the whole response's items;
 instructions, function tools (required / named calls, results fed back), text.format json_schema, max_output_tokens
-(status incomplete), previous_response_id over stored responses (GET / DELETE too), and refusals naming the
-Responses field. The real server answers openai's client.responses with a draft as without one."""
+(status incomplete), previous_response_id over stored responses (GET / DELETE / input_items too), and refusals
+naming the Responses field. The real server answers openai's client.responses with a draft as without one."""
 import json
 
 import pytest
@@ -141,6 +141,42 @@ def test_previous_response_id_continues_a_stored_response(client):
     assert {"/v1/responses", "/v1/responses/{id}"} <= endpoints and not any("resp_" in e for e in endpoints)
 
 
+def test_input_items_lists_a_stored_responses_input_in_pages(client):
+    from openai.types.responses.response_item_list import ResponseItemList
+
+    def listed(rid, **query) -> dict:
+        r = client.get(f"/v1/responses/{rid}/input_items", params=query)
+        assert r.status_code == 200, r.text
+        ResponseItemList.model_validate(r.json())  # what client.responses.input_items.list pages
+        return r.json()
+
+    plain = respond(client)
+    [item] = listed(plain["id"])["data"]
+    assert item["type"] == "message" and item["role"] == "user" and item["content"] == [
+        {"type": "input_text", "text": Q}] and item["id"].startswith("msg_")
+    given = [{"role": "user", "content": Q},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+             {"role": "assistant", "content": [{"type": "output_text", "text": "It is sunny."}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "And tomorrow?"}]}]
+    rid = respond(client, input=given, tools=TOOLS, tool_choice="none")["id"]
+    asc = listed(rid, order="asc")
+    assert [i["type"] for i in asc["data"]] == ["message", "function_call", "function_call_output", "message",
+                                                "message"] and asc["has_more"] is False
+    assert asc["data"][1]["call_id"] == "call_1" and asc["data"][2]["output"] == "sunny"
+    assert asc["data"][3]["content"] == [{"type": "output_text", "text": "It is sunny.", "annotations": []}]
+    assert listed(rid)["data"] == asc["data"][::-1]  # newest first by default, as OpenAI lists them
+    first = listed(rid, order="asc", limit=2)
+    assert first["has_more"] and [i["id"] for i in first["data"]] == [first["first_id"], first["last_id"]]
+    rest = listed(rid, order="asc", after=first["last_id"], limit=10)
+    assert first["data"] + rest["data"] == asc["data"] and rest["has_more"] is False
+    for query, param in (({"order": "up"}, "order"), ({"limit": 0}, "limit"), ({"limit": "x"}, "limit"),
+                         ({"after": "msg_nope"}, "after")):
+        r = client.get(f"/v1/responses/{rid}/input_items", params=query)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert client.get("/v1/responses/resp_nope/input_items").status_code == 404
+
+
 @pytest.mark.parametrize("extra, param, message", [
     ({"tools": [{"type": "web_search"}]}, "tools.0", "only function tools"),
     ({"background": True}, "background", "not supported"),
@@ -177,6 +213,7 @@ def test_the_openai_client_gets_the_same_answer_with_a_draft(tiny_target, tiny_d
             text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
             final = events[-1].response  # response.incomplete here: 20 tokens cut the answer
             assert events[-1].type == f"response.{final.status}" and final.output_text == text
+            assert [i.content[0].text for i in client.responses.input_items.list(whole.id)] == [Q]
             return whole.output_text, text, whole.usage.model_extra["speculative"]["verify_steps"]
 
     spec = answers("--draft", str(tiny_draft), "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5")

@@ -27,8 +27,7 @@ from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
 from toolkit.serve.reply import Reply
-from toolkit.serve.response_items import ResponseReply
-from toolkit.serve.responses import ResponseStore, ResponsesRequest, input_messages, renamed
+from toolkit.serve.response_store import add_responses_routes
 from toolkit.serve.sequences import Sequences
 from toolkit.serve.structured import Compiler
 from toolkit.serve.text import shown_ids
@@ -88,7 +87,6 @@ def build_app(served: Served) -> FastAPI:
                            "model", "model_not_found")
         return body
 
-    stored = ResponseStore()  # responses kept for previous_response_id (responses.py)
     sequence = Sequences(served, engine)  # a request's choice -> an engine sequence (sequences.py)
     compile_constraint = Compiler(tok, engine.target.config.vocab_size)  # its constraint, compiled (structured.py)
 
@@ -175,31 +173,6 @@ def build_app(served: Served) -> FastAPI:
         seqs, text, tools, keep = await chat_sequences(body)
         return await respond(request, body, seqs, [text], chat=True, tools=tools, keep=keep)
 
-    @app.post("/v1/responses")
-    async def responses(request: Request):
-        body = await parse(request, ResponsesRequest)
-        history = [] if body.previous_response_id is None else stored.get(
-            body.previous_response_id, "previous_response_id")[1]
-        turns = history + input_messages(body.input)  # what a response continuing this one sees before its reply
-        try:  # a refusal names the Responses field (max_output_tokens, not max_tokens)
-            chat_body = ChatRequest.model_validate(body.chat(turns))
-            seqs, text, tools, keep = await chat_sequences(chat_body)
-        except ValidationError as e:
-            raise renamed(validation_error(e.errors())) from None
-        except ApiError as e:
-            raise renamed(e) from None
-        reply = ResponseReply(queued(chat_body, seqs, [text], True, tools, keep), body, served.name, stored, turns)
-        return reply.streaming() if body.stream else await reply.whole(request)
-
-    @app.get("/v1/responses/{rid}")
-    async def stored_response(rid: str):
-        return stored.get(rid)[0]
-
-    @app.delete("/v1/responses/{rid}")
-    async def delete_response(rid: str):
-        stored.delete(rid)
-        return {"id": rid, "object": "response.deleted", "deleted": True}
-
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
@@ -253,5 +226,6 @@ def build_app(served: Served) -> FastAPI:
             return whole
         return reply.streaming()
 
+    add_responses_routes(app, parse, chat_sequences, queued, served.name)  # response_store.py
     add_messages_routes(app, parse, chat_sequences, queued, lambda body: prompt_ids(body)[0], served.name)
     return app

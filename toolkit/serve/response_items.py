@@ -117,9 +117,10 @@ def response_usage(usage: dict | None) -> dict | None:
 class ResponseReply:
     """One Responses request answered through chat's Reply, whole or streamed; kept in `store` when it asks."""
 
-    def __init__(self, reply: Reply, body, model: str, store, turns: list[dict]):
+    def __init__(self, reply: Reply, body, model: str, store, turns: list[dict], items: list[dict]):
         self.reply, self.body, self.model, self.store = reply, body, model, store
         self.turns = turns  # the chat turns before the reply (without the instructions), for store
+        self.items = items  # the request's input as items (input_items lists them)
         self.rid, self.created = _id("resp"), int(time.time())
 
     def response(self, items: Items, status: str, usage: dict | None, error: dict | None = None) -> dict:
@@ -141,7 +142,7 @@ class ResponseReply:
         events = items.close(status)
         response = self.response(items, status, usage)
         if self.body.store:
-            self.store.put(response, self.turns + [items.assistant_turn()])
+            self.store.put(response, self.turns + [items.assistant_turn()], self.items)
         return response, events
 
     async def whole(self, request: Request) -> dict:

@@ -1,5 +1,5 @@
-"""OpenAI's Responses API (`POST /v1/responses`) read as the chat request it amounts to, and the responses kept for
-`previous_response_id`, `GET` and `DELETE /v1/responses/{id}`.
+"""OpenAI's Responses API (`POST /v1/responses`) read as the chat request it amounts to (its routes and the responses
+kept for `previous_response_id`, `GET` / `DELETE /v1/responses/{id}` and input_items: response_store.py).
 
 A request becomes a ChatRequest (protocol.py) and is served as chat is, through the same template, constraint,
 engine sequence and tool-call reading; response_items.py writes the reply as Responses output items and events.
@@ -17,8 +17,6 @@ Anything that would change the output and is not served (built-in tools, backgro
 reasoning effort, prompt templates, images and files) is refused with a 400 naming the field.
 """
 from __future__ import annotations
-
-from collections import OrderedDict
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 
@@ -183,24 +181,3 @@ def renamed(err: ApiError) -> ApiError:
             err.message = err.message.replace(head, PARAMS[head], 1)
     return err
 
-
-class ResponseStore:
-    """The last `capacity` stored responses (store: true), each with the chat turns that continue it."""
-
-    def __init__(self, capacity: int = 1024):
-        self.capacity, self.kept = capacity, OrderedDict()
-
-    def put(self, response: dict, turns: list[dict]) -> None:
-        self.kept[response["id"]] = (response, turns)
-        while len(self.kept) > self.capacity:
-            self.kept.popitem(last=False)
-
-    def get(self, rid: str, param: str | None = None) -> tuple[dict, list[dict]]:
-        if rid not in self.kept:
-            raise ApiError(404, f"no stored response {rid!r} (stored: the last {self.capacity} with store: true)",
-                           param, "not_found")
-        return self.kept[rid]
-
-    def delete(self, rid: str) -> None:
-        self.get(rid)
-        del self.kept[rid]
