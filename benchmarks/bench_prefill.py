@@ -16,7 +16,8 @@ import time
 import torch
 
 from toolkit.data.chat import load_tokenizer
-from toolkit.infer.engine import Engine, _pad, prefill_groups
+from toolkit.infer.engine import Engine
+from toolkit.infer.prefill_plan import pad, prefill_groups
 from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.sequence import Sequence
@@ -59,7 +60,7 @@ def main() -> None:
         report = {
             "rows": len(ids), "tokens": sum(map(len, ids)), "padded_tokens": len(ids) * max(map(len, ids)),
             "groups": len(prefill_groups([len(p) for p in ids])), "threads": args.threads,
-            "one_padded_forward_s": timed(lambda: target(_pad(ids, 0), cache=cache.rows(0, len(ids)))),
+            "one_padded_forward_s": timed(lambda: target(pad(ids, 0), cache=cache.rows(0, len(ids)))),
             "one_forward_per_prompt_s": timed(lambda: [target(torch.tensor([p]), cache=cache.rows(b, b + 1))
                                                        for b, p in enumerate(ids)]),
             "engine_grouped_s": timed(grouped),

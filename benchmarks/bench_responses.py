@@ -1,8 +1,9 @@
-"""OpenAI's Responses API through `toolkit serve`, end to end with the `openai` client: SmolLM2 with the shipped
-EAGLE-3 head answers MT-bench's two-turn questions through `client.responses` (turn 2 by `previous_response_id`,
-the server holding turn 1) and through `client.chat.completions` (turn 2 with the history sent), one request at
-a time, greedy. Per API: τ and generated tokens/s; whether the texts are the same (they must be: both are the
-same chat request to the engine); the Responses turns again streamed, their output_text deltas joined.
+"""OpenAI's Responses API and Anthropic's Messages API through `toolkit serve`, end to end with the `openai` and
+`anthropic` clients: SmolLM2 with the shipped EAGLE-3 head answers MT-bench's two-turn questions through
+`client.responses` (turn 2 by `previous_response_id`, the server holding turn 1), through anthropic's
+`client.messages` and through `client.chat.completions` (turn 2 with the history sent), one request at a time,
+greedy. Per API: τ and generated tokens/s; whether the texts are the same (they must be: each is the same chat
+request to the engine); the Responses and Messages turns again streamed, their text deltas joined.
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
         python benchmarks/bench_responses.py [--shared ../shared] [--limit 10] [--threads 1] [--out results.json]
@@ -62,6 +63,28 @@ def by_responses(client, model: str, questions: list[dict], max_tokens: int, str
     return out
 
 
+def by_messages(client, model: str, questions: list[dict], max_tokens: int, stream: bool) -> dict:
+    out = {"texts": [], "seconds": 0.0, "tokens": 0, "verify_steps": 0, "accepted": 0}
+    for q in questions:
+        messages = []
+        for turn in q["turns"]:
+            messages.append({"role": "user", "content": turn})
+            kw = dict(model=model, messages=messages, max_tokens=max_tokens, extra_body={"temperature": 0})
+            t0 = time.perf_counter()
+            if stream:
+                with client.messages.stream(**kw) as s:
+                    # the client's final message keeps only the usage fields it knows: the figures from message_delta
+                    spec = next(e.usage.model_extra["speculative"] for e in s if e.type == "message_delta")
+                    r = s.get_final_message()
+                text = "".join(b.text for b in r.content if b.type == "text")
+            else:
+                r = client.messages.create(**kw)
+                text, spec = r.content[0].text, r.usage.model_extra["speculative"]
+            tally(out, text, time.perf_counter() - t0, r.usage.output_tokens, spec)
+            messages.append({"role": "assistant", "content": text})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared"))
@@ -70,6 +93,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    from anthropic import Anthropic
     from openai import OpenAI
 
     lines = (Path(args.shared) / "data" / "eval" / "mt_bench.jsonl").read_text().splitlines()[:args.limit]
@@ -82,6 +106,9 @@ def main() -> None:
         runs = {"chat": by_chat(client, model, questions, args.max_tokens),
                 "responses": by_responses(client, model, questions, args.max_tokens, stream=False),
                 "responses_streamed": by_responses(client, model, questions, args.max_tokens, stream=True)}
+        claude = Anthropic(base_url=base, api_key="none")
+        runs["messages"] = by_messages(claude, model, questions, args.max_tokens, stream=False)
+        runs["messages_streamed"] = by_messages(claude, model, questions, args.max_tokens, stream=True)
     finally:
         proc.terminate()
         proc.wait()

@@ -131,7 +131,7 @@ def running_server(*args: str, threads: int = 1, ready_timeout: float = 300, cwd
 
 
 @contextlib.contextmanager
-def app_in_process(target_dir: Path, stops=None, max_len: int = 128, **served):
+def app_in_process(target_dir: Path, stops=None, max_len: int = 128, prefix_cache_rows: int = 0, **served):
     """The serving app over a small engine of `target_dir`, in this process (FastAPI's TestClient talks to it):
     yields (ASGI app, engine); `stops` default to the tokenizer's end-of-turn ids, `served` are Served's options."""
     from toolkit.data.chat import load_tokenizer
@@ -143,7 +143,7 @@ def app_in_process(target_dir: Path, stops=None, max_len: int = 128, **served):
     from toolkit.serve.metrics import ServerMetrics
 
     tok = load_tokenizer(model=str(target_dir))
-    engine = Engine(load_target(target_dir), max_len=max_len, max_batch=2)
+    engine = Engine(load_target(target_dir), max_len=max_len, max_batch=2, prefix_cache_rows=prefix_cache_rows)
     metrics = ServerMetrics()
     batcher = Batcher(engine, metrics, max_queue=4, log_every=0)
     batcher.start()

@@ -133,7 +133,7 @@ def naive_greedy(target, prompt, n):
 
 
 def test_prefill_groups_bound_padding_and_cover_every_row_in_order():
-    from toolkit.infer.engine import prefill_groups
+    from toolkit.infer.prefill_plan import prefill_groups
 
     assert prefill_groups([5]) == [range(0, 1)]
     assert prefill_groups([10, 11, 30, 3, 3, 3]) == [range(0, 2), range(2, 3), range(3, 6)]

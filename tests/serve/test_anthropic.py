@@ -215,7 +215,8 @@ def test_the_anthropic_client_gets_the_same_answer_with_a_draft(tiny_target, tin
                 final = s.get_final_message()
             assert final.content[0].text == text and final.stop_reason == whole.stop_reason
             assert client.messages.count_tokens(model="tiny-target", messages=turns).input_tokens == \
-                whole.usage.input_tokens
+                whole.usage.input_tokens == final.usage.input_tokens + final.usage.cache_read_input_tokens
+            assert final.usage.cache_read_input_tokens > 0  # the same prompt again: the prefix cache held it
             with pytest.raises(anthropic.AuthenticationError):
                 anthropic.Anthropic(base_url=base, api_key="sk-wrong").messages.create(
                     model="tiny-target", max_tokens=2, messages=turns)

@@ -4,7 +4,9 @@ sequence -> one target verify forward for the whole batch -> accepts a path per 
 sequence's KV cache -> extends the draft over what was accepted.
 
 Running sequence i lives in row i of the KV caches; a sequence that finishes or is released leaves, and the
-rows after it move up, so the running batch is always rows 0..B-1 (the model reads rows :B).
+rows after it move up, so the running batch is always rows 0..B-1 (the model reads rows :B). With a prefix
+cache, rows past max_batch keep leaving sequences' KV, and an admitted prompt that starts alike copies it in and
+prefills only the rest (prefix_cache.py, prefill_plan.py).
 Without a draft head every round verifies the root alone, which is plain decoding with the same code.
 The forwards themselves (graphs, the compiled CPU step, eager) and the KV caches are the runner's (runner.py).
 Sequences are right-padded where lengths differ: a pad writes to cache slots past its sequence's end, which
@@ -24,44 +26,29 @@ from toolkit.infer.lookup import LookupConfig, graft_all, propose
 from toolkit.infer.model import Transformer
 from toolkit.infer.penalties import Penalties
 from toolkit.infer.phase_clock import PhaseClock
+from toolkit.infer.prefill_plan import admission_groups, pad, prefill_groups
+from toolkit.infer.prefix_cache import PrefixCache
 from toolkit.infer.runner import Runner
 from toolkit.infer.sampling import SamplingParams, target_probs
-from toolkit.infer.sequence import Result, Sequence, StopStrings
+from toolkit.infer.sequence import Result, Sequence, StopStrings, check_request
 from toolkit.infer.tree import Tree, TreeConfig, ancestor_masks, window_mask
 from toolkit.infer.verify import verify_tree
-
-
-def _pad(rows: list[list], value) -> torch.Tensor:
-    width = max(len(r) for r in rows)
-    return torch.tensor([r + [value] * (width - len(r)) for r in rows])
-
-
-def prefill_groups(lengths: list[int], waste: float = 1.25) -> list[range]:
-    """Split prompts (in row order) into consecutive groups prefilled together, right-padded to the group's
-    longest: a group grows while its padded tokens stay within `waste` x its real ones. One padded forward
-    for prompts of 42..216 tokens cost 2.5x the same prompts one by one (SmolLM2, CPU, 48 rows)."""
-    groups, start, longest, real = [], 0, 0, 0
-    for i, n in enumerate(lengths):
-        wide, real = max(longest, n), real + n
-        if i > start and wide * (i + 1 - start) > waste * real:
-            groups.append(range(start, i))
-            start, wide, real = i, n, n
-        longest = wide
-    return groups + [range(start, len(lengths))]
 
 
 class Engine:
     def __init__(self, target: Transformer, head: Eagle3Head | None = None, tree: TreeConfig | None = None,
                  max_len: int | None = 2048, max_batch: int = 1, memory_fraction: float = 0.3,
                  cuda_graphs: bool | None = None, graph_capture=None, compile: bool = False,
-                 sample_draft: bool = False, lookup: LookupConfig | None = None):
+                 sample_draft: bool = False, lookup: LookupConfig | None = None, prefix_cache_rows: int = 0):
         """max_len None: size the KV cache from free memory (memory_fraction of it), capped by the
         target's max_position_embeddings. cuda_graphs, graph_capture, compile: how the forwards run (Runner).
         sample_draft: a chain draws its draft tokens from the head's tempered distribution for sequences that
         sample, verified with speculative sampling (verify.sample_chain_verify), instead of proposing the
         head's top-1; greedy sequences are drafted and verified as before.
         lookup: each round also proposes the prompt-lookup continuation of each sequence (lookup.py), merged
-        into the head's tree as one more branch (or, without a head, as the only draft)."""
+        into the head's tree as one more branch (or, without a head, as the only draft).
+        prefix_cache_rows: spare cache rows that keep finished sequences' KV for later prompts that start alike
+        (prefix_cache.py); 0: none."""
         self.target, self.head = target, head
         self.tree = tree or TreeConfig(num_steps=1, topk=1, num_draft_tokens=2)
         if head is not None and self.tree.topk > len(head.d2t):
@@ -81,7 +68,7 @@ class Engine:
             torch.arange(len(head.d2t), device=head.d2t.device))
         if max_len is None:
             budget = int(free_memory_bytes(self.device) * memory_fraction)
-            max_len = min(max_len_for_memory(target.config, budget, max_batch, dtype),
+            max_len = min(max_len_for_memory(target.config, budget, max_batch + prefix_cache_rows, dtype),
                           target.config.max_position_embeddings,
                           target.config.context_limit()[0] or target.config.max_position_embeddings)
         target.config.check_max_len(max_len)  # a sliding window or a length-dependent rope is exact only so far
@@ -89,7 +76,8 @@ class Engine:
             raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
         self.max_len, self.max_batch = max_len, max_batch
         self.runner = Runner(target, head, self.tree, extra, max_len, max_batch, cuda_graphs, graph_capture, compile,
-                             sample_draft)
+                             sample_draft, prefix_cache_rows)
+        self.prefix_cache = PrefixCache(max_batch, prefix_cache_rows) if prefix_cache_rows else None
         self.cache, self.draft_cache = self.runner.cache, self.runner.draft_cache  # row i: running sequence i
         self.aux_layers, self._host = self.runner.aux_layers, self.runner.host
         self.running: list[Sequence] = []  # running sequence i is in cache row i
@@ -104,24 +92,8 @@ class Engine:
         self.runner.warm_up()
 
     def check(self, prompt: list[int], params: SamplingParams) -> None:
-        """Refuse what cannot fit: an empty prompt, an id outside the vocabulary (the prompt's or a logit bias's),
-        or prompt + max_new_tokens beyond the cache."""
-        if not prompt:
-            raise ValueError("a prompt is empty")
-        # checked here, not left to the embedding: it would fail mid-admit, on CUDA as a device-side assert that
-        # takes every running request (and the process's CUDA context) down with it
-        vocab, low, high = self.target.config.vocab_size, min(prompt), max(prompt)
-        if low < 0 or high >= vocab:
-            raise ValueError(f"prompt token id {low if low < 0 else high} outside the vocabulary 0..{vocab - 1}")
-        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
-                          ("allowed_token_ids", params.allowed_token_ids),
-                          ("bad_words", [t for w in params.bad_words for t in w])):
-            outside = [t for t in ids if t >= vocab]
-            if outside:
-                raise ValueError(f"{name} names token id {outside[0]}, outside the vocabulary 0..{vocab - 1}")
-        if len(prompt) + params.max_new_tokens > self.max_len:
-            raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
-                             f"the engine's max length {self.max_len}")
+        """Refuse what cannot fit this engine (sequence.check_request)."""
+        check_request(prompt, params, self.target.config.vocab_size, self.max_len)
 
     def generate(self, prompt: list[int], params: SamplingParams, stop_ids=frozenset(), generator=None,
                  stop_strings: StopStrings | None = None) -> Result:
@@ -153,15 +125,17 @@ class Engine:
         for s in seqs:
             self.check(s.prompt, s.params)
         t0 = time.perf_counter()
-        for g in prefill_groups([len(s.prompt) for s in seqs]):
+        starts = [self._reuse(n + i, s) for i, s in enumerate(seqs)]  # positions a prefix cache hit copied in
+        for g, start in admission_groups(starts, [len(s.prompt) for s in seqs], prefill_groups):
             part, row0 = seqs[g.start:g.stop], n + g.start
-            ids = self._host(_pad([s.prompt for s in part], 0))
-            last = self._host([len(s.prompt) - 1 for s in part])
+            ids = self._host(pad([s.prompt[start:] for s in part], 0))
+            last = self._host([len(s.prompt) - 1 - start for s in part])
             scored = any(s.params.prompt_logprobs is not None for s in part)  # then the final hidden states too
-            logits, aux = self.runner.prefill(ids, row0, last, [*self.aux_layers, -1] if scored else self.aux_layers)
+            logits, aux = self.runner.prefill(ids, row0, last, [*self.aux_layers, -1] if scored else self.aux_layers,
+                                              start)
             normed, aux = (aux[-1], aux[:-1]) if scored else (None, aux)                    # [b, T, H]
             for b, s in enumerate(part):
-                s.prefix = len(s.prompt)
+                s.prefix = s.drafted = len(s.prompt)
                 if s.params.prompt_logprobs is not None:
                     s.result.prompt_logprobs = prompt_logprobs(self.target.readout, normed[b], s.prompt,
                                                                s.params.prompt_logprobs)
@@ -174,9 +148,9 @@ class Engine:
                 if s.params.logprobs is not None:
                     s.result.logprobs += token_logprobs(logits[b], [token], s.params.logprobs)
                 s.add(token)
-            if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = 0..len-1
-                nxt = self._host(_pad([s.prompt[1:] + s.result.tokens for s in part], 0))
-                self.runner.extend(part, nxt, torch.cat(aux, -1), [0] * len(part), row0)
+            if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = start..len-1
+                nxt = self._host(pad([(s.prompt[1:] + s.result.tokens)[start:] for s in part], 0))
+                self.runner.extend(part, nxt, torch.cat(aux, -1), [start] * len(part), row0)
         self.seconds["prefill"] += time.perf_counter() - t0
         for s in seqs:
             s.result.seconds["prefill"] += (time.perf_counter() - t0) / m
@@ -221,7 +195,9 @@ class Engine:
             width = max(len(p) for p in paths)  # each path's nodes, its last repeated as padding
             idx = self._host([p + p[-1:] * (width - len(p)) for p in paths])       # [B, width]
             hidden = fused.gather(1, idx[:, :, None].expand(-1, -1, fused.shape[-1]))
-            self.runner.extend(seqs, self._host(_pad(emitted, 0)), hidden, prefix, 0)
+            self.runner.extend(seqs, self._host(pad(emitted, 0)), hidden, prefix, 0)
+            for s in seqs:
+                s.drafted = s.prefix
         self._retire()
         t4 = self.clock.mark()
         between = self.clock.between
@@ -238,8 +214,21 @@ class Engine:
         seq.done = True
         self._retire()
 
+    def _reuse(self, row: int, s: Sequence) -> int:
+        """Copy the longest cached prefix of s's prompt into its row; the positions copied (0: none)."""
+        if self.prefix_cache is None or s.params.prompt_logprobs is not None:  # those need every position's logits
+            return 0
+        src, s.result.cached_tokens = self.prefix_cache.match(s.prompt)
+        if src is not None:
+            self.runner.move(src, row, s.result.cached_tokens)
+        return s.result.cached_tokens
+
     def _retire(self) -> None:
-        """Drop finished sequences from the running batch; later rows move up to keep rows 0..B-1 packed."""
+        """Drop finished sequences from the running batch (their KV kept in the prefix cache, when there is one);
+        later rows move up to keep rows 0..B-1 packed."""
+        for row, s in enumerate(self.running):
+            if s.done and self.prefix_cache is not None:
+                self.prefix_cache.keep(s, lambda dst, n, row=row: self.runner.move(row, dst, n), self.head is not None)
         keep = [(row, s) for row, s in enumerate(self.running) if not s.done]
         for new, (old, s) in enumerate(keep):
             if new != old:

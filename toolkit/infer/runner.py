@@ -19,11 +19,12 @@ from toolkit.infer.tree import Tree, TreeConfig, draft_trees
 class Runner:
     def __init__(self, target: Transformer, head: Eagle3Head | None, tree: TreeConfig, extra: int, max_len: int,
                  max_batch: int, cuda_graphs: bool | None = None, graph_capture=None, compile: bool = False,
-                 sample_draft: bool = False):
+                 sample_draft: bool = False, spare_rows: int = 0):
         """extra: the most nodes a lookup branch adds to a round (0 without lookup). cuda_graphs (default: on
         for a CUDA target) replays the verify / decode step and the draft step from graphs; False is eager.
         graph_capture: how graphs are captured (default torch.cuda.graph; tests pass eager_capture).
-        compile: on CPU, one sequence's decode / verify step runs torch.compile'd."""
+        compile: on CPU, one sequence's decode / verify step runs torch.compile'd. spare_rows: cache rows after
+        the running batch's, where the prefix cache keeps finished sequences' KV (prefix_cache.py)."""
         self.target, self.head, self.tree, self.extra = target, head, tree, extra
         self.max_batch, self.sample_draft = max_batch, sample_draft
         dtype, self.device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
@@ -31,12 +32,13 @@ class Runner:
         if graphs and not target.graphable:
             raise ValueError("CUDA graphs cannot hold a MoE target's routing: run it eagerly (--eager)")
         scratch = int(graphs)  # graphs send padding to one extra, never-attended cache slot
-        self.cache = KVCache(target.config, max_batch, max_len + tree.num_draft_tokens + extra + scratch, dtype,
+        rows = max_batch + spare_rows  # the running batch reads rows :B; spare rows are only copied from and to
+        self.cache = KVCache(target.config, rows, max_len + tree.num_draft_tokens + extra + scratch, dtype,
                              self.device)
         self.draft_cache, self.aux_layers = None, head.aux_layers if head is not None else ()
         if head is not None:
             spare = tree.num_steps * tree.topk + 1 + extra
-            self.draft_cache = head.new_cache(max_len + spare + scratch, dtype, self.device, max_batch)
+            self.draft_cache = head.new_cache(max_len + spare + scratch, dtype, self.device, rows)
         self.target_graphs = self.draft_graphs = self.draft_loop = None
         if graphs:
             self._capture(graph_capture)
@@ -90,10 +92,14 @@ class Runner:
         if self.draft_cache is not None:
             self.draft_cache.move(old, new, length)
 
-    def prefill(self, ids: torch.Tensor, row0: int, last: torch.Tensor, aux_layers):
-        """Prompts ids [b, T] (right-padded) into cache rows row0..row0+b-1 -> (logits at `last` [b, 1, V],
-        aux hidden states [b, T, H] per aux layer)."""
-        return self.target(ids, cache=self.cache.rows(row0, row0 + len(ids)), logits_at=last, aux_layers=aux_layers)
+    def prefill(self, ids: torch.Tensor, row0: int, last: torch.Tensor, aux_layers, start: int = 0):
+        """Prompts ids [b, T] (right-padded) into cache rows row0..row0+b-1 from position `start` (a prefix cache
+        hit: slots before it hold the prompt's first tokens already) -> (logits at `last` [b, 1, V], aux hidden
+        states [b, T, H] per aux layer)."""
+        positions = None if start == 0 else (start + torch.arange(ids.shape[1], device=ids.device)).expand(
+            len(ids), -1)  # the rest attends over the copied slots, causal by position
+        return self.target(ids, positions, cache=self.cache.rows(row0, row0 + len(ids)), logits_at=last,
+                           aux_layers=aux_layers)
 
     def verify(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor):
         """The target over the running rows' round nodes tokens/positions/slots [B, n] (mask [B, n, S]) ->

@@ -23,6 +23,7 @@ class Result:
     finish: str | None = None           # why it ended: "stop" (a stop id or string) or "length" (max_new_tokens)
     logprobs: list = field(default_factory=list)  # a TokenLogprob per token, when params.logprobs asks for them
     prompt_logprobs: list = field(default_factory=list)  # one per prompt token after the first, when asked for
+    cached_tokens: int = 0              # prompt positions copied from the prefix cache, not prefilled
 
     @property
     def tau(self) -> float:
@@ -66,6 +67,7 @@ class Sequence:
     result: Result = field(default_factory=lambda: Result([]))
     done: bool = False
     prefix: int = 0                            # tokens in the KV cache; the root (last token) is not yet
+    drafted: int = 0                           # positions with the draft's pairs in its cache (prefix_cache.py)
     root_out: torch.Tensor | None = None       # the draft's output and log-probs after the root
     root_logp: torch.Tensor | None = None
     penalties: Penalties | None = None         # its logit bias and token counts, when params ask for them
@@ -88,3 +90,24 @@ class Sequence:
             self.result.finish = "length"
         self.done = self.result.finish is not None
         return self.done
+
+
+def check_request(prompt: list[int], params: SamplingParams, vocab: int, max_len: int) -> None:
+    """Refuse what cannot fit: an empty prompt, an id outside the vocabulary (the prompt's or a logit bias's),
+    or prompt + max_new_tokens beyond the cache."""
+    if not prompt:
+        raise ValueError("a prompt is empty")
+    # checked before admission, not left to the embedding: it would fail mid-admit, on CUDA as a device-side assert
+    # that takes every running request (and the process's CUDA context) down with it
+    low, high = min(prompt), max(prompt)
+    if low < 0 or high >= vocab:
+        raise ValueError(f"prompt token id {low if low < 0 else high} outside the vocabulary 0..{vocab - 1}")
+    for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]),
+                      ("allowed_token_ids", params.allowed_token_ids),
+                      ("bad_words", [t for w in params.bad_words for t in w])):
+        outside = [t for t in ids if t >= vocab]
+        if outside:
+            raise ValueError(f"{name} names token id {outside[0]}, outside the vocabulary 0..{vocab - 1}")
+    if len(prompt) + params.max_new_tokens > max_len:
+        raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({params.max_new_tokens}) exceeds "
+                         f"the engine's max length {max_len}")

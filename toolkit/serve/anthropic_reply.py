@@ -88,9 +88,11 @@ def stop_reason(finish: str | None, matched, called: bool) -> tuple[str, str | N
 
 
 def message_usage(prompt_tokens: int, usage: dict | None) -> dict:
-    """Chat usage -> Anthropic's names (nothing cached: every prompt is prefilled), speculation figures beside."""
-    out = {"input_tokens": prompt_tokens, "output_tokens": usage["completion_tokens"] if usage else 0,
-           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    """Chat usage -> Anthropic's names, speculation figures beside: as Anthropic counts, input_tokens leaves out
+    the prompt tokens read from the (prefix) cache, which cache_read_input_tokens counts; none written apart."""
+    cached = usage["prompt_tokens_details"]["cached_tokens"] if usage else 0
+    out = {"input_tokens": prompt_tokens - cached, "output_tokens": usage["completion_tokens"] if usage else 0,
+           "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
     return out | ({"speculative": usage["speculative"]} if usage else {})
 
 

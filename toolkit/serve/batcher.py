@@ -169,6 +169,7 @@ class Batcher:
         if admit:
             self.engine.admit([r.seq for r in admit])
             self.metrics.prompt_tokens.inc(sum(len(r.seq.prompt) for r in admit))
+            self.metrics.cached_tokens.inc(sum(r.seq.result.cached_tokens for r in admit))
             self.active += admit
         busy = self.disable_by_batch_size is not None and len(self.engine.running) > self.disable_by_batch_size
         stepped = self.engine.step(speculate=not busy)

@@ -172,7 +172,9 @@ def usage(choices: list[Choice], positions: int = 0, n: int = 1) -> dict:
     results = [c.result() for c in choices]
     s = summarize(results, positions=positions)
     n_prompt, n_out = sum(len(c.req.seq.prompt) for c in choices[::n]), sum(len(r.tokens) for r in results)
+    cached = sum(r.cached_tokens for r in results[::n])  # prompt positions the prefix cache held (OpenAI's name)
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+            "prompt_tokens_details": {"cached_tokens": cached},
             "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(sum(r.accepted) for r in results),
                             # null, not 0, when no verify step ran (the answer ended at prefill's token)
                             "tau": s["tau"] if s["verify_steps"] else None,

@@ -2,6 +2,7 @@
 
     toolkit_requests_total{endpoint,code}        finished HTTP requests by status code
     toolkit_prompt_tokens_total, toolkit_generation_tokens_total
+    toolkit_cached_prompt_tokens_total           prompt tokens copied from the prefix cache, not prefilled
     toolkit_verify_steps_total                   target verify forwards, summed over sequences
     toolkit_accepted_tokens_total                draft tokens accepted (τ = (accepted + steps) / steps)
     toolkit_accepted_at_position_total{position} verify steps that accepted draft position k (k = 1, 2, ...)
@@ -55,6 +56,8 @@ class ServerMetrics:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("toolkit_requests", "finished HTTP requests", ["endpoint", "code"], registry=r)
         self.prompt_tokens = Counter("toolkit_prompt_tokens", "prompt tokens of admitted requests", registry=r)
+        self.cached_tokens = Counter("toolkit_cached_prompt_tokens", "prompt tokens the prefix cache held",
+                                     registry=r)
         self.generation_tokens = Counter("toolkit_generation_tokens", "generated tokens", registry=r)
         self.verify_steps = Counter("toolkit_verify_steps", "verify forwards per sequence", registry=r)
         self.accepted_tokens = Counter("toolkit_accepted_tokens", "accepted draft tokens", registry=r)

@@ -73,6 +73,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", type=int, default=16, help="sequences in the running batch")
     p.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generation per sequence (capped by the "
                                                                  "model); 0 = size the KV cache from free memory")
+    p.add_argument("--prefix-cache-rows", type=int, default=4, metavar="N",
+                   help="cache rows beside the batch's that keep finished requests' KV, so a prompt that starts "
+                   "alike (a later chat turn, a shared system prompt) prefills only the rest (default 4; 0 = off)")
+    p.add_argument("--no-enable-prefix-caching", dest="prefix_cache_rows", action="store_const", const=0,
+                   help="vLLM's switch: no prefix cache (--prefix-cache-rows 0)")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; beyond: HTTP 429")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get HTTP 413")
     p.add_argument("--log-every", type=int, default=50, help="log running tau and tok/s every N steps (0 = off)")
@@ -111,6 +116,8 @@ def main(args: argparse.Namespace) -> int:
     for name in ("max_batch_size", "max_queue", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.prefix_cache_rows < 0:
+        raise ValueError(f"--prefix-cache-rows must be >= 0 (0 = no prefix cache), got {args.prefix_cache_rows}")
     if args.max_seq_len < 0 or not 0 <= args.port <= 65535:
         raise ValueError(f"--max-seq-len must be >= 0 and --port in 0..65535 (0 = any free one); got "
                          f"{args.max_seq_len} and {args.port}")
@@ -207,7 +214,8 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
                     cuda_graphs=False if args.eager else None, compile=args.compile,
-                    sample_draft=args.sample_draft and head is not None, lookup=branch)
+                    sample_draft=args.sample_draft and head is not None, lookup=branch,
+                    prefix_cache_rows=args.prefix_cache_rows)
     engine.warm_up()  # --compile: compile every step shape now, not in the first requests
     recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
@@ -226,7 +234,7 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
             + f", tree {vars(tree)}") if head is not None else "no speculation"
     if branch is not None:
         spec = ("" if head is None else spec + ", ") + f"prompt lookup {vars(branch)}"
-    where = f"batch {engine.max_batch}, context {engine.max_len}"
+    where = f"batch {engine.max_batch}, context {engine.max_len}, prefix cache rows {args.prefix_cache_rows}"
     print(f"toolkit serve: a request that names no sampling values gets {defaults.describe()}", file=sys.stderr)
     tls = args.ssl_certfile is not None
     print(f"toolkit serve: serving {name} ({spec}; {where}) on {base_url(sock, tls)}", flush=True)  # the URL ends it
