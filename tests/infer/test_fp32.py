@@ -8,11 +8,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from toolkit.infer.attention import rope_cos_sin
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.drafts import random_head
 from toolkit.infer.eagle2 import Eagle2Head
 from toolkit.infer.loading import load_target
-from toolkit.infer.model import Transformer, rope_cos_sin
+from toolkit.infer.model import Transformer
 from toolkit.infer.mtp import MTPHead
 
 C = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=5, num_heads=4,

@@ -21,8 +21,9 @@ import shutil
 import torch
 import torch.nn.functional as F
 
+from toolkit.infer.attention import attention_masks, rope_cos_sin, rotate
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import Transformer, attention_masks, rope_cos_sin, rotate
+from toolkit.infer.model import Transformer
 
 
 FEW = 4  # the most tokens the small-step graph takes; longer steps go to the other (see CompiledDecode)

@@ -28,7 +28,7 @@ from toolkit.infer.fp32 import KeepsFp32
 def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE over interleaved pairs (x0, x1), (x2, x3), ...; the result comes out with the pairs' first and
     second members in two halves (queries and keys alike, so their dot products are those of the pairs).
-    cos/sin from model.rope_cos_sin: [cos, cos] and [-sin, sin] halves."""
+    cos/sin from attention.rope_cos_sin: [cos, cos] and [-sin, sin] halves."""
     half = x.shape[-1] // 2
     c, s = cos[..., :half], sin[..., half:]
     even, odd = x[..., 0::2], x[..., 1::2]
@@ -38,7 +38,7 @@ def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 class MLAAttention(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
-        from toolkit.infer.model import RMSNorm
+        from toolkit.infer.norm import RMSNorm
 
         self.c, m = c, c.mla
         H, Hq = c.hidden_size, c.num_heads
@@ -56,7 +56,7 @@ class MLAAttention(nn.Module):
         self.scale = self.qk_dim ** -0.5 * c.softmax_mscale()
 
     def forward(self, x, cos, sin, mask, cache, layer: int, slots, kv_len: int):
-        """As model.Attention.forward; cos/sin over the R rotary dims."""
+        """As attention.Attention.forward; cos/sin over the R rotary dims."""
         B, T, _ = x.shape
         m, Hq = self.c.mla, self.c.num_heads
         N, R = m.qk_nope_head_dim, m.qk_rope_head_dim
@@ -78,7 +78,7 @@ class MLAAttention(nn.Module):
 
 
 def _rotate(x, cos, sin):
-    from toolkit.infer.model import rotate
+    from toolkit.infer.attention import rotate
 
     return rotate(x, cos, sin)
 

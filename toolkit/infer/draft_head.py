@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from toolkit.infer.attention import attention_masks, rope_cos_sin
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.fp32 import KeepsFp32
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import attention_masks, rope_cos_sin
 from toolkit.infer.row_step import row_step, row_step_ok
 
 

@@ -18,11 +18,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
                                      rope_keys, their_layer_key, write_draft_folder)
 from toolkit.infer.eagle3_config import VARIANTS, read_eagle3_config
-from toolkit.infer.model import MLP, Attention, Block, RMSNorm
+from toolkit.infer.model import MLP, Block
+from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
 
 

@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import (DraftHead, load_weights, our_layer_key, read_weights, rope_keys,
                                      their_layer_key, vocab_rows, write_draft_folder)
-from toolkit.infer.model import MLP, Attention, Block, RMSNorm
+from toolkit.infer.model import MLP, Block
+from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
 
 

@@ -29,7 +29,8 @@ from torch import nn
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import DraftHead, load_weights, rope_keys, vocab_rows, write_draft_folder
-from toolkit.infer.model import Block, RMSNorm
+from toolkit.infer.model import Block
+from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
 from toolkit.infer.weight_files import weight_files
 

@@ -8,7 +8,9 @@ import os
 import torch
 from torch import nn
 
-from toolkit.infer.model import MLP, Attention, RMSNorm
+from toolkit.infer.attention import Attention
+from toolkit.infer.model import MLP
+from toolkit.infer.norm import RMSNorm
 
 
 def apply_kernels(module: nn.Module, kernels: str, require_device: bool = True) -> nn.Module:

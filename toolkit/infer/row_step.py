@@ -16,7 +16,9 @@ from torch import nn
 from toolkit.infer.kv_cache import KVCache
 
 if TYPE_CHECKING:
-    from toolkit.infer.model import MLP, Attention, RMSNorm
+    from toolkit.infer.attention import Attention
+    from toolkit.infer.model import MLP
+    from toolkit.infer.norm import RMSNorm
 
 
 def few_rows(x: torch.Tensor, kernels: str) -> bool:

@@ -49,7 +49,7 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
 def _rope(x: torch.Tensor, positions: torch.Tensor, head) -> torch.Tensor:
     """x [B, h, L, D] rotated at positions [L] (HF half-split layout) with the head's tables and yarn / longrope
     attention factor, as the engine's step_inputs does."""
-    from toolkit.infer.model import rope_cos_sin, rotate
+    from toolkit.infer.attention import rope_cos_sin, rotate
 
     return rotate(x, *rope_cos_sin(positions[None], head.inv_freq, x.dtype, head.config.rope_attention_factor()))
 

@@ -48,7 +48,7 @@ def test_silu_mul(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq, hkv, d", [(4, 2, 32), (6, 3, 24)])
 def test_rope_cache_write(dtype, hq, hkv, d):
-    from toolkit.infer.model import rope_cos_sin
+    from toolkit.infer.attention import rope_cos_sin
 
     B, T, S = 3, 5, 20
     qkv = rand(B, T, (hq + 2 * hkv) * d, dtype=dtype)
@@ -70,7 +70,7 @@ def test_rope_cache_write(dtype, hq, hkv, d):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("factor", [1.0, 1.25])
 def test_rope_cos_sin(dtype, factor):
-    from toolkit.infer.model import rope_cos_sin as reference
+    from toolkit.infer.attention import rope_cos_sin as reference
 
     positions = torch.tensor([[0, 1, 5, 9000], [3, 3, 4, 131000]], device=device)
     inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 24, 2, device=device).float() / 24))

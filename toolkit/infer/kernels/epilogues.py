@@ -41,7 +41,7 @@ def enabled(device: torch.device) -> bool:
 
 @dataclass
 class RopeWrite:
-    """What the "rope" epilogue needs: cos / sin [B, 1, T, D] (model.rope_cos_sin: sin's first half negated),
+    """What the "rope" epilogue needs: cos / sin [B, 1, T, D] (attention.rope_cos_sin: sin's first half negated),
     slots [B, T] (the cache slots of the step's tokens), one layer's cache_k / cache_v [>= B, Hkv, S, D]."""
     cos: torch.Tensor
     sin: torch.Tensor

@@ -61,7 +61,7 @@ def _rows_kernel(x_ptr, w_ptr, y_ptr, b_ptr, r_ptr, nw_ptr, M, N, K, eps, sx, sw
     (1 / RMS(x)) * ((x * nw) W^T) row by row, so the statistic is summed from the x tiles the loop loads anyway
     and applied to the products at the end; no pass over x before the weights stream (an earlier fold of the
     prologues, the SiLU-mul's too, made the verify step 1.9x a decode step on an H100: RESULTS.md). It rounds
-    x * nw once where model.RMSNorm rounds twice."""
+    x * nw once where norm.RMSNorm rounds twice."""
     n = pair_rows(tl.program_id(0), N, D2, BLOCK_N, EPILOGUE)
     m = tl.arange(0, BLOCK_M)
     n_ok, m_ok = n < N, m < M

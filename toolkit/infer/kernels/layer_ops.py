@@ -9,7 +9,7 @@ step on an H100 against a 5.3 ms weight-streaming floor (benchmarks/RESULTS.md).
   silu_mul(gate_up)               silu(gate) * up over the fused gate/up GEMM's output [.., 2I] -> [.., I]
   rope_cache_write(qkv, ...)      RoPE on q and k from the fused q/k/v GEMM's output, k and v written into
                                   the KV cache at their slots, q returned [B, Hq, T, D]
-  rope_cos_sin(positions, ...)    the step's cos / sin tables (model.rope_cos_sin's 9 kernels as one)
+  rope_cos_sin(positions, ...)    the step's cos / sin tables (attention.rope_cos_sin's 9 kernels as one)
 On CPU they run under TRITON_INTERPRET=1 (tests/infer/kernels/test_layer_ops.py). Steps of at most 16 tokens
 go further: kernels/gemv.py folds the norms, SiLU-mul and residual adds into the projections themselves.
 """
@@ -182,7 +182,7 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
 
 def rope_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                      cache_k: torch.Tensor, cache_v: torch.Tensor, num_heads: int, num_kv_heads: int) -> torch.Tensor:
-    """qkv [B, T, (Hq + 2 Hkv) D] (contiguous), cos/sin [B, 1, T, D] (contiguous; model.rope_cos_sin), slots
+    """qkv [B, T, (Hq + 2 Hkv) D] (contiguous), cos/sin [B, 1, T, D] (contiguous; attention.rope_cos_sin), slots
     [B, T]; cache_k/v [>= B, Hkv, S, D] (one layer, head dim contiguous) -> rotated q [B, Hq, T, D]."""
     B, T, _ = qkv.shape
     D = cos.shape[-1]
@@ -215,7 +215,7 @@ def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, factor, HALF: tl.constex
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype, factor: float = 1.0):
-    """model.rope_cos_sin in one kernel: positions [B, T] -> cos, sin [B, 1, T, D] (sin's first half negated)."""
+    """attention.rope_cos_sin in one kernel: positions [B, T] -> cos, sin [B, 1, T, D] (sin's first half negated)."""
     B, T = positions.shape
     half = inv_freq.shape[0]
     cos = torch.empty(B, 1, T, 2 * half, dtype=dtype, device=positions.device)
