@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from toolkit.infer.kernels.tree_attention import reference_attention, tree_attention
-from toolkit.infer.model import attention_masks
+from toolkit.infer.attention import attention_masks
 
 
 def median_us(fn, device: str, reps: int) -> float:
