@@ -40,6 +40,7 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
                            str(shared / "data/eval/mt_bench.jsonl"), "--limit", "2", "--max-new-tokens", "6",
                            "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5", "--baseline",
                            "--compare-hf", "--compare-pld", "3", "--sweep", "2,1,3", "--threads", "1",
+                           "--prefix-cache-rows", "2",  # turn 2 over turn 1's cached KV: still transformers' text
                            "--out", str(out), "--answers", str(tmp_path / "answers.jsonl")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -388,6 +389,7 @@ def test_differing_answers_are_counted_and_explained_outside_fp32(capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--num-draft-tokens", "0"], "--num-draft-tokens 0: must be in 2..6"),
     (["--compare-pld", "-1"], "--compare-pld -1"), (["--max-len", "0"], "--max-len 0"),
+    (["--prefix-cache-rows", "-1"], "--prefix-cache-rows -1"),
     (["--threads", "-1"], "--threads -1"), (["--temperature", "inf"], "finite"),
     (["--out", "DIR"], "is a folder"), (["--out", "DIR/"], "is a folder"),
     (["--out", "DIR/b.json"], "the PNG written beside it"), (["--answers", "DIR"], "--answers"),

@@ -164,3 +164,17 @@ def test_nextn_draft_is_lossless_and_moe_targets_run_eagerly(deepseek, tmp_path)
     assert not target.graphable
     with pytest.raises(ValueError, match="eagerly"):
         Engine(target, max_len=64, cuda_graphs=True)
+
+
+def test_the_prefix_cache_keeps_mla_and_nextn_greedy_exact(deepseek, tmp_path):
+    """Second turns over a cached prefix (MLA's compressed KV and the NextN draft's pairs copied) decode as plain."""
+    folder, _ = deepseek
+    with_mtp_layer(folder, tmp_path / "t")
+    target = load_target(tmp_path / "t")
+    head = load_draft(str(tmp_path / "t"), target, None)
+    prompts, p = [[5, 17, 33, 8, 61], [9, 4, 70]], SamplingParams(max_new_tokens=12)
+    cached = Engine(target, head, TreeConfig(2, 1, 3), max_len=64, max_batch=2, prefix_cache_rows=2)
+    later = [q + r.tokens + [3, 4] for q, r in zip(prompts, cached.generate_batch(prompts, p))]
+    got = cached.generate_batch(later, p)
+    assert [r.tokens for r in got] == [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(later, p)]
+    assert all(r.cached_tokens >= len(q) for r, q in zip(got, prompts))

@@ -64,6 +64,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "proposing its top-1 (EAGLE/SGLang); trees in --sweep keep top-k proposals")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--max-len", type=int, default=4096, help="KV cache length per sequence")
+    p.add_argument("--prefix-cache-rows", type=int, default=0, metavar="N", help="keep N finished turns' KV so a "
+                   "second turn prefills only what is new, as `toolkit serve` does (default 0: every turn in full)")
     loading.add_args(p)
     p.add_argument("--out", default="bench.json", help="results JSON; a PNG is written beside it")
     p.add_argument("--answers", default=None, metavar="FILE.jsonl", help="also write the speculative run's "
@@ -154,6 +156,8 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--answers {args.answers} is --out too; give the answers their own file")
     if args.max_len < 2:
         raise ValueError(f"--max-len {args.max_len}: give the KV cache length per sequence, at least 2 tokens")
+    if args.prefix_cache_rows < 0:
+        raise ValueError(f"--prefix-cache-rows {args.prefix_cache_rows}: give 0 (none) or more rows")
     if args.compare_pld < 0:
         raise ValueError(f"--compare-pld {args.compare_pld}: give the lookup tokens per step (>= 1), or 0 for none")
     variables = template_kwargs(args.chat_template_kwargs)
@@ -182,7 +186,8 @@ def main(args: argparse.Namespace) -> int:
 
     def make(draft, cfg, own=branch):  # CUDA graphs on a GPU unless --eager
         return Engine(target, draft, cfg, max_len, cuda_graphs=False if args.eager else None,
-                      compile=args.compile, sample_draft=sampled(draft, cfg), lookup=own if draft else None)
+                      compile=args.compile, sample_draft=sampled(draft, cfg), lookup=own if draft else None,
+                      prefix_cache_rows=args.prefix_cache_rows)
 
     def depth(cfg, own=branch) -> int:  # the deepest path a round can accept: the head's tree or the branch
         return max(cfg.num_steps, own.num_tokens if own is not None else 0)
