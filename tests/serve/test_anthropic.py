@@ -226,3 +226,30 @@ def test_the_anthropic_client_gets_the_same_answer_with_a_draft(tiny_target, tin
                    "--served-model-name", "tiny-target")
     plain = answers("--model", str(tiny_target), "--no-speculation", "--served-model-name", "tiny-target")
     assert spec[:2] == plain[:2] and spec[0] == spec[1] and spec[2] >= 1
+
+
+def test_messages_become_chat_turns_in_order():
+    from toolkit.serve.anthropic import chat_messages
+
+    turns = chat_messages([
+        {"role": "user", "content": [{"type": "text", "text": "Weather?", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm", "signature": "s"},
+                                          {"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "t1", "name": "f", "input": {"a": 1}},
+                                          {"type": "tool_use", "id": "t2", "name": "g", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"},
+                                     {"type": "tool_result", "tool_use_id": "t2", "is_error": True,
+                                      "content": [{"type": "text", "text": "no such city"}]},
+                                     {"type": "text", "text": "Thanks."}]},
+        {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}, {"type": "text", "text": "Ok"}]}])
+    assert turns == [
+        {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."}], "tool_calls": [
+            {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+            {"id": "t2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "t2", "content": "Error: no such city"},
+        {"role": "user", "content": [{"type": "text", "text": "Thanks."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Ok"}]}]
+    only_results = chat_messages([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]}])
+    assert only_results == [{"role": "tool", "tool_call_id": "t1", "content": ""}]  # no empty user turn after it
