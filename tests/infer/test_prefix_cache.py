@@ -24,6 +24,9 @@ def test_match_leaves_a_token_to_prefill_and_stays_within_the_draft_pairs():
     cache.store([5, 5, 5, 5, 5], drafted=2, copy=copied.append)  # the draft fell behind at the end
     assert copied == [4, 5] and cache.match([5, 5, 5, 5, 5, 5]) == (5, 2)
     assert cache.queried == 6 + 8 + 4 + 3 + 6 and cache.hit == 5 + 5 + 2 + 2
+    # a prompt admitted just before this one (its row prefilled first) is a source too, the longer share wins
+    assert cache.match([1, 2, 3, 4, 5, 6, 7, 8], earlier=[(0, [1, 2, 3, 4, 5, 6, 7, 9])]) == (0, 6)
+    assert cache.match([1, 2, 3, 0], earlier=[(1, [1, 2, 7])]) == (4, 2)
 
 
 def test_a_later_turn_takes_its_earlier_turns_row_and_the_oldest_row_goes_first():
@@ -117,3 +120,19 @@ def test_a_batch_of_hits_and_misses_equals_each_alone(target):
     assert [r.cached_tokens > 0 for r in got] == [True, False, True, False, False]
     scored = SamplingParams(max_new_tokens=2, prompt_logprobs=1)  # every position's logits: never from the cache
     assert eng.generate(prompts[0], scored).cached_tokens == 0
+
+
+def test_n_copies_of_a_prompt_admitted_together_prefill_it_once(target):
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.tree import TreeConfig
+
+    head, tree = make_head(target, "chain"), TreeConfig(4, 1, 5)
+    params = SamplingParams(max_new_tokens=8)
+    base = [1, 45, 46, 47, 48, 49, 50, 51, 52, 53]
+    prompts = [base, base, base + [7, 8], [1, 12, 13]]  # n = 2 choices of one prompt, a longer one, another
+    alone = Engine(target, head, tree, max_len=64)
+    want = [alone.generate(p, params).tokens for p in prompts]
+    got = Engine(target, head, tree, max_len=64, max_batch=4, prefix_cache_rows=1).generate_batch(prompts, params)
+    assert [r.tokens for r in got] == want
+    assert [r.cached_tokens for r in got] == [0, len(base) - 1, len(base) - 1, 0]

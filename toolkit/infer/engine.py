@@ -125,9 +125,12 @@ class Engine:
         for s in seqs:
             self.check(s.prompt, s.params)
         t0 = time.perf_counter()
-        starts = [self._reuse(n + i, s) for i, s in enumerate(seqs)]  # positions a prefix cache hit copied in
-        for g, start in admission_groups(starts, [len(s.prompt) for s in seqs], prefill_groups):
+        # per sequence: the row its prompt's prefix comes from (a kept one or an earlier prompt's) and its length
+        plans = [self._reuse(s, [(n + j, e.prompt) for j, e in enumerate(seqs[:i])]) for i, s in enumerate(seqs)]
+        for g, start in admission_groups([p[1] for p in plans], [len(s.prompt) for s in seqs], prefill_groups):
             part, row0 = seqs[g.start:g.stop], n + g.start
+            if start:  # a hit, alone in its group: its source row is filled by now (earlier groups went first)
+                self.runner.move(plans[g.start][0], row0, start)
             ids = self._host(pad([s.prompt[start:] for s in part], 0))
             last = self._host([len(s.prompt) - 1 - start for s in part])
             scored = any(s.params.prompt_logprobs is not None for s in part)  # then the final hidden states too
@@ -214,14 +217,13 @@ class Engine:
         seq.done = True
         self._retire()
 
-    def _reuse(self, row: int, s: Sequence) -> int:
-        """Copy the longest cached prefix of s's prompt into its row; the positions copied (0: none)."""
+    def _reuse(self, s: Sequence, earlier: list[tuple[int, list[int]]]) -> tuple[int | None, int]:
+        """Where s's prompt's longest held prefix is (a kept row, or an earlier prompt's row of this admission) and
+        how many positions it gives (None, 0: none)."""
         if self.prefix_cache is None or s.params.prompt_logprobs is not None:  # those need every position's logits
-            return 0
-        src, s.result.cached_tokens = self.prefix_cache.match(s.prompt)
-        if src is not None:
-            self.runner.move(src, row, s.result.cached_tokens)
-        return s.result.cached_tokens
+            return None, 0
+        src, s.result.cached_tokens = self.prefix_cache.match(s.prompt, earlier)
+        return src, s.result.cached_tokens
 
     def _retire(self) -> None:
         """Drop finished sequences from the running batch (their KV kept in the prefix cache, when there is one);

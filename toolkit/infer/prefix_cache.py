@@ -10,8 +10,9 @@ is prefilled again, because the draft's pair at L-1 needs the target's hidden st
 The prefilled rest attends over the copied slots exactly as it would over its own (causal by position), so the
 output is plain prefill's (greedy: token for token, up to float rounding in the order of the sums).
 
-Entries that a new one extends (a conversation's earlier turn) give their row to it; otherwise a free row is
-taken, else the least recently used entry's.
+Prompts admitted together share too: a prompt may copy from the row of one admitted just ahead of it (prefilled
+first), so n choices of one prompt prefill it once. Entries that a new one extends (a conversation's earlier
+turn) give their row to it; otherwise a free row is taken, else the least recently used entry's.
 """
 from __future__ import annotations
 
@@ -43,19 +44,25 @@ class PrefixCache:
         self.free, self.entries, self.clock = list(range(first_row, first_row + rows)), [], 0
         self.queried = self.hit = 0  # prompt tokens looked up / found cached, for metrics
 
-    def match(self, prompt: list[int]) -> tuple[int | None, int]:
+    def match(self, prompt: list[int], earlier: list[tuple[int, list[int]]] = ()) -> tuple[int | None, int]:
         """The row to copy from and how many of the prompt's positions it gives (None, 0: a miss). At least one
-        prompt token is always left to prefill: its logits pick the first new token."""
+        prompt token is always left to prefill: its logits pick the first new token. earlier: (row, prompt) of
+        the prompts admitted with this one ahead of it, whose rows hold their whole prompt by the time this one
+        is prefilled (n choices of one prompt prefill it once)."""
         ids, best, reuse = np.asarray(prompt), None, 0
-        for e in self.entries:
-            n = min(shared(e.tokens, ids) - 1, len(e.tokens), e.drafted)
+        held = [(e.tokens, e.drafted, e) for e in self.entries] + [(np.asarray(p), len(p), row) for row, p in earlier]
+        for tokens, drafted, where in held:
+            n = min(shared(tokens, ids) - 1, len(tokens), drafted)
             if n > reuse:
-                best, reuse = e, n
+                best, reuse = where, n
         self.queried += len(prompt)
         if best is None:
             return None, 0
+        self.hit += reuse
+        if not isinstance(best, Entry):
+            return best, reuse
         self.clock += 1
-        best.used, self.hit = self.clock, self.hit + reuse
+        best.used = self.clock
         return best.row, reuse
 
     def store(self, tokens: list[int], drafted: int, copy) -> None:
