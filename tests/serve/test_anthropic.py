@@ -184,6 +184,7 @@ def test_thinking_text_and_calls_become_blocks_in_order():
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "'image'"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400, "tools.0"),
     ({"tool_choice": {"type": "sometimes"}, "tools": TOOLS}, 400, "tool_choice"),
+    ({"tool_choice": {"type": "any"}}, 400, "tool_choice"),  # a call asked for, no tools to call
     ({"container": "c1"}, 400, "container"),
     ({"output_config": {"effort": "high"}}, 400, "output_config.effort"),
     ({"output_config": {"format": {"type": "xml"}}}, 400, "output_config.format"),

@@ -91,7 +91,7 @@ class MessagesRequest(BaseModel):
                 "max_tokens": self.max_tokens, "stop": self.stop_sequences, "temperature": self.temperature,
                 "top_p": self.top_p, "top_k": self.top_k, "stream": self.stream,
                 "user": (self.metadata or {}).get("user_id"), "tools": chat_tools(self.tools),
-                "tool_choice": chat_tool_choice(self.tool_choice) if self.tools else None,
+                "tool_choice": chat_tool_choice(self.tool_choice) if self.tools or self.tool_choice else None,
                 "parallel_tool_calls": False if choice.get("disable_parallel_tool_use") else None,
                 "response_format": chat_format((self.output_config or {}).get("format"))}
         if self.thinking is not None:
