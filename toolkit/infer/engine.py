@@ -126,7 +126,10 @@ class Engine:
             self.check(s.prompt, s.params)
         t0 = time.perf_counter()
         # per sequence: the row its prompt's prefix comes from (a kept one or an earlier prompt's) and its length
-        plans = [self._reuse(s, [(n + j, e.prompt) for j, e in enumerate(seqs[:i])]) for i, s in enumerate(seqs)]
+        plans = [(None, 0)] * m if self.prefix_cache is None else self.prefix_cache.plan(
+            [s.prompt for s in seqs], range(n, n + m), [s.params.prompt_logprobs is None for s in seqs])
+        for s, (_, reuse) in zip(seqs, plans):
+            s.result.cached_tokens = reuse
         for g, start in admission_groups([p[1] for p in plans], [len(s.prompt) for s in seqs], prefill_groups):
             part, row0 = seqs[g.start:g.stop], n + g.start
             if start:  # a hit, alone in its group: its source row is filled by now (earlier groups went first)
@@ -216,14 +219,6 @@ class Engine:
         """Take a running sequence out between steps (a cancelled request); its row is reused."""
         seq.done = True
         self._retire()
-
-    def _reuse(self, s: Sequence, earlier: list[tuple[int, list[int]]]) -> tuple[int | None, int]:
-        """Where s's prompt's longest held prefix is (a kept row, or an earlier prompt's row of this admission) and
-        how many positions it gives (None, 0: none)."""
-        if self.prefix_cache is None or s.params.prompt_logprobs is not None:  # those need every position's logits
-            return None, 0
-        src, s.result.cached_tokens = self.prefix_cache.match(s.prompt, earlier)
-        return src, s.result.cached_tokens
 
     def _retire(self) -> None:
         """Drop finished sequences from the running batch (their KV kept in the prefix cache, when there is one);

@@ -65,6 +65,14 @@ class PrefixCache:
         best.used = self.clock
         return best.row, reuse
 
+    def plan(self, prompts: list[list[int]], rows: range, usable: list[bool]) -> list[tuple[int | None, int]]:
+        """match() for prompts admitted together into `rows`, in order, each also against the ones ahead of it
+        (every prompt read into an array once); usable[i] False: none for prompt i (it needs every position's
+        logits)."""
+        ids = [np.asarray(p) for p in prompts]
+        return [self.match(p, [(rows[j], ids[j]) for j in range(i)]) if usable[i] else (None, 0)
+                for i, p in enumerate(ids)]
+
     def store(self, tokens: list[int], drafted: int, copy) -> None:
         """Keep a leaving sequence's first len(tokens) positions: copy(dst_row) copies its KV (and draft pairs)
         there. Nothing is copied when an entry already holds these tokens (or more of them)."""
