@@ -62,6 +62,7 @@ def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir, serve)
     subst = {"path/to/tokenizer.json": str(shared / "tokenizers/llama3/tokenizer.json"),
              "--limit 10": "--limit 1 --max-new-tokens 4 --threads 1",  # the same commands, CI-sized
              "--max-new-tokens 64": "--max-new-tokens 8 --limit 3",
+             "-o out/batch_answers.jsonl": "-o out/batch_answers.jsonl --max-seq-len 512 --threads 1",
              # FastChat's MT-bench question file, which a user has: the shipped example prompts stand in
              "--prompts question.jsonl": "--prompts examples/prompts.jsonl --limit 1 --max-new-tokens 4 --threads 1"}
     train_budget = " max_steps=2 batch_size=1 eval_max_new_tokens=4 draft_vocab_size=2048 threads=1"
@@ -84,5 +85,8 @@ def test_every_readme_toolkit_command_runs(tmp_path, shared, smollm2_dir, serve)
     assert json.loads((tmp_path / "out/bench.json").read_text())["greedy_identical_to_hf"] is True
     answer = json.loads((tmp_path / "out/model_answer/toolkit.jsonl").read_text().splitlines()[0])
     assert answer["model_id"] == "toolkit" and answer["choices"][0]["turns"][0]
+    batch = [json.loads(line) for line in (tmp_path / "out/batch_answers.jsonl").read_text().splitlines()]
+    assert [b["custom_id"] for b in batch] == ["hash-map", "haiku", "capital", "sort"]
+    assert all(b["response"]["status_code"] == 200 and "speculative" in b["response"]["body"]["usage"] for b in batch)
     for run in ("eagle3", "eagle3-offline", "mtp", "eagle"):
         assert (tmp_path / "out" / run / "draft/model.safetensors").is_file()

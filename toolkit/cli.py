@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     from toolkit import quickstart
     from toolkit.data import prepare, regenerate
     from toolkit.infer import bench
-    from toolkit.serve import server
+    from toolkit.serve import run_batch, server
     from toolkit.train import hidden_states, trainer
 
     # name, module (with add_args, main and a docstring whose first paragraph describes it), one-line help
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("build-token-map", build, "count tokens and write FR-Spec freq_N.pt + EAGLE-3 vocab_map_N.safetensors"),
         ("bench", bench, "acceptance length and speed of a draft on prompts"),
         ("serve", server, "OpenAI-compatible speculative server: continuous batching, streaming, metrics"),
+        ("run-batch", run_batch, "answer an OpenAI or Anthropic batch file (JSONL) with the engine, no server"),
         ("prepare-data", prepare, "conversations -> input_ids + assistant loss_mask, a datasets folder for training"),
         ("regenerate", regenerate, "replace assistant turns with the target's own answers (on-policy data)"),
         ("train", trainer, "train the draft head a recipe names: eagle3, eagle (EAGLE-1/2) or mtp"),

@@ -1,0 +1,112 @@
+"""Batch files as OpenAI's Batch API and `vllm run-batch` take them, and as Anthropic's Message Batches hold their
+requests: read and checked whole before anything runs, then each answer written as a line of the output file.
+
+OpenAI lines (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, `/v1/messages`):
+
+    {"custom_id": "q1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": ..., "messages": [...]}}
+ -> {"id": "batch_req_...", "custom_id": "q1", "response": {"status_code": 200, "request_id": "req_...",
+     "body": {...the endpoint's response...}}, "error": null}
+
+A request the endpoint refuses keeps its status and error body in `response` (as OpenAI's output file does);
+`error` ({"code", "message"}) is for a failure that never got an HTTP answer. Anthropic lines (`params` is a
+/v1/messages body):
+
+    {"custom_id": "q1", "params": {"model": ..., "max_tokens": 256, "messages": [...]}}
+ -> {"custom_id": "q1", "result": {"type": "succeeded", "message": {...}}}  (or "errored" with the error body)
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
+
+
+@dataclass(frozen=True)
+class BatchLine:
+    index: int        # 0-based position among the file's requests (blank lines skipped)
+    line: int         # 1-based line number in the file
+    custom_id: str
+    url: str
+    body: dict
+    anthropic: bool   # an Anthropic Message Batches request: output in its `result` shape
+
+    def output(self, status: int, body: dict | None) -> dict:
+        """This request's output line, from the endpoint's status and JSON body."""
+        if self.anthropic:
+            ok = status == 200
+            return {"custom_id": self.custom_id,
+                    "result": {"type": "succeeded", "message": body} if ok else {"type": "errored", "error": body}}
+        return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": self.custom_id,
+                "response": {"status_code": status, "request_id": f"req_{uuid.uuid4().hex}", "body": body},
+                "error": None}
+
+    def failed(self, message: str) -> dict:
+        """The output line of a request that got no HTTP answer at all (the endpoint raised)."""
+        if self.anthropic:
+            return {"custom_id": self.custom_id, "result": {"type": "errored", "error": {
+                "type": "error", "error": {"type": "api_error", "message": message}}}}
+        return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": self.custom_id, "response": None,
+                "error": {"code": "internal_error", "message": message}}
+
+
+def _one(data, index: int, number: int, where: str) -> BatchLine:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: a line must be a JSON object, got {type(data).__name__}")
+    custom_id = data.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise ValueError(f"{where}: custom_id must be a non-empty string (it pairs the answer with the request), "
+                         f"got {custom_id!r}")
+    if "params" in data and "url" not in data:  # Anthropic's {custom_id, params}
+        url, body, anthropic = "/v1/messages", data["params"], True
+        extra = set(data) - {"custom_id", "params"}
+    else:
+        method, url, body, anthropic = data.get("method"), data.get("url"), data.get("body"), False
+        if method != "POST":
+            raise ValueError(f"{where}: method must be \"POST\", got {method!r}")
+        if url not in URLS:
+            raise ValueError(f"{where}: url {url!r} is not answered here; accepted: {', '.join(URLS)}")
+        extra = set(data) - {"custom_id", "method", "url", "body"}
+    if extra:
+        raise ValueError(f"{where}: unknown field{'s' if len(extra) > 1 else ''} {', '.join(sorted(extra))}; a line "
+                         "holds custom_id, method, url and body (OpenAI), or custom_id and params (Anthropic)")
+    if not isinstance(body, dict):
+        raise ValueError(f"{where}: {'params' if anthropic else 'body'} must be a JSON object (the request "
+                         f"{url} takes), got {type(body).__name__}")
+    if body.get("stream"):
+        raise ValueError(f"{where}: stream is true; a batch request is answered whole: drop stream")
+    return BatchLine(index, number, custom_id, url, body, anthropic)
+
+
+def read_batch(path: str | Path) -> list[BatchLine]:
+    """Every request of a batch file, or a ValueError naming the first bad line and what a line must hold. All
+    lines are one kind (OpenAI or Anthropic), and no custom_id appears twice."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--input-file {path}: no such file")
+    lines: list[BatchLine] = []
+    seen: dict[str, int] = {}
+    with path.open(encoding="utf-8") as f:
+        for number, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            where = f"{path} line {number}"
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not JSON ({e.msg} at column {e.colno}); a batch file holds one JSON "
+                                 "object per line") from None
+            line = _one(data, len(lines), number, where)
+            if line.custom_id in seen:
+                raise ValueError(f"{where}: custom_id {line.custom_id!r} is already line {seen[line.custom_id]}'s; "
+                                 "each request needs its own")
+            if lines and line.anthropic != lines[0].anthropic:
+                raise ValueError(f"{where}: an {'Anthropic' if line.anthropic else 'OpenAI'} line in a file of "
+                                 f"{'Anthropic' if lines[0].anthropic else 'OpenAI'} lines; a file holds one kind")
+            seen[line.custom_id] = number
+            lines.append(line)
+    if not lines:
+        raise ValueError(f"--input-file {path}: no requests in it (one JSON object per line)")
+    return lines
