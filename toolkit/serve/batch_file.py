@@ -80,33 +80,42 @@ def _one(data, index: int, number: int, where: str) -> BatchLine:
     return BatchLine(index, number, custom_id, url, body, anthropic)
 
 
+def parse_batch(texts, name: str, endpoint: str | None = None) -> list[BatchLine]:
+    """Every request of a batch file's lines (`texts`), or a ValueError naming the first bad line (as "NAME line N")
+    and what a line must hold. All lines are one kind (OpenAI or Anthropic), no custom_id appears twice, and with
+    `endpoint` (a /v1/batches job's) every line's url is that one."""
+    lines: list[BatchLine] = []
+    seen: dict[str, int] = {}
+    for number, text in enumerate(texts, 1):
+        if not text.strip():
+            continue
+        where = f"{name} line {number}"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg} at column {e.colno}); a batch file holds one JSON "
+                             "object per line") from None
+        line = _one(data, len(lines), number, where)
+        if line.custom_id in seen:
+            raise ValueError(f"{where}: custom_id {line.custom_id!r} is already line {seen[line.custom_id]}'s; "
+                             "each request needs its own")
+        if lines and line.anthropic != lines[0].anthropic:
+            raise ValueError(f"{where}: an {'Anthropic' if line.anthropic else 'OpenAI'} line in a file of "
+                             f"{'Anthropic' if lines[0].anthropic else 'OpenAI'} lines; a file holds one kind")
+        if endpoint is not None and (line.anthropic or line.url != endpoint):
+            raise ValueError(f"{where}: url {line.url if not line.anthropic else None!r} is not the batch's "
+                             f"endpoint {endpoint}; every line of a batch goes to its endpoint")
+        seen[line.custom_id] = number
+        lines.append(line)
+    if not lines:
+        raise ValueError(f"{name}: no requests in it (one JSON object per line)")
+    return lines
+
+
 def read_batch(path: str | Path) -> list[BatchLine]:
-    """Every request of a batch file, or a ValueError naming the first bad line and what a line must hold. All
-    lines are one kind (OpenAI or Anthropic), and no custom_id appears twice."""
+    """Every request of the batch file at `path` (see parse_batch)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--input-file {path}: no such file")
-    lines: list[BatchLine] = []
-    seen: dict[str, int] = {}
     with path.open(encoding="utf-8") as f:
-        for number, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            where = f"{path} line {number}"
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not JSON ({e.msg} at column {e.colno}); a batch file holds one JSON "
-                                 "object per line") from None
-            line = _one(data, len(lines), number, where)
-            if line.custom_id in seen:
-                raise ValueError(f"{where}: custom_id {line.custom_id!r} is already line {seen[line.custom_id]}'s; "
-                                 "each request needs its own")
-            if lines and line.anthropic != lines[0].anthropic:
-                raise ValueError(f"{where}: an {'Anthropic' if line.anthropic else 'OpenAI'} line in a file of "
-                                 f"{'Anthropic' if lines[0].anthropic else 'OpenAI'} lines; a file holds one kind")
-            seen[line.custom_id] = number
-            lines.append(line)
-    if not lines:
-        raise ValueError(f"--input-file {path}: no requests in it (one JSON object per line)")
-    return lines
+        return parse_batch(f, str(path))

@@ -16,11 +16,11 @@ import json
 import logging
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.serve import engine_args
 from toolkit.serve.batch_file import BatchLine, read_batch
+from toolkit.serve.batch_send import Tally, send_all
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -32,78 +32,24 @@ def add_args(p: argparse.ArgumentParser) -> None:
     engine_args.add_args(p)
 
 
-@dataclass
-class Tally:
-    """What the answers add up to, read from their usage."""
-    ok: int = 0
-    failed: dict = field(default_factory=dict)  # status (or "error") -> count
-    first_failure: str | None = None
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    verify_steps: int = 0
-    accepted: int = 0
-
-    def add(self, line: BatchLine, status: int | None, body) -> None:
-        if status != 200:
-            self.failed[status or "error"] = self.failed.get(status or "error", 0) + 1
-            if self.first_failure is None:
-                error = body.get("error", body) if isinstance(body, dict) else body
-                message = error.get("message", error) if isinstance(error, dict) else error
-                self.first_failure = f"line {line.line} ({line.custom_id}): {status or 'no answer'} {message}"
-            return
-        self.ok += 1
-        usage = body.get("usage") or {}
-        self.prompt_tokens += usage.get("prompt_tokens", usage.get("input_tokens", 0) + usage.get(
-            "cache_read_input_tokens", 0))
-        self.output_tokens += usage.get("completion_tokens", usage.get("output_tokens", 0))
-        spec = usage.get("speculative") or {}
-        self.verify_steps += spec.get("verify_steps") or 0
-        self.accepted += spec.get("accepted_tokens") or 0
-
-    def describe(self, seconds: float) -> str:
-        failed = sum(self.failed.values())
-        text = (f"{self.ok + failed} requests, {self.ok} answered" + (f", {failed} failed (" + ", ".join(
-            f"{n} x {code}" for code, n in sorted(self.failed.items(), key=str)) + ")" if failed else "")
-            + f" in {seconds:.1f} s: {self.prompt_tokens} prompt tokens, {self.output_tokens} generated "
-            f"({self.output_tokens / max(seconds, 1e-9):.1f} tok/s)")
-        if self.verify_steps:
-            text += f", τ {(self.accepted + self.verify_steps) / self.verify_steps:.3f} over {self.verify_steps} " \
-                    "verify steps"
-        return text + (f"; first failure: {self.first_failure}" if self.first_failure else "")
-
-
 async def answer(app, lines: list[BatchLine], out: Path, concurrency: int, progress=None) -> Tally:
-    """Send every line to the ASGI `app` (at most `concurrency` at once) and write the answers to `out` in the
-    input's order as they become writable; the file appears, whole, only at the end."""
-    import httpx
-
+    """Answer every line through the ASGI `app` and write the answers to `out` in the input's order as they become
+    writable; the file appears, whole, only at the end."""
     from toolkit.atomic import atomic_path
 
-    tally, ready, gate = Tally(), {}, asyncio.Semaphore(concurrency)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://run-batch", timeout=None) as client:
-        with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as f:
-            written = 0
+    tally, ready, written = Tally(), {}, 0
+    with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as f:
+        def done(line: BatchLine, status, body, record) -> None:
+            nonlocal written
+            tally.add(line, status, body)
+            ready[line.index] = record
+            while written in ready:  # the answers so far that follow on from those written
+                f.write(json.dumps(ready.pop(written), ensure_ascii=False) + "\n")
+                written += 1
+            if progress is not None:
+                progress.update()
 
-            async def one(line: BatchLine) -> None:
-                nonlocal written
-                async with gate:
-                    try:
-                        response = await client.post(line.url, json=line.body)
-                        status, body = response.status_code, response.json()
-                        record = line.output(status, body)
-                    except Exception as e:  # the endpoint raised, or answered with no JSON: the line says so
-                        status, body = None, f"{type(e).__name__}: {e}"
-                        record = line.failed(body)
-                tally.add(line, status, body)
-                ready[line.index] = record
-                while written in ready:  # the answers so far that follow on from those written
-                    f.write(json.dumps(ready.pop(written), ensure_ascii=False) + "\n")
-                    written += 1
-                if progress is not None:
-                    progress.update()
-
-            await asyncio.gather(*(one(line) for line in lines))
+        await send_all(app, lines, concurrency, done)
     return tally
 
 
