@@ -127,3 +127,73 @@ def test_files_routes_list_get_delete_and_refuse_bad_uploads(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "purpose"
     r = http.post("/v1/files", json={"purpose": "batch"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "file"
+
+
+def message(cid: str, text: str, **extra) -> dict:
+    return {"custom_id": cid, "params": {"model": "tiny", "max_tokens": 5, "temperature": 0,
+                                         "messages": [{"role": "user", "content": text}], **extra}}
+
+
+@pytest.fixture(scope="module")
+def anthropic_client(server):
+    import anthropic
+
+    return anthropic.Anthropic(base_url="http://testserver", api_key="unused", http_client=server[1])
+
+
+def wait_ended(client, bid: str, seconds: float = 120):
+    deadline = time.time() + seconds
+    while (batch := client.messages.batches.retrieve(bid)).processing_status != "ended":
+        assert time.time() < deadline, batch
+        time.sleep(0.05)
+    return batch
+
+
+def test_message_batches_through_the_anthropic_client(anthropic_client, server):
+    client, http = anthropic_client, server[1]
+    batch = client.messages.batches.create(requests=[message("a", "Hello there", max_tokens=7),
+                                                     message("no-max", "x", max_tokens=None),
+                                                     message("b", "Hi")])
+    assert batch.id.startswith("msgbatch_") and batch.processing_status == "in_progress"
+    batch = wait_ended(client, batch.id)
+    assert (batch.request_counts.succeeded, batch.request_counts.errored, batch.request_counts.canceled) == (2, 1, 0)
+    assert batch.ended_at is not None and batch.results_url.endswith(f"/v1/messages/batches/{batch.id}/results")
+    got = list(client.messages.batches.results(batch.id))
+    assert [r.custom_id for r in got] == ["a", "no-max", "b"]
+    assert [r.result.type for r in got] == ["succeeded", "errored", "succeeded"]
+    direct = http.post("/v1/messages", json=message("a", "Hello there", max_tokens=7)["params"]).json()
+    assert got[0].result.message.content[0].text == direct["content"][0]["text"]  # greedy: the same text
+    assert got[0].result.message.usage.output_tokens == 7
+    assert "max_tokens" in got[1].result.error.error.message
+    assert batch.id in [b.id for b in client.messages.batches.list()]
+    assert client.messages.batches.delete(batch.id).type == "message_batch_deleted"
+    r = http.get(f"/v1/messages/batches/{batch.id}")
+    assert r.status_code == 404 and r.json()["type"] == "error"
+
+
+def test_message_batches_refuse_bad_requests_in_anthropic_shape(server):
+    http = server[1]
+    for body, text in (({"requests": []}, "requests: give a non-empty list"),
+                       ({"requests": [message("a b", "x")]}, "requests.0: custom_id 'a b'"),
+                       ({"requests": [message("a", "x"), message("a", "y")]}, "requests.1: custom_id 'a' repeats"),
+                       ({"requests": [message("a", "x", stream=True)]}, "requests.0: stream is true")):
+        r = http.post("/v1/messages/batches", json=body)
+        assert r.status_code == 400 and r.json()["type"] == "error" and text in r.json()["error"]["message"], r.json()
+
+
+def test_a_cancelled_message_batch_lists_its_unanswered_requests_as_canceled(anthropic_client, server):
+    client, engine = anthropic_client, server[2]
+    batch = client.messages.batches.create(requests=[message(f"q{i}", f"Story {i}", max_tokens=60)
+                                                     for i in range(12)])
+    deadline = time.time() + 60
+    while not engine.running:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    r = server[1].get(f"/v1/messages/batches/{batch.id}/results")
+    assert r.status_code == 400 and "still in_progress" in r.json()["error"]["message"]
+    assert client.messages.batches.cancel(batch.id).processing_status in ("canceling", "ended")
+    batch = wait_ended(client, batch.id)
+    counts = batch.request_counts
+    assert counts.canceled > 0 and counts.succeeded + counts.errored + counts.canceled == 12
+    kinds = [r.result.type for r in client.messages.batches.results(batch.id)]
+    assert kinds.count("canceled") == counts.canceled and len(kinds) == 12

@@ -38,14 +38,14 @@ def test_read_batch_takes_every_endpoint_and_skips_blank_lines(tmp_path):
     (["{not json"], "line 1: not JSON"),
     ([[1, 2]], "line 1: a line must be a JSON object, got list"),
     ([{"method": "POST", "url": "/v1/completions", "body": {}}], "line 1: custom_id must be a non-empty string"),
-    ([chat("a", "x"), chat("a", "y")], "line 2: custom_id 'a' is already line 1's"),
+    ([chat("a", "x"), chat("a", "y")], "in.jsonl line 2: custom_id 'a' repeats "),
     ([{**chat("a", "x"), "method": "GET"}], "line 1: method must be \"POST\", got 'GET'"),
     ([{**chat("a", "x"), "url": "/v1/embeddings"}], "url '/v1/embeddings' is not answered here; accepted: "
                                                      "/v1/chat/completions"),
     ([{**chat("a", "x"), "body": "hi"}], "body must be a JSON object (the request /v1/chat/completions takes)"),
     ([chat("a", "x", stream=True)], "line 1: stream is true; a batch request is answered whole"),
     ([{**chat("a", "x"), "extra": 1}], "line 1: unknown field extra"),
-    ([chat("a", "x"), {"custom_id": "b", "params": {}}], "line 2: an Anthropic line in a file of OpenAI lines"),
+    ([chat("a", "x"), {"custom_id": "b", "params": {}}], "line 2: an Anthropic request among OpenAI ones"),
     (["", "  "], "no requests in it"),
 ])
 def test_read_batch_names_the_bad_line(tmp_path, rows, message):

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API over the batcher: /v1/chat/completions, /v1/completions (both streamed as
 server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/responses and Anthropic's
 /v1/messages (each served as the chat request it amounts to: responses.py, anthropic.py), OpenAI's /v1/files and
-/v1/batches (file_store.py, batch_jobs.py: batch files run through these same routes), /v1/models, /health, /metrics, and
+/v1/batches and Anthropic's /v1/messages/batches (file_store.py, batch_jobs.py, anthropic_batches.py: a batch's
+requests run through these same routes), /v1/models, /health, /metrics, and
 vLLM's /tokenize, /detokenize and /tokenizer_info (tokenize.py), /ping and /version. A request becomes one engine
 sequence per choice (sequences.py, its constraint compiled by structured.py: a format, or a tool choice of tools.py),
 answered whole or as a stream by reply.py, each choice read by choice.py.
@@ -23,7 +24,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolkit.infer.sequence import Sequence
 from toolkit.serve.anthropic import add_messages_routes
-from toolkit.serve.batch_jobs import add_batches_routes
+from toolkit.serve.anthropic_batches import add_message_batches_routes
+from toolkit.serve.batch_jobs import Jobs, add_batches_routes
 from toolkit.serve.batcher import Batcher
 from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
@@ -233,5 +235,7 @@ def build_app(served: Served) -> FastAPI:
     add_messages_routes(app, parse, chat_sequences, queued, lambda body: prompt_ids(body)[0], served.name)
     files = FileStore()
     add_files_routes(app, files)  # file_store.py: uploads and batch outputs, in memory
-    add_batches_routes(app, files, engine.max_batch)  # batch_jobs.py: a job's requests go through this app
+    jobs = Jobs(app, files, engine.max_batch)  # batch_jobs.py: a job's requests go through this app
+    add_batches_routes(app, jobs)
+    add_message_batches_routes(app, jobs)  # anthropic_batches.py
     return app

@@ -17,10 +17,12 @@ A request the endpoint refuses keeps its status and error body in `response` (as
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 
 
@@ -61,6 +63,8 @@ def _one(data, index: int, number: int, where: str) -> BatchLine:
                          f"got {custom_id!r}")
     if "params" in data and "url" not in data:  # Anthropic's {custom_id, params}
         url, body, anthropic = "/v1/messages", data["params"], True
+        if not ANTHROPIC_ID.fullmatch(custom_id):
+            raise ValueError(f"{where}: custom_id {custom_id!r}: Anthropic's are 1-64 letters, digits, _ and -")
         extra = set(data) - {"custom_id", "params"}
     else:
         method, url, body, anthropic = data.get("method"), data.get("url"), data.get("body"), False
@@ -80,36 +84,44 @@ def _one(data, index: int, number: int, where: str) -> BatchLine:
     return BatchLine(index, number, custom_id, url, body, anthropic)
 
 
-def parse_batch(texts, name: str, endpoint: str | None = None) -> list[BatchLine]:
-    """Every request of a batch file's lines (`texts`), or a ValueError naming the first bad line (as "NAME line N")
-    and what a line must hold. All lines are one kind (OpenAI or Anthropic), no custom_id appears twice, and with
-    `endpoint` (a /v1/batches job's) every line's url is that one."""
+def batch_lines(items, name: str, endpoint: str | None = None) -> list[BatchLine]:
+    """The requests of `items` ((number, parsed JSON, where) each), or a ValueError naming the first bad one (by
+    its `where`) and what a request must hold. All are one kind (OpenAI or Anthropic), no custom_id appears twice,
+    and with `endpoint` (a /v1/batches job's) every url is that one."""
     lines: list[BatchLine] = []
-    seen: dict[str, int] = {}
-    for number, text in enumerate(texts, 1):
-        if not text.strip():
-            continue
-        where = f"{name} line {number}"
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not JSON ({e.msg} at column {e.colno}); a batch file holds one JSON "
-                             "object per line") from None
+    seen: dict[str, str] = {}
+    for number, data, where in items:
         line = _one(data, len(lines), number, where)
         if line.custom_id in seen:
-            raise ValueError(f"{where}: custom_id {line.custom_id!r} is already line {seen[line.custom_id]}'s; "
-                             "each request needs its own")
+            raise ValueError(f"{where}: custom_id {line.custom_id!r} repeats {seen[line.custom_id]}'s; each request "
+                             "needs its own")
         if lines and line.anthropic != lines[0].anthropic:
-            raise ValueError(f"{where}: an {'Anthropic' if line.anthropic else 'OpenAI'} line in a file of "
-                             f"{'Anthropic' if lines[0].anthropic else 'OpenAI'} lines; a file holds one kind")
+            raise ValueError(f"{where}: an {'Anthropic' if line.anthropic else 'OpenAI'} request among "
+                             f"{'Anthropic' if lines[0].anthropic else 'OpenAI'} ones; a batch holds one kind")
         if endpoint is not None and (line.anthropic or line.url != endpoint):
             raise ValueError(f"{where}: url {line.url if not line.anthropic else None!r} is not the batch's "
                              f"endpoint {endpoint}; every line of a batch goes to its endpoint")
-        seen[line.custom_id] = number
+        seen[line.custom_id] = where
         lines.append(line)
     if not lines:
         raise ValueError(f"{name}: no requests in it (one JSON object per line)")
     return lines
+
+
+def parse_batch(texts, name: str, endpoint: str | None = None) -> list[BatchLine]:
+    """Every request of a batch file's lines (`texts`; blank ones skipped), as batch_lines checks them, each bad
+    one named "NAME line N"."""
+    def decoded():
+        for number, text in enumerate(texts, 1):
+            if text.strip():
+                where = f"{name} line {number}"
+                try:
+                    yield number, json.loads(text), where
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{where}: not JSON ({e.msg} at column {e.colno}); a batch file holds one JSON "
+                                     "object per line") from None
+
+    return batch_lines(decoded(), name, endpoint)
 
 
 def read_batch(path: str | Path) -> list[BatchLine]:

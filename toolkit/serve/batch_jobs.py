@@ -35,9 +35,11 @@ class BatchCreate(BaseModel):
 
 @dataclass(eq=False)
 class Job:
+    """A batch's requests and how far they got. `status`: in_progress, cancelling, then completed or cancelled
+    (or failed: a bad file, or outputs that did not fit the file store)."""
     id: str
-    create: BatchCreate
     lines: list[BatchLine]
+    create: BatchCreate | None = None  # an OpenAI batch's request (None: Anthropic's Message Batches)
     created_at: int = field(default_factory=lambda: int(time.time()))
     status: str = "in_progress"
     errors: list = field(default_factory=list)
@@ -52,29 +54,34 @@ class Job:
         self.status = status
         self.stamps[f"{status}_at"] = int(time.time())
 
-    def card(self) -> dict:
-        t = self.tally
-        stamps = {f"{s}_at": self.stamps.get(f"{s}_at") for s in
-                  ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")}
-        return {"id": self.id, "object": "batch", "endpoint": self.create.endpoint,
-                "errors": {"object": "list", "data": self.errors} if self.errors else None,
-                "input_file_id": self.create.input_file_id, "completion_window": self.create.completion_window,
-                "status": self.status, "output_file_id": self.output_file_id, "error_file_id": self.error_file_id,
-                "created_at": self.created_at, "expires_at": self.created_at + 24 * 3600, **stamps,
-                "request_counts": {"total": len(self.lines), "completed": t.ok, "failed": sum(t.failed.values())},
-                "metadata": self.create.metadata,
-                "usage": {"input_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
-                          "total_tokens": t.prompt_tokens + t.output_tokens},
-                "speculative": {"verify_steps": t.verify_steps, "accepted_tokens": t.accepted,
-                                "tau": round((t.accepted + t.verify_steps) / t.verify_steps, 4) if t.verify_steps
-                                else None}}
+
+def openai_card(job: Job) -> dict:
+    """The Batch object OpenAI's API returns, with the speculation figures beside `usage`."""
+    t = job.tally
+    stamps = {f"{s}_at": job.stamps.get(f"{s}_at") for s in
+              ("in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")}
+    return {"id": job.id, "object": "batch", "endpoint": job.create.endpoint,
+            "errors": {"object": "list", "data": job.errors} if job.errors else None,
+            "input_file_id": job.create.input_file_id, "completion_window": job.create.completion_window,
+            "status": job.status, "output_file_id": job.output_file_id, "error_file_id": job.error_file_id,
+            "created_at": job.created_at, "expires_at": job.created_at + 24 * 3600, **stamps,
+            "request_counts": {"total": len(job.lines), "completed": t.ok, "failed": sum(t.failed.values())},
+            "metadata": job.create.metadata,
+            "usage": {"input_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
+                      "total_tokens": t.prompt_tokens + t.output_tokens},
+            "speculative": {"verify_steps": t.verify_steps, "accepted_tokens": t.accepted,
+                            "tau": round((t.accepted + t.verify_steps) / t.verify_steps, 4) if t.verify_steps
+                            else None}}
 
 
 class Jobs:
+    """The server's batch jobs (OpenAI's and Anthropic's), each a task on the event loop."""
+
     def __init__(self, app, files: FileStore, concurrency: int):
         self.app, self.files, self.concurrency, self.jobs = app, files, concurrency, {}
 
-    def start(self, create: BatchCreate) -> Job:
+    def openai(self, create: BatchCreate) -> Job:
+        """An OpenAI batch over an uploaded file: failed at once when the file is not a batch file."""
         source = self.files.get(create.input_file_id, "input_file_id")
         try:
             lines = parse_batch(source.data.decode("utf-8").splitlines(), source.filename, create.endpoint)
@@ -82,13 +89,17 @@ class Jobs:
         except (ValueError, UnicodeDecodeError) as e:
             lines, errors = [], [{"code": "invalid_batch_file", "message": str(e), "param": "input_file_id",
                                   "line": None}]
-        job = Job(f"batch_{uuid.uuid4().hex}", create, lines, errors=errors)
-        self.jobs[job.id] = job
+        job = Job(f"batch_{uuid.uuid4().hex}", lines, create, errors=errors)
         if errors:
+            self.jobs[job.id] = job
             job.stamp("failed")
-        else:
-            job.stamp("in_progress")
-            job.task = asyncio.get_running_loop().create_task(self.run(job))
+            return job
+        return self.start(job)
+
+    def start(self, job: Job) -> Job:
+        self.jobs[job.id] = job
+        job.stamp("in_progress")
+        job.task = asyncio.get_running_loop().create_task(self.run(job))
         return job
 
     async def run(self, job: Job) -> None:
@@ -98,17 +109,18 @@ class Jobs:
 
         try:
             await send_all(self.app, job.lines, self.concurrency, done)
-        except asyncio.CancelledError:  # cancelled: what was answered is written all the same
+        except asyncio.CancelledError:  # cancelled: what was answered is kept all the same
             self.finish(job, "cancelled")
             return
         job.stamp("finalizing")
         self.finish(job, "completed")
 
     def finish(self, job: Job, status: str) -> None:
-        """The answers so far as the output file (200s) and error file (the rest), in the input's order."""
+        """An OpenAI batch's answers so far as its output file (200s) and error file (the rest), in the input's
+        order; an Anthropic batch keeps them for its results."""
         for ok, attr in ((True, "output_file_id"), (False, "error_file_id")):
             records = [r for i, (good, r) in sorted(job.answers.items()) if good == ok]
-            if records:
+            if records and job.create is not None:
                 text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
                 try:
                     stored = self.files.put(f"{job.id}_{'output' if ok else 'error'}.jsonl", "batch_output",
@@ -120,13 +132,14 @@ class Jobs:
                 setattr(job, attr, stored.id)
         job.stamp(status)
 
-    def get(self, bid: str) -> Job:
-        if bid not in self.jobs:
+    def get(self, bid: str, anthropic: bool = False) -> Job:
+        job = self.jobs.get(bid)
+        if job is None or (job.create is None) != anthropic:
             raise ApiError(404, f"no batch {bid!r} on this server (batches live while it runs)", None, "not_found")
-        return self.jobs[bid]
+        return job
 
-    def cancel(self, bid: str) -> Job:
-        job = self.get(bid)
+    def cancel(self, bid: str, anthropic: bool = False) -> Job:
+        job = self.get(bid, anthropic)
         if job.status != "in_progress":
             raise ApiError(409, f"batch {bid} is {job.status}; only an in_progress batch can be cancelled", None,
                            "batch_not_cancellable")
@@ -134,40 +147,41 @@ class Jobs:
         job.task.cancel()
         return job
 
+    def page(self, anthropic: bool, limit: int, after: str | None) -> tuple[list[Job], bool]:
+        """Newest first: up to `limit` jobs of one kind after the one `after` names, and whether more follow."""
+        if not 1 <= limit <= 1000:
+            raise ApiError(400, f"limit: give 1..1000, got {limit}", "limit")
+        newest = [j for j in list(self.jobs.values())[::-1] if (j.create is None) == anthropic]
+        ids = [j.id for j in newest]
+        if after is not None and after not in ids:
+            raise ApiError(400, f"no batch {after!r} on this server to page after", "after_id" if anthropic else
+                           "after")
+        start = 0 if after is None else ids.index(after) + 1
+        return newest[start:start + limit], start + limit < len(newest)
 
-def add_batches_routes(app, files: FileStore, concurrency: int) -> Jobs:
-    jobs = Jobs(app, files, concurrency)
 
+def add_batches_routes(app, jobs: Jobs) -> None:
     @app.post("/v1/batches")
     async def create(request: Request):
         try:
-            data = json.loads(await request.body())
-            body = BatchCreate.model_validate(data)
+            body = BatchCreate.model_validate(json.loads(await request.body()))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"malformed JSON body: {e}", None, "json_invalid") from None
         except ValidationError as e:
             raise validation_error(e.errors()) from None
-        return jobs.start(body).card()
+        return openai_card(jobs.openai(body))
 
     @app.get("/v1/batches/{bid}")
     async def retrieve(bid: str):
-        return jobs.get(bid).card()
+        return openai_card(jobs.get(bid))
 
     @app.post("/v1/batches/{bid}/cancel")
     async def cancel(bid: str):
-        return jobs.cancel(bid).card()
+        return openai_card(jobs.cancel(bid))
 
     @app.get("/v1/batches")
     async def listed(limit: int = 20, after: str | None = None):
-        if not 1 <= limit <= 100:
-            raise ApiError(400, f"limit: give 1..100, got {limit}", "limit")
-        newest = list(jobs.jobs.values())[::-1]
-        ids = [j.id for j in newest]
-        if after is not None and after not in ids:
-            raise ApiError(400, f"after: no batch {after!r} on this server", "after")
-        start = 0 if after is None else ids.index(after) + 1
-        page = [j.card() for j in newest[start:start + limit]]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(newest)}
-
-    return jobs
+        page, more = jobs.page(False, limit, after)
+        cards = [openai_card(j) for j in page]
+        return {"object": "list", "data": cards, "first_id": cards[0]["id"] if cards else None,
+                "last_id": cards[-1]["id"] if cards else None, "has_more": more}

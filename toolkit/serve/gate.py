@@ -8,8 +8,9 @@ from toolkit.serve.metrics import ServerMetrics
 from toolkit.serve.protocol import ApiError
 
 
+KEYED = ("/v1/models", "/v1/responses", "/v1/files", "/v1/batches", "/v1/messages/batches")  # /{id} below them
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-          "/v1/models", "/v1/files", "/v1/batches", "/health", "/metrics")
+          "/v1/messages/batches", "/v1/models", "/v1/files", "/v1/batches", "/health", "/metrics")
 
 
 class Gate:
@@ -21,7 +22,7 @@ class Gate:
             return await self.app(scope, receive, send)
         # a fixed set of labels: a label per path any client may send would grow /metrics without bound
         path = scope["path"] if scope["path"] in ROUTES else next(
-            (f"{r}/{{id}}" for r in ("/v1/models", "/v1/responses", "/v1/files", "/v1/batches") if scope["path"].startswith(r + "/")), "other")
+            (f"{r}/{{id}}" for r in KEYED if scope["path"].startswith(r + "/")), "other")
 
         async def counted_send(message):
             if message["type"] == "http.response.start":
