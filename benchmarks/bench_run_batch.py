@@ -7,7 +7,7 @@ they must).
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 MALLOC_TOP_PAD_=1073741824 \\
         python benchmarks/bench_run_batch.py [--shared ../shared] [--limit 20] [--max-tokens 128] \\
-        [--batch-sizes 1,4,8] [--threads 1] [--out results.json]
+        [--batch-sizes 1,4,8] [--threads 1] [--compile] [--out results.json]
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def batch_file(questions: list[dict], max_tokens: int, path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def run(src: Path, out: Path, batch: int, threads: int, speculate: bool) -> dict:
+def run(src: Path, out: Path, batch: int, threads: int, speculate: bool, compile: bool = False) -> dict:
     cmd = [sys.executable, "-m", "toolkit.cli", "run-batch", "-i", str(src), "-o", str(out), "--threads", str(threads),
-           "--max-batch-size", str(batch), "--log-every", "0", "--max-seq-len", "1024",
+           "--max-batch-size", str(batch), "--log-every", "0", "--max-seq-len", "1024", *(["--compile"] * compile),
            *(["--draft", str(HEAD)] if speculate else ["--model", "smollm2-135m-instruct", "--no-speculation"])]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     seconds = float(re.search(r" in ([0-9.]+) s:", done.stdout).group(1))
@@ -52,6 +52,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", default="1,4,8")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--compile", action="store_true", help="the compiled CPU step (torch.compile) in every run")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     questions = [json.loads(s) for s in (Path(args.shared) / "data/eval/mt_bench.jsonl").read_text().splitlines()]
@@ -61,7 +62,7 @@ def main() -> None:
         runs = []
         for batch in (int(b) for b in args.batch_sizes.split(",")):
             for speculate in (True, False):
-                r = run(src, Path(tmp) / "out.jsonl", batch, args.threads, speculate)
+                r = run(src, Path(tmp) / "out.jsonl", batch, args.threads, speculate, args.compile)
                 runs.append(r)
                 print(f"batch {batch:2d} {'EAGLE-3' if speculate else 'plain  '}: {r['tokens']} tokens in "
                       f"{r['seconds']:.1f} s = {r['tokens_per_s']:.2f} tok/s, tau {r['tau']}", flush=True)
@@ -69,7 +70,8 @@ def main() -> None:
     for r in runs:
         r["same_texts_as_first_plain"] = r.pop("texts") == base
     pairs = {r["batch"]: r for r in runs if r["speculation"]}
-    result = {"questions": args.limit, "max_tokens": args.max_tokens, "threads": args.threads, "runs": runs,
+    result = {"questions": args.limit, "max_tokens": args.max_tokens, "threads": args.threads,
+              "compile": args.compile, "runs": runs,
               "speedup_by_batch": {b: round(s["tokens_per_s"] / next(r["tokens_per_s"] for r in runs
                                    if r["batch"] == b and not r["speculation"]), 3) for b, s in pairs.items()}}
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}))

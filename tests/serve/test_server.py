@@ -455,3 +455,28 @@ def test_the_printed_url_brackets_an_ipv6_address():
         assert url == f"http://[::1]:{sock.getsockname()[1]}/v1" and httpx.URL(url).host == "::1"
     finally:
         sock.close()
+
+
+def test_a_batch_job_over_http_with_the_tree_draft_equals_plain_greedy(server, reference):
+    """The Files and Batch APIs through the real server (multipart upload over HTTP, a job sharing the running batch
+    with a live request, past --max-queue 3): every answer is plain greedy decoding's."""
+    _, chat_ref, _ = reference
+    client = OpenAI(base_url=f"{server}/v1", api_key="unused")
+    questions = [[{"role": "user", "content": f"Tell me about the number {i}."}] for i in range(6)]
+    rows = [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"model": "tiny", "messages": q, "temperature": 0, "max_tokens": 12}}
+            for i, q in enumerate(questions)]
+    up = client.files.create(file=("q.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=up.id, endpoint="/v1/chat/completions", completion_window="24h")
+    live = client.chat.completions.create(model="tiny", messages=QUESTION, temperature=0, max_tokens=8)
+    assert live.choices[0].message.content == chat_ref(QUESTION, 8)[0]
+    deadline = time.time() + 300
+    while (batch := client.batches.retrieve(batch.id)).status != "completed":
+        assert time.time() < deadline and batch.status == "in_progress", batch
+        time.sleep(0.1)
+    out = [json.loads(s) for s in client.files.content(batch.output_file_id).text.splitlines()]
+    assert [o["custom_id"] for o in out] == [r["custom_id"] for r in rows] and batch.error_file_id is None
+    assert [o["response"]["body"]["choices"][0]["message"]["content"] for o in out] == [
+        chat_ref(q, 12)[0] for q in questions]
+    spec = batch.model_extra["speculative"]
+    assert spec["verify_steps"] > 0 and spec["tau"] >= 1
