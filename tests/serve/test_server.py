@@ -480,3 +480,21 @@ def test_a_batch_job_over_http_with_the_tree_draft_equals_plain_greedy(server, r
         chat_ref(q, 12)[0] for q in questions]
     spec = batch.model_extra["speculative"]
     assert spec["verify_steps"] > 0 and spec["tau"] >= 1
+
+
+def test_sglang_generate_with_the_tree_draft_reports_sglang_speculation_keys(server, reference):
+    """SGLang's /generate on the real server: plain greedy's text, and meta_info's spec keys as SGLang computes them
+    (what SpecForge's and SGLang's acceptance scripts read: accept length = completion_tokens / spec_verify_ct)."""
+    _, _, completion_ref = reference
+    want, toks = completion_ref("The three primary colors are", 20)
+    out = httpx.post(f"{server}/generate", json={"text": "The three primary colors are", "sampling_params": {
+        "temperature": 0, "max_new_tokens": 20}}, timeout=120).json()
+    assert out["text"] == want and out["output_ids"] == toks
+    meta = out["meta_info"]
+    steps, accepted = meta["spec_verify_ct"], meta["spec_accept_token_num"]
+    assert steps >= 1 and meta["completion_tokens"] == len(toks) == 1 + steps + accepted  # + the prefill token
+    assert meta["spec_accept_length"] == pytest.approx(len(toks) / steps)
+    assert meta["spec_draft_token_num"] == steps * 4  # --num-draft-tokens 5: 4 drafted per verify step
+    assert meta["spec_accept_rate"] == pytest.approx(accepted / (steps * 4))
+    assert sum(meta["spec_accept_histogram"]) == steps
+    assert sum(k * n for k, n in enumerate(meta["spec_accept_histogram"])) == accepted

@@ -2,7 +2,7 @@
 server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/responses and Anthropic's
 /v1/messages (each served as the chat request it amounts to: responses.py, anthropic.py), OpenAI's /v1/files and
 /v1/batches and Anthropic's /v1/messages/batches (file_store.py, batch_jobs.py, anthropic_batches.py: a batch's
-requests run through these same routes), /v1/models, /health, /metrics, and
+requests run through these same routes), SGLang's native /generate (sglang_generate.py), /v1/models, /health, /metrics, and
 vLLM's /tokenize, /detokenize and /tokenizer_info (tokenize.py), /ping and /version. A request becomes one engine
 sequence per choice (sequences.py, its constraint compiled by structured.py: a format, or a tool choice of tools.py),
 answered whole or as a stream by reply.py, each choice read by choice.py.
@@ -34,6 +34,7 @@ from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, val
 from toolkit.serve.reply import Reply
 from toolkit.serve.response_store import add_responses_routes
 from toolkit.serve.sequences import Sequences
+from toolkit.serve.sglang_generate import add_generate_route
 from toolkit.serve.structured import Compiler
 from toolkit.serve.text import shown_ids
 from toolkit.serve.tokenize import add_tokenizer_routes
@@ -178,13 +179,13 @@ def build_app(served: Served) -> FastAPI:
         seqs, text, tools, keep = await chat_sequences(body)
         return await respond(request, body, seqs, [text], chat=True, tools=tools, keep=keep)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await parse(request, CompletionRequest)
+    async def completion_sequences(body: CompletionRequest) -> tuple[list[Sequence], list[str]]:
+        """A completions request's choices as engine sequences (prompt i's are i * n .. i * n + n - 1, vLLM's order),
+        and its prompts' texts."""
         prompts, texts, seqs = body.prompts(), [], []
         check_n(body, len(prompts))
         compiled = await compile_constraint(body)
-        for prompt in prompts:  # a batch: prompt i's choices are i * n .. i * n + n - 1 (vLLM's order)
+        for prompt in prompts:
             if isinstance(prompt, str):
                 ids = tok(prompt, add_special_tokens=body.add_special_tokens).input_ids
             elif any(not 0 <= t < engine.target.config.vocab_size for t in prompt):
@@ -194,6 +195,12 @@ def build_app(served: Served) -> FastAPI:
             # seeded seed + j as if alone: a prompt's reply does not depend on the batch it came in
             seqs += [sequence(body, ids, "prompt", j, compiled) for j in range(body.n)]
             texts.append(prompt if isinstance(prompt, str) else tok.decode(ids))  # as vLLM: special tokens shown
+        return seqs, texts
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse(request, CompletionRequest)
+        seqs, texts = await completion_sequences(body)
         return await respond(request, body, seqs, texts, chat=False)
 
     def queued(body, seqs: list[Sequence], prompts: list[str], chat: bool, tools: tuple | None = None,
@@ -238,4 +245,7 @@ def build_app(served: Served) -> FastAPI:
     jobs = Jobs(app, files, engine.max_batch)  # batch_jobs.py: a job's requests go through this app
     add_batches_routes(app, jobs)
     add_message_batches_routes(app, jobs)  # anthropic_batches.py
+    drafted = engine.tree.num_draft_tokens - 1 if engine.head is not None else (
+        engine.lookup.num_tokens if engine.lookup is not None else 0)
+    add_generate_route(app, completion_sequences, queued, drafted)  # sglang_generate.py: SGLang's /generate
     return app

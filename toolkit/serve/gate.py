@@ -10,7 +10,7 @@ from toolkit.serve.protocol import ApiError
 
 KEYED = ("/v1/models", "/v1/responses", "/v1/files", "/v1/batches", "/v1/messages/batches")  # /{id} below them
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-          "/v1/messages/batches", "/v1/models", "/v1/files", "/v1/batches", "/health", "/metrics")
+          "/v1/messages/batches", "/v1/models", "/v1/files", "/v1/batches", "/generate", "/health", "/metrics")
 
 
 class Gate:
