@@ -223,7 +223,8 @@ def build_app(served: Served) -> FastAPI:
         own_ids = frozenset(body.stop_token_ids or ()) - served.stop_ids  # stop_reason names these, not end-of-turn
         choices = [Choice(i, req, batcher, tok, body.stop or [], chat, prompts[i // body.n] if echo else None,
                           prompt_top, own_ids, silent=body.max_tokens == 0,
-                          reasoning=served.reasoning_parser if chat else None, tools=tools, keep=keep)
+                          reasoning=served.reasoning_parser if chat else None, tools=tools, keep=keep,
+                          ids=bool(body.return_token_ids), as_ids=bool(body.return_tokens_as_token_ids))
                    for i, req in enumerate(reqs)]
         return Reply(choices, body, chat, served.name, batcher, positions)
 
@@ -235,6 +236,8 @@ def build_app(served: Served) -> FastAPI:
             if chat:  # vLLM's: one prompt, so once for the response (null when not asked)
                 whole["prompt_logprobs"] = None if body.prompt_logprobs is None else reply.choices[0].write.vllm_prompt(
                     seqs[0].result.prompt_logprobs, body.prompt_logprobs)
+                if body.return_token_ids:
+                    whole["prompt_token_ids"] = list(seqs[0].prompt)
             return whole
         return reply.streaming()
 

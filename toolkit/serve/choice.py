@@ -42,10 +42,10 @@ class Choice:
     def __init__(self, index: int, req: Request, batcher: Batcher, tok, stops: list[str], chat: bool,
                  echo: str | None = None, prompt_top: int | None = None, stop_token_ids=frozenset(),
                  silent: bool = False, reasoning: str | None = None, tools: tuple | None = None,
-                 keep: frozenset = frozenset()):
+                 keep: frozenset = frozenset(), ids: bool = False, as_ids: bool = False):
         self.index, self.req, self.batcher, self.chat = index, req, batcher, chat
         self.stream = TextStream(tok, stops, req.seq.params.min_tokens, keep)  # keep: tool-call tags shown
-        self.write = LogprobWriter(tok, chat, req.seq.params.logprobs)
+        self.write = LogprobWriter(tok, chat, req.seq.params.logprobs, as_ids)
         self.echo = echo                # the prompt's text to put first (completions' echo), until it is sent
         self.prompt_top = prompt_top    # vLLM's prompt_logprobs: the likeliest tokens beside each prompt token
         self.stop_token_ids = stop_token_ids  # the request's own (not end-of-turn): vLLM's stop_reason names them
@@ -57,6 +57,9 @@ class Choice:
         self.logprobs: list = []        # their TokenLogprobs, when asked for
         self.given = 0                  # of those, the ones sent already
         self.done = False               # the engine is through with the sequence: its counts are final
+        self.ids = ids                  # vLLM's return_token_ids: token_ids beside the text (prompt_token_ids once)
+        self.ids_given = 0              # of the generated ids, the ones sent already
+        self.prompt_ids_sent = False
 
     @property
     def finished(self) -> bool:
@@ -124,6 +127,18 @@ class Choice:
         top = self.prompt_top
         return None if top is None else self.write.vllm_prompt(self.req.seq.result.prompt_logprobs, top)
 
+    def new_ids(self) -> dict:
+        """return_token_ids: the generated ids not sent yet (through the one that completed a stop string), and
+        a completion's prompt ids with its first."""
+        if not self.ids:
+            return {}
+        end = self.sent_tokens()
+        out = {"token_ids": self.generated[self.ids_given:end]}
+        self.ids_given = max(self.ids_given, end)
+        if not self.chat and not self.prompt_ids_sent:
+            out["prompt_token_ids"], self.prompt_ids_sent = list(self.req.seq.prompt), True
+        return out
+
     def body(self, text: str | None, reason: str | None, delta: bool) -> dict:
         """The choice object: a whole message / text, or a stream chunk's delta."""
         lp = self._new_logprobs()
@@ -131,7 +146,7 @@ class Choice:
             if self.echo is not None:  # sent once, ahead of the first text
                 text, self.echo = self.echo + (text or ""), None
             out = {"index": self.index, "text": text or "", "logprobs": lp, "finish_reason": reason,
-                   "stop_reason": reason and self.stop_reason()}
+                   "stop_reason": reason and self.stop_reason(), **self.new_ids()}
             return out if delta else {**out, "prompt_logprobs": self.prompt_logprobs()}
         key = "delta" if delta else "message"
         if self.split is None and self.calls is None:
@@ -141,7 +156,7 @@ class Choice:
             if reason == "stop" and self.called and self.calls.mode != "named":  # OpenAI's and vLLM's reason
                 reason = "tool_calls"
         return {"index": self.index, key: msg, "logprobs": lp, "finish_reason": reason,
-                "stop_reason": reason and self.stop_reason()}
+                "stop_reason": reason and self.stop_reason(), **self.new_ids()}
 
     def _read(self, text: str | None, delta: bool, done: bool) -> dict:
         """A chat message or delta with the thinking in reasoning_content (and vLLM's newer name, reasoning) and

@@ -28,13 +28,15 @@ def _finite(x: float) -> float:
 class LogprobWriter:
     """Turns TokenLogprob entries into a response's `logprobs` object, chunk by chunk (`text_offset` runs on)."""
 
-    def __init__(self, tokenizer, chat: bool, top: int | None = None):
+    def __init__(self, tokenizer, chat: bool, top: int | None = None, as_ids: bool = False):
         self.tok, self.chat, self.offset, self.texts = tokenizer, chat, 0, {}
         self.top = top  # list at most this many alternatives (the engine may have listed more for another use)
+        self.as_ids = as_ids  # vLLM's return_tokens_as_token_ids: "token_id:{id}", for tokens no text stands for
 
     def text(self, token: int) -> str:
         if token not in self.texts:
-            self.texts[token] = self.tok.decode([token], skip_special_tokens=False)
+            self.texts[token] = f"token_id:{token}" if self.as_ids else self.tok.decode([token],
+                                                                                        skip_special_tokens=False)
         return self.texts[token]
 
     def __call__(self, entries: list[TokenLogprob]) -> dict:

@@ -78,6 +78,8 @@ class Sampling(BaseModel):
     prompt_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # each prompt token's (vLLM's)
     allowed_token_ids: list[StrictInt] | None = None  # vLLM's: only these may be generated
     bad_words: list[str] | None = None                # vLLM's: words the reply never writes
+    return_token_ids: StrictBool | None = None  # vLLM's: prompt_token_ids and each choice's token_ids beside the text
+    return_tokens_as_token_ids: StrictBool | None = None  # vLLM's: logprobs name tokens "token_id:{id}"
 
     @model_validator(mode="before")
     @classmethod

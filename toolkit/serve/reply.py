@@ -117,9 +117,11 @@ class Reply:
         waiting: dict = {}  # each unfinished choice's next update, as a task; the choices' chunks interleave
         try:
             if self.chat:
-                for c in self.choices:
+                for c in self.choices:  # vLLM's return_token_ids: the prompt's ids in the first chunk alone
+                    ids = {"prompt_token_ids": list(c.req.seq.prompt)} if self.body.return_token_ids and not c.index \
+                        else {}
                     yield self.chunk([{"index": c.index, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None}], **self.counts(c))
+                                       "logprobs": None, "finish_reason": None}], **self.counts(c), **ids)
             waiting = {asyncio.ensure_future(c.update()): c for c in self.choices}
             while waiting and not failed:
                 ready, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
