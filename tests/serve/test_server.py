@@ -498,3 +498,7 @@ def test_sglang_generate_with_the_tree_draft_reports_sglang_speculation_keys(ser
     assert meta["spec_accept_rate"] == pytest.approx(accepted / (steps * 4))
     assert sum(meta["spec_accept_histogram"]) == steps
     assert sum(k * n for k, n in enumerate(meta["spec_accept_histogram"])) == accepted
+    info = httpx.get(f"{server}/get_server_info", timeout=30).json()
+    assert (info["speculative_algorithm"], info["speculative_num_steps"], info["speculative_eagle_topk"],
+            info["speculative_num_draft_tokens"]) == ("EAGLE3", 3, 2, 5)
+    assert info["internal_states"][0]["avg_spec_accept_length"] >= 1.0

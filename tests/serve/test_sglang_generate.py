@@ -103,3 +103,29 @@ def test_refusals_name_the_field(client, body, param, text):
     assert r.status_code == 400, r.json()
     err = r.json()["error"]
     assert err["param"] == param and text in err["message"], err
+
+
+def test_model_and_server_info_in_sglang_names(client):
+    for path in ("/get_model_info", "/model_info"):
+        info = client.get(path).json()
+        assert info["model_path"] == "tiny" and info["is_generation"] is True
+        assert info["model_type"] == "llama"
+    for path in ("/get_server_info", "/server_info"):
+        info = client.get(path).json()
+        assert info["speculative_algorithm"] is None and info["max_running_requests"] == 2
+        assert info["context_length"] == 256 and info["disable_radix_cache"] is True
+        assert info["internal_states"][0]["avg_spec_accept_length"] == pytest.approx(1.0)  # plain: 1 per step
+
+
+def test_flush_cache_empties_the_prefix_cache(tiny_target, in_process_app):
+    body = {"messages": [{"role": "user", "content": "A long enough question about the sea and its tides."}],
+            "max_tokens": 3, "temperature": 0}
+    with in_process_app(tiny_target, max_len=256, prefix_cache_rows=2) as (app, engine), TestClient(app) as http:
+        cached = lambda: http.post("/v1/chat/completions", json=body).json()["usage"][  # noqa: E731
+            "prompt_tokens_details"]["cached_tokens"]
+        assert cached() == 0 and cached() > 0  # the second time the first's KV is reused
+        for method in ("POST", "GET"):
+            r = http.request(method, "/flush_cache")
+            assert r.status_code == 200 and r.text.startswith("Cache flushed")
+            assert not engine.prefix_cache.entries and cached() == 0
+        assert http.get("/get_server_info").json()["disable_radix_cache"] is False

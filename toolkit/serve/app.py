@@ -2,7 +2,7 @@
 server-sent events the way OpenAI sends them, ending with `data: [DONE]`), /v1/responses and Anthropic's
 /v1/messages (each served as the chat request it amounts to: responses.py, anthropic.py), OpenAI's /v1/files and
 /v1/batches and Anthropic's /v1/messages/batches (file_store.py, batch_jobs.py, anthropic_batches.py: a batch's
-requests run through these same routes), SGLang's native /generate (sglang_generate.py), /v1/models, /health, /metrics, and
+requests run through these same routes), SGLang's native /generate, /get_server_info, /flush_cache, ... (sglang_generate.py, sglang_info.py), /v1/models, /health, /metrics, and
 vLLM's /tokenize, /detokenize and /tokenizer_info (tokenize.py), /ping and /version. A request becomes one engine
 sequence per choice (sequences.py, its constraint compiled by structured.py: a format, or a tool choice of tools.py),
 answered whole or as a stream by reply.py, each choice read by choice.py.
@@ -35,6 +35,7 @@ from toolkit.serve.reply import Reply
 from toolkit.serve.response_store import add_responses_routes
 from toolkit.serve.sequences import Sequences
 from toolkit.serve.sglang_generate import add_generate_route
+from toolkit.serve.sglang_info import add_sglang_info_routes
 from toolkit.serve.structured import Compiler
 from toolkit.serve.text import shown_ids
 from toolkit.serve.tokenize import add_tokenizer_routes
@@ -248,7 +249,6 @@ def build_app(served: Served) -> FastAPI:
     jobs = Jobs(app, files, engine.max_batch)  # batch_jobs.py: a job's requests go through this app
     add_batches_routes(app, jobs)
     add_message_batches_routes(app, jobs)  # anthropic_batches.py
-    drafted = engine.tree.num_draft_tokens - 1 if engine.head is not None else (
-        engine.lookup.num_tokens if engine.lookup is not None else 0)
-    add_generate_route(app, completion_sequences, queued, drafted)  # sglang_generate.py: SGLang's /generate
+    add_generate_route(app, completion_sequences, queued, engine)  # sglang_generate.py: SGLang's /generate
+    add_sglang_info_routes(app, served, engine, batcher)  # sglang_info.py
     return app

@@ -94,6 +94,8 @@ class Batcher:
         self.thread = threading.Thread(target=self._run, name="toolkit-batcher", daemon=True)
         self.window = {"steps": 0, "seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0}
         self.total_steps = 0
+        self.totals = {"seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0}  # since the start
+        self.flushing = False  # the prefix cache is to be emptied at the next step boundary (flush())
 
     def start(self) -> None:
         self.thread.start()
@@ -125,6 +127,13 @@ class Batcher:
             self.wake.notify()
         return req
 
+    def flush(self) -> None:
+        """Empty the prefix cache at the next step boundary, on the engine thread (SGLang's /flush_cache); the
+        running sequences go on as they were."""
+        with self.wake:
+            self.flushing = True
+            self.wake.notify()
+
     def cancel(self, req: Request) -> None:
         """The client went away: the sequence leaves at the next step boundary and its row is reused."""
         with self.wake:
@@ -134,10 +143,16 @@ class Batcher:
     def _run(self) -> None:
         while True:
             with self.wake:
-                while not (self.stopping or self.waiting or self.active):
+                while not (self.stopping or self.waiting or self.active or self.flushing):
                     self.wake.wait()
                 if self.stopping:
                     return
+                if self.flushing:
+                    if self.engine.prefix_cache is not None:
+                        self.engine.prefix_cache.clear()
+                    self.flushing = False
+                if not (self.waiting or self.active):
+                    continue
                 for req in [r for r in self.waiting if r.cancelled]:
                     self.waiting.remove(req)
                     req.publish(Update([], True))
@@ -158,6 +173,7 @@ class Batcher:
                 self.active, self.engine.running = [], []
             self.metrics.running.set(len(self.engine.running))
             self.window["busy"] += time.perf_counter() - t0
+            self.totals["busy"] += time.perf_counter() - t0
 
     def _advance(self, admit: list[Request]) -> None:
         for req in [r for r in self.active if r.cancelled]:
@@ -184,6 +200,7 @@ class Batcher:
                     self.metrics.ttft.observe(now - req.arrived)
                 self.metrics.generation_tokens.inc(len(toks) - req.sent)
                 self.window["tokens"] += len(toks) - req.sent
+                self.totals["tokens"] += len(toks) - req.sent
                 # only the new tokens: a slow reader's pending update then holds each token once, not a copy of
                 # the whole generation per step
                 req.publish(Update(toks[req.sent:], req.seq.done, logprobs=req.seq.result.logprobs[req.sent:]))
@@ -201,6 +218,8 @@ class Batcher:
         w["steps"] += 1
         w["seq_steps"] += len(stepped)
         w["accepted"] += sum(s.result.accepted[-1] for s in stepped)
+        self.totals["seq_steps"] += len(stepped)
+        self.totals["accepted"] += sum(s.result.accepted[-1] for s in stepped)
         self.total_steps += 1
         if self.log_every and w["steps"] >= self.log_every:
             log.info("step %d: running %d, waiting %d, accept len %.2f, gen throughput %.1f tok/s",

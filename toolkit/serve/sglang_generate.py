@@ -80,9 +80,11 @@ class GenerateRequest(BaseModel):
         return request, single
 
 
-def add_generate_route(app, completion_sequences, queued, drafted_per_step: int) -> None:
+def add_generate_route(app, completion_sequences, queued, engine) -> None:
     """`completion_sequences(body)` a completions request's engine sequences and prompt texts, `queued` them queued
-    with their Reply (app.py); `drafted_per_step`: draft tokens each verify step checks (0: no draft)."""
+    with their Reply (app.py)."""
+    drafted_per_step = engine.tree.num_draft_tokens - 1 if engine.head is not None else (  # what a verify checks
+        engine.lookup.num_tokens if engine.lookup is not None else 0)
 
     def meta(c, done: bool, rid: str, start: float, logprobs: bool, with_text: bool) -> dict:
         n = c.sent_tokens()
