@@ -96,6 +96,7 @@ class Batcher:
         self.total_steps = 0
         self.totals = {"seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0}  # since the start
         self.flushing = False  # the prefix cache is to be emptied at the next step boundary (flush())
+        self.step_times: dict[int, deque] = {}  # running sequences -> the last 1,000 engine steps' seconds
 
     def start(self) -> None:
         self.thread.start()
@@ -188,7 +189,10 @@ class Batcher:
             self.metrics.cached_tokens.inc(sum(r.seq.result.cached_tokens for r in admit))
             self.active += admit
         busy = self.disable_by_batch_size is not None and len(self.engine.running) > self.disable_by_batch_size
+        t0 = time.perf_counter()
         stepped = self.engine.step(speculate=not busy)
+        if stepped:  # SGLang's step_time_dict (SpecForge's tuning scripts read its 20th percentile)
+            self.step_times.setdefault(len(stepped), deque(maxlen=1000)).append(time.perf_counter() - t0)
         self.metrics.step([s.result.accepted[-1] for s in stepped],
                           {k: v - before[k] for k, v in self.engine.seconds.items()})
         self._log(stepped)

@@ -1,6 +1,7 @@
 """SGLang's native info and cache routes, which its benchmark scripts call around a run: `GET /get_model_info`
 (and `/model_info`), `GET /get_server_info` (and `/server_info`: the serving settings in SGLang's names and
-`internal_states[0].avg_spec_accept_length`, tokens per verify step since the start, the bonus token included),
+`internal_states[0].avg_spec_accept_length`, tokens per verify step since the start, the bonus token included, and
+`step_time_dict`, engine step seconds by batch size, which SpecForge's config sweeps read),
 and `GET|POST /flush_cache` (the prefix cache emptied at the next step boundary; running requests go on)."""
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ def add_sglang_info_routes(app, served, engine, batcher) -> None:
                 "internal_states": [{"avg_spec_accept_length": (t["accepted"] + t["seq_steps"]) / t["seq_steps"]
                                      if t["seq_steps"] else None,
                                      "last_gen_throughput": t["tokens"] / t["busy"] if t["busy"] else 0.0,
-                                     "running": len(engine.running), "waiting": len(batcher.waiting)}],
+                                     "running": len(engine.running), "waiting": len(batcher.waiting),
+                                     # engine step seconds by running sequences, the last 1,000 of each
+                                     "step_time_dict": {str(n): list(times) for n, times in
+                                                        sorted(batcher.step_times.items())}}],
                 "version": __version__}
 
     for path in ("/get_model_info", "/model_info"):
