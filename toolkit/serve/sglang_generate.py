@@ -24,13 +24,13 @@ from toolkit.infer.metrics import summarize
 from toolkit.serve.protocol import ApiError, CompletionRequest, validation_error
 from toolkit.serve.reply import event_stream
 
-# SGLang sampling_params -> completions fields (None: the same name); values that leave a field at its default
+# SGLang sampling_params -> completions fields (None: the same name; the completions request checks each value)
 RENAMED = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed",
            "temperature": None, "top_p": None, "top_k": None, "min_p": None, "stop": None, "stop_token_ids": None,
            "ignore_eos": None, "n": None, "frequency_penalty": None, "presence_penalty": None,
-           "repetition_penalty": None, "regex": None, "ebnf": None, "logit_bias": None, "skip_special_tokens": None,
-           "no_stop_trim": None}
-IGNORED = {"spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None, "json_schema": None}
+           "repetition_penalty": None, "json_schema": None, "regex": None, "ebnf": None, "logit_bias": None,
+           "skip_special_tokens": None, "no_stop_trim": None}
+IGNORED = {"spaces_between_special_tokens", "custom_params", "stream_interval"}  # taken, changing nothing here
 
 
 class GenerateRequest(BaseModel):
@@ -59,12 +59,6 @@ class GenerateRequest(BaseModel):
             raise ApiError(400, f"sampling_params: {', '.join(unknown)} not served; accepted: "
                                 f"{', '.join(sorted({*RENAMED, *IGNORED}))}", "sampling_params")
         body = {RENAMED[k] or k: v for k, v in params.items() if k in RENAMED}
-        if params.get("json_schema") is not None:  # SGLang's: the schema as a JSON string
-            schema = params["json_schema"]
-            try:
-                body["guided_json"] = json.loads(schema) if isinstance(schema, str) else schema
-            except json.JSONDecodeError as e:
-                raise ApiError(400, f"sampling_params.json_schema: not JSON ({e})", "sampling_params") from None
         body.setdefault("max_tokens", 128)  # SGLang's default max_new_tokens
         if body.get("top_k") == -1:  # SGLang's "no top-k"
             body.pop("top_k")
