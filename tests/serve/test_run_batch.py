@@ -144,3 +144,62 @@ def test_cli_refuses_a_bad_file_before_loading_and_writes_nothing(tmp_path, caps
     good = write(tmp_path / "good.jsonl", [chat("a", "x")])
     assert main(["run-batch", "-i", good, "-o", good, "--no-speculation"]) == 2
     assert "--output-file is the input file" in capsys.readouterr().err
+
+
+class Store:
+    """A local stand-in for an object store: GET /in.jsonl serves the batch, PUT /out.jsonl keeps what is sent
+    (or answers 500 `fail` times first)."""
+
+    def __init__(self, batch: bytes, fail: int = 0):
+        import http.server
+        import threading
+
+        store = self
+        self.batch, self.fail, self.put, self.tries = batch, fail, None, 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                found = self.path == "/in.jsonl"
+                self.send_response(200 if found else 404)
+                self.end_headers()
+                self.wfile.write(store.batch if found else b"")
+
+            def do_PUT(self):
+                store.tries += 1
+                data = self.rfile.read(int(self.headers["Content-Length"]))
+                if store.tries <= store.fail:
+                    self.send_response(500)
+                else:
+                    store.put = data
+                    self.send_response(200)
+                self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_cli_reads_a_url_and_puts_the_answers_to_one(tiny_target, tmp_path, capsys, monkeypatch):
+    from toolkit.serve import run_batch
+
+    monkeypatch.setattr(run_batch, "UPLOAD_WAIT", 0.01)
+    rows = [chat("a", "Hello", max_tokens=3), chat("b", "Bye", max_tokens=2)]
+    store = Store("".join(json.dumps(r) + "\n" for r in rows).encode(), fail=2)  # two failed PUTs, then one lands
+    common = ["run-batch", "--model", str(tiny_target), "--no-speculation", "--threads", "1", "--log-every", "0",
+              "--max-seq-len", "128", "--output-tmp-dir", str(tmp_path)]
+    try:
+        assert main([*common, "-i", f"{store.url}/in.jsonl", "-o", f"{store.url}/out.jsonl"]) == 0
+        got = [json.loads(s) for s in store.put.decode().splitlines()]
+        assert [g["custom_id"] for g in got] == ["a", "b"] and store.tries == 3
+        assert [g["response"]["body"]["usage"]["completion_tokens"] for g in got] == [3, 2]
+        assert not list(tmp_path.iterdir())  # the file written for the upload is gone
+        store.fail, store.tries = 99, 0
+        assert main([*common, "-i", f"{store.url}/in.jsonl", "-o", f"{store.url}/out.jsonl"]) == 2
+        assert "the upload failed 5 times, last with HTTP 500" in capsys.readouterr().err
+        assert main([*common, "-i", f"{store.url}/missing.jsonl", "-o", str(tmp_path / "o.jsonl")]) == 2
+        assert "missing.jsonl: GET answered HTTP 404" in capsys.readouterr().err
+    finally:
+        store.server.shutdown()
