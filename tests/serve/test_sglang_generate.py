@@ -84,6 +84,22 @@ def test_output_logprobs_in_sglang_shape(client):
                                                                      out["output_ids"]))  # greedy: top-1 chosen
 
 
+def test_prompt_logprobs_from_logprob_start_len(client):
+    ids = [1, 504, 3134, 314, 2356]
+    out = client.post("/generate", json={"input_ids": ids, "return_logprob": True, "logprob_start_len": 2,
+                                         "top_logprobs_num": 1, "sampling_params": {"max_new_tokens": 2,
+                                                                                    "temperature": 0}}).json()
+    want = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 2, "temperature": 0,
+                                                "prompt_logprobs": 1}).json()["choices"][0]["prompt_logprobs"]
+    got = out["meta_info"]["input_token_logprobs"]
+    assert [g[1] for g in got] == ids[2:] and all(g[2] is None for g in got)  # no return_text_in_logprobs
+    assert [g[0] for g in got] == pytest.approx([want[i][str(ids[i])]["logprob"] for i in range(2, 5)])
+    assert len(out["meta_info"]["input_top_logprobs"]) == 3 and len(out["meta_info"]["input_top_logprobs"][0]) == 1
+    full = client.post("/generate", json={"input_ids": ids, "return_logprob": True, "logprob_start_len": 0,
+                                          "sampling_params": {"max_new_tokens": 1}}).json()["meta_info"]
+    assert full["input_token_logprobs"][0] == [None, 1, None] and len(full["input_token_logprobs"]) == 5
+
+
 def test_streaming_sends_the_output_so_far_then_done(client):
     body = {"text": "The sky is", "stream": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     with client.stream("POST", "/generate", json=body) as r:
@@ -105,7 +121,7 @@ def test_streaming_sends_the_output_so_far_then_done(client):
     ({"text": "x", "sampling_params": {"temperature": -1}}, "temperature", "greater than or equal to 0"),
     ({"text": "x", "sampling_params": {"skip_special_tokens": False}}, "skip_special_tokens", ""),
     ({"text": "x", "sampling_params": {"json_schema": "{oops"}}, "json_schema", ""),
-    ({"text": "x", "return_logprob": True, "logprob_start_len": 0}, "logprob_start_len", "prompt log-probs"),
+    ({"text": "x", "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len", "give -1"),
     ({"text": "x", "image_data": "a.png"}, "image_data", "Extra inputs are not permitted"),
     ({"input_ids": [1, 10 ** 9]}, "prompt", "prompt token ids must be in"),
 ])

@@ -1,7 +1,7 @@
 """SGLang's native `POST /generate`, as its clients and benchmark scripts (SpecForge's and SGLang's own acceptance
 tests read `meta_info.spec_verify_ct`) send it: `text` or `input_ids` (one prompt or a batch), `sampling_params`
 in SGLang's names, `stream` (each event the output so far, cumulative, as SGLang streams by default, then
-`data: [DONE]`), `return_logprob` with `top_logprobs_num`. Served as the completions request it amounts to
+`data: [DONE]`), `return_logprob` with `top_logprobs_num` (and the prompt's from `logprob_start_len`). Served as the completions request it amounts to
 (app.py's steps), so the same checks and engine sequences apply.
 
 An output: {"text", "output_ids", "meta_info": {"id", "finish_reason": {"type": "stop", "matched": token id or
@@ -50,9 +50,9 @@ class GenerateRequest(BaseModel):
         """The completions request this amounts to, and whether one object answers (one prompt, n 1)."""
         if (self.text is None) == (self.input_ids is None):
             raise ApiError(400, "give exactly one of text and input_ids", "text")
-        if self.logprob_start_len not in (-1, None):
-            raise ApiError(400, "logprob_start_len: prompt log-probs are not served on /generate (use "
-                                "/v1/completions with prompt_logprobs); leave it at -1", "logprob_start_len")
+        if self.logprob_start_len < -1:
+            raise ApiError(400, f"logprob_start_len: give -1 (the output's log-probs alone) or the prompt position "
+                                f"to list the prompt's from, got {self.logprob_start_len}", "logprob_start_len")
         params = dict(self.sampling_params or {})
         unknown = sorted(set(params) - set(RENAMED) - set(IGNORED))
         if unknown:
@@ -64,6 +64,8 @@ class GenerateRequest(BaseModel):
             body.pop("top_k")
         if self.return_logprob:
             body["logprobs"] = self.top_logprobs_num
+            if self.logprob_start_len >= 0:  # the prompt's too, from that position (read from the prefill)
+                body["prompt_logprobs"] = self.top_logprobs_num
         prompt = self.text if self.text is not None else self.input_ids
         body.update(prompt=prompt, add_special_tokens=self.text is not None)
         try:
@@ -80,7 +82,7 @@ def add_generate_route(app, completion_sequences, queued, engine) -> None:
     drafted_per_step = engine.tree.num_draft_tokens - 1 if engine.head is not None else (  # what a verify checks
         engine.lookup.num_tokens if engine.lookup is not None else 0)
 
-    def meta(c, done: bool, rid: str, start: float, logprobs: bool, with_text: bool) -> dict:
+    def meta(c, done: bool, rid: str, start: float, logprobs: bool, with_text: bool, start_len: int) -> dict:
         n = c.sent_tokens()
         out = {"id": f"{rid}-{c.index}", "finish_reason": None, "prompt_tokens": len(c.req.seq.prompt),
                "completion_tokens": n, "cached_tokens": 0, "e2e_latency": round(time.perf_counter() - start, 4)}
@@ -107,6 +109,12 @@ def add_generate_route(app, completion_sequences, queued, engine) -> None:
             text = c.write.text if with_text else (lambda t: None)  # noqa: E731
             out["output_token_logprobs"] = [[e.logprob, e.token, text(e.token)] for e in entries]
             out["output_top_logprobs"] = [[[lp, t, text(t)] for t, lp in e.top] for e in entries]
+            if done and start_len >= 0:  # the first prompt token has no figure (nothing precedes it)
+                prompt, scored = c.req.seq.prompt, c.req.seq.result.prompt_logprobs
+                out["input_token_logprobs"] = ([[None, prompt[0], text(prompt[0])]] + [
+                    [e.logprob, e.token, text(e.token)] for e in scored])[start_len:]
+                out["input_top_logprobs"] = ([None] + [[[lp, t, text(t)] for t, lp in e.top]
+                                                       for e in scored])[start_len:]
         return out
 
     @app.post("/generate")
@@ -127,7 +135,7 @@ def add_generate_route(app, completion_sequences, queued, engine) -> None:
 
         def output(c, text: str, done: bool) -> dict:
             return {"text": text, "output_ids": c.generated[:c.sent_tokens()],
-                    "meta_info": meta(c, done, rid, start, req.return_logprob, wants_text)}
+                    "meta_info": meta(c, done, rid, start, req.return_logprob, wants_text, req.logprob_start_len)}
 
         if not req.stream:
             whole = await reply.whole(request)
