@@ -20,8 +20,8 @@ from toolkit.serve.batch_file import batch_lines
 from toolkit.serve.batch_jobs import Job, Jobs
 from toolkit.serve.protocol import ApiError
 
-STATUS = {"in_progress": "in_progress", "cancelling": "canceling", "completed": "ended", "cancelled": "ended",
-          "finalizing": "in_progress"}
+STATUS = {"in_progress": "in_progress", "finalizing": "in_progress", "cancelling": "canceling", "completed": "ended",
+          "cancelled": "ended", "failed": "ended"}
 
 
 def when(stamp: int | None) -> str | None:

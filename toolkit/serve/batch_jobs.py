@@ -21,9 +21,9 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from toolkit.serve.batch_file import URLS, BatchLine, parse_batch
+from toolkit.serve.batch_send import Tally, send_all
 from toolkit.serve.file_store import FileStore
 from toolkit.serve.protocol import ApiError, validation_error
-from toolkit.serve.batch_send import Tally, send_all
 
 
 class BatchCreate(BaseModel):
