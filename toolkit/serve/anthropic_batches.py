@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from toolkit.serve.anthropic import anthropic_error
 from toolkit.serve.batch_file import batch_lines
 from toolkit.serve.batch_jobs import Job, Jobs
+from toolkit.serve.json_body import read_object
 from toolkit.serve.protocol import ApiError
 
 STATUS = {"in_progress": "in_progress", "finalizing": "in_progress", "cancelling": "canceling", "completed": "ended",
@@ -69,11 +70,7 @@ def add_message_batches_routes(app, jobs: Jobs) -> None:
     @app.post("/v1/messages/batches")
     @anthropic
     async def create(request: Request):
-        try:
-            data = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"malformed JSON body: {e}") from None
-        requests = data.get("requests") if isinstance(data, dict) else None
+        requests = (await read_object(request)).get("requests")
         if not isinstance(requests, list) or not requests:
             raise ApiError(400, "requests: give a non-empty list of {custom_id, params}", "requests")
         items = ((i, r, f"requests.{i}") for i, r in enumerate(requests))

@@ -13,13 +13,11 @@ the sequence (its last update says so), never while the engine thread may still 
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolkit.infer.sequence import Sequence
@@ -30,7 +28,8 @@ from toolkit.serve.batcher import Batcher
 from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.file_store import FileStore, add_files_routes
-from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
+from toolkit.serve.json_body import read_object, validated
+from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest
 from toolkit.serve.reply import Reply
 from toolkit.serve.response_store import add_responses_routes
 from toolkit.serve.sequences import Sequences
@@ -76,19 +75,7 @@ def build_app(served: Served) -> FastAPI:
                                                  else None))
 
     async def parse(request: Request, model):
-        raw = await request.body()
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"malformed JSON body: {e}", None, "json_invalid") from None
-        except RecursionError:  # arrays / objects nested thousands deep: the parser gives up (was a bare 500)
-            raise ApiError(400, "malformed JSON body: nested too deeply", None, "json_invalid") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the body must be a JSON object", None, "json_invalid")
-        try:
-            body = model.model_validate(data)
-        except ValidationError as e:
-            raise validation_error(e.errors()) from None
+        body = validated(model, await read_object(request))
         if body.model is not None and body.model != served.name:
             raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {served.name!r}",
                            "model", "model_not_found")

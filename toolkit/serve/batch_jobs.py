@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from toolkit.serve.batch_file import URLS, BatchLine, parse_batch
 from toolkit.serve.batch_send import Tally, send_all
 from toolkit.serve.file_store import FileStore
-from toolkit.serve.protocol import ApiError, validation_error
+from toolkit.serve.json_body import read_object, validated
+from toolkit.serve.protocol import ApiError
 
 
 class BatchCreate(BaseModel):
@@ -70,8 +71,7 @@ def openai_card(job: Job) -> dict:
             "usage": {"input_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
                       "total_tokens": t.prompt_tokens + t.output_tokens},
             "speculative": {"verify_steps": t.verify_steps, "accepted_tokens": t.accepted,
-                            "tau": round((t.accepted + t.verify_steps) / t.verify_steps, 4) if t.verify_steps
-                            else None}}
+                            "tau": None if t.tau is None else round(t.tau, 4)}}
 
 
 class Jobs:
@@ -163,13 +163,7 @@ class Jobs:
 def add_batches_routes(app, jobs: Jobs) -> None:
     @app.post("/v1/batches")
     async def create(request: Request):
-        try:
-            body = BatchCreate.model_validate(json.loads(await request.body()))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"malformed JSON body: {e}", None, "json_invalid") from None
-        except ValidationError as e:
-            raise validation_error(e.errors()) from None
-        return openai_card(jobs.openai(body))
+        return openai_card(jobs.openai(validated(BatchCreate, await read_object(request))))
 
     @app.get("/v1/batches/{bid}")
     async def retrieve(bid: str):

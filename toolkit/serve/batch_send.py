@@ -37,6 +37,11 @@ class Tally:
         self.verify_steps += spec.get("verify_steps") or 0
         self.accepted += spec.get("accepted_tokens") or 0
 
+    @property
+    def tau(self) -> float | None:
+        """Tokens per verify step, the bonus token included (None before any verify step)."""
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else None
+
     def describe(self, seconds: float) -> str:
         failed = sum(self.failed.values())
         text = (f"{self.ok + failed} requests, {self.ok} answered" + (f", {failed} failed (" + ", ".join(
@@ -44,7 +49,7 @@ class Tally:
             + f" in {seconds:.1f} s: {self.prompt_tokens} prompt tokens, {self.output_tokens} generated "
             f"({self.output_tokens / max(seconds, 1e-9):.1f} tok/s)")
         if self.verify_steps:
-            text += f", τ {(self.accepted + self.verify_steps) / self.verify_steps:.3f} over {self.verify_steps} " \
+            text += f", τ {self.tau:.3f} over {self.verify_steps} " \
                     "verify steps"
         return text + (f"; first failure: {self.first_failure}" if self.first_failure else "")
 

@@ -101,6 +101,7 @@ def upload(path: Path, url: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import tempfile
+    from contextlib import nullcontext
 
     from tqdm import tqdm
 
@@ -128,8 +129,10 @@ def main(args: argparse.Namespace) -> int:
           f"{stack.description}", file=sys.stderr)
     batcher.start()
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=args.output_tmp_dir) as tmp:
-        out = Path(tmp) / "answers.jsonl" if is_url(args.output_file) else Path(args.output_file)
+    # an output URL: the file is written in a temp folder first, then PUT; a path: written there (atomically)
+    staging = tempfile.TemporaryDirectory(dir=args.output_tmp_dir) if is_url(args.output_file) else nullcontext()
+    with staging as tmp:
+        out = Path(tmp) / "answers.jsonl" if tmp else Path(args.output_file)
         try:
             with tqdm(total=len(lines), unit="req", desc="run-batch", file=sys.stderr, disable=None) as progress:
                 tally = asyncio.run(answer(build_app(stack.served), lines, out, concurrency, progress))

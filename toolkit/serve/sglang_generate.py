@@ -18,10 +18,11 @@ import time
 import uuid
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from toolkit.infer.metrics import summarize
-from toolkit.serve.protocol import ApiError, CompletionRequest, validation_error
+from toolkit.serve.json_body import read_object, validated
+from toolkit.serve.protocol import ApiError, CompletionRequest
 from toolkit.serve.reply import event_stream
 
 # SGLang sampling_params -> completions fields (None: the same name; the completions request checks each value)
@@ -68,10 +69,7 @@ class GenerateRequest(BaseModel):
                 body["prompt_logprobs"] = self.top_logprobs_num
         prompt = self.text if self.text is not None else self.input_ids
         body.update(prompt=prompt, add_special_tokens=self.text is not None)
-        try:
-            request = CompletionRequest.model_validate(body)
-        except ValidationError as e:
-            raise validation_error(e.errors()) from None
+        request = validated(CompletionRequest, body)
         single = (isinstance(prompt, str) or (prompt and isinstance(prompt[0], int))) and request.n == 1
         return request, single
 
@@ -119,14 +117,7 @@ def add_generate_route(app, completion_sequences, queued, engine) -> None:
 
     @app.post("/generate")
     async def generate(request: Request):
-        try:
-            data = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"malformed JSON body: {e}", None, "json_invalid") from None
-        try:
-            req = GenerateRequest.model_validate(data)
-        except ValidationError as e:
-            raise validation_error(e.errors()) from None
+        req = validated(GenerateRequest, await read_object(request))
         body, single = req.completion()
         seqs, texts = await completion_sequences(body)
         reply = queued(body, seqs, texts, chat=False)
