@@ -42,7 +42,7 @@ def test_deepseek_router_keeps_fp32_weight_and_bias_and_routes_as_in_fp32(tmp_pa
     of 1/64 there) it re-routes a fifth of the tokens; loaded in bf16 the target must route as in fp32."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    from toolkit.infer.deepseek import Router
+    from toolkit.infer.moe import GroupedSigmoidRouter as Router
 
     torch.manual_seed(0)
     cfg = DeepseekV3Config(vocab_size=100, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,

@@ -1,6 +1,6 @@
-"""Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, SmolLM2) and
-DeepSeek-V3 (MLA attention, MoE MLPs: toolkit/infer/deepseek.py) read from an HF config.json (transformers 4.x
-or 5.x spelling), validated on construction."""
+"""Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, SmolLM2), its MoE
+kin (Mixtral, Qwen2-MoE, Qwen3-MoE: moe_config.py, moe.py) and DeepSeek-V3 (MLA attention: deepseek.py; MoE MLPs)
+read from an HF config.json (transformers 4.x or 5.x spelling), validated on construction."""
 from __future__ import annotations
 
 import json
@@ -12,6 +12,7 @@ import torch
 
 from toolkit.infer import rope
 from toolkit.infer.config_error import ConfigError
+from toolkit.infer.moe_config import MoE, moe_from_hf
 from toolkit.infer.rope import ROPE_TYPES  # noqa: F401  (importers read the accepted types here)
 
 
@@ -23,6 +24,7 @@ class Family(NamedTuple):
     max_positions: int         # the config class's max_position_embeddings default
     head_dim: int | None = None  # the config class's head_dim default (None: hidden_size // heads)
     kv_heads: int | None = None  # the config class's num_key_value_heads default (None: the query heads)
+    rms_norm_eps: float = 1e-6   # the config class's rms_norm_eps default
 
 
 FAMILIES = {
@@ -32,6 +34,9 @@ FAMILIES = {
     "qwen3": Family(False, True, True, 32768, head_dim=128, kv_heads=32),
     "mimo": Family(True, False, False, 32768, kv_heads=32),  # Xiaomi MiMo: a Qwen2 body plus MTP layers (mtp.py)
     "deepseek_v3": Family(False, False, True, 4096),  # MLA + MoE (toolkit/infer/deepseek.py), NextN MTP layers
+    "mixtral": Family(False, False, False, 131072, kv_heads=8, rms_norm_eps=1e-5),  # Mistral's attention, MoE MLPs
+    "qwen2_moe": Family(True, False, False, 32768, kv_heads=16),  # qkv biases per `qkv_bias` (default true)
+    "qwen3_moe": Family(False, True, True, 32768, kv_heads=4),
 }
 ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN: both SiLU, the MLP's activation in every family here
 
@@ -45,27 +50,6 @@ class MLA:
     qk_rope_head_dim: int
     v_head_dim: int
     rope_interleave: bool = True  # rotary dims paired (x0, x1), (x2, x3), ... as DeepSeek's weights are laid out
-
-
-@dataclass(frozen=True)
-class MoE:
-    """DeepSeek-V3 mixture of experts: sigmoid scores, group-limited top-k, shared experts."""
-    num_experts: int
-    top_k: int
-    n_group: int
-    topk_group: int
-    intermediate_size: int      # per expert
-    n_shared_experts: int
-    first_dense: int            # layers below this index keep a dense MLP (first_k_dense_replace)
-    routed_scaling_factor: float = 1.0
-    norm_topk_prob: bool = True
-
-    def __post_init__(self):
-        if self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
-            raise ConfigError(f"MoE: n_routed_experts {self.num_experts} must split into n_group {self.n_group} "
-                              f"groups and topk_group {self.topk_group} must be in 1..n_group")
-        if not 1 <= self.top_k <= self.num_experts // self.n_group * self.topk_group:
-            raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} exceeds the experts of topk_group groups")
 
 
 @dataclass
@@ -87,7 +71,7 @@ class ModelConfig:
     qk_norm: bool = False
     attention_bias: bool = False  # o_proj bias (Llama `attention_bias` puts it on q/k/v/o alike)
     mla: MLA | None = None        # DeepSeek attention (head_dim is then the rotary dims, qk_rope_head_dim)
-    moe: MoE | None = None        # DeepSeek MoE MLPs from layer moe.first_dense on
+    moe: MoE | None = None        # MoE MLPs in the layers moe.sparse() names
     sliding_window: int | None = None  # the HF model's attention window (Mistral, Qwen2/3); None: full attention
 
     def __post_init__(self):
@@ -151,20 +135,21 @@ class ModelConfig:
         family, heads = FAMILIES[kind], cfg["num_attention_heads"]
         max_positions = cfg.get("max_position_embeddings") or family.max_positions
         theta, rope_params = rope.resolve(cfg, max_positions)
-        mla = moe = None
+        mla, moe = None, moe_from_hf(kind, cfg)
         if kind == "deepseek_v3":
-            mla, moe = _deepseek(cfg)
+            mla = _mla(cfg)
             cfg = {**cfg, "head_dim": mla.qk_rope_head_dim}
         attention_bias = family.attention_bias and bool(cfg.get("attention_bias", False))
+        qkv_bias = bool(cfg.get("qkv_bias", True)) if kind == "qwen2_moe" else family.qkv_bias
         return cls(
             model_type=kind, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or family.kv_heads or heads,
             head_dim=cfg.get("head_dim") or family.head_dim or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=rope_params,
+            rms_norm_eps=cfg.get("rms_norm_eps", family.rms_norm_eps), rope_theta=theta, rope_scaling=rope_params,
             max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=family.qkv_bias or attention_bias, qk_norm=family.qk_norm,
+            qkv_bias=qkv_bias or attention_bias, qk_norm=family.qk_norm,
             attention_bias=attention_bias, mla=mla, moe=moe, sliding_window=_sliding_window(kind, cfg))
 
     @classmethod
@@ -208,31 +193,31 @@ def _refuse_unsupported(kind: str, cfg: dict) -> None:
 
 
 def _sliding_window(kind: str, cfg: dict) -> int | None:
-    """The window transformers applies: Mistral's `sliding_window` (default 4096, null = off); Qwen2/3's only
-    with `use_sliding_window`, and only if some layer slides (layer_types, else layers >= max_window_layers)."""
-    if kind in ("qwen2", "qwen3", "mimo"):
+    """The window transformers applies: Mistral's `sliding_window` (default 4096, null = off) and Mixtral's
+    (default null), on every layer; the Qwen families' only with `use_sliding_window`: Qwen3-MoE's on every layer,
+    Qwen2/3's and Qwen2-MoE's only if some layer slides (layer_types, else layers >= max_window_layers for
+    Qwen2/3, the even layers below max_window_layers for Qwen2-MoE)."""
+    if kind in ("qwen2", "qwen3", "mimo", "qwen2_moe", "qwen3_moe"):
         if not cfg.get("use_sliding_window"):
             return None
-    elif kind != "mistral":
+    elif kind not in ("mistral", "mixtral"):
         return None
-    window = cfg.get("sliding_window", 4096)
+    window = cfg.get("sliding_window", None if kind == "mixtral" else 4096)
     if window is None:
         return None
-    if cfg.get("layer_types") is not None:
+    if kind in ("mixtral", "qwen3_moe"):
+        slides = True
+    elif cfg.get("layer_types") is not None:
         slides = "sliding_attention" in cfg["layer_types"]
+    elif kind == "mistral":
+        slides = True
+    elif kind == "qwen2_moe":
+        slides = cfg.get("max_window_layers", 28) > 0
     else:
-        slides = kind == "mistral" or cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"]
+        slides = cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"]
     return int(window) if slides else None
 
 
-def _deepseek(cfg: dict) -> tuple[MLA, MoE]:
-    if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
-        raise ConfigError("DeepSeek MoE routing: accepted scoring_func sigmoid with topk_method noaux_tc "
-                          "(DeepSeek-V3); got " + f"{cfg.get('scoring_func')}/{cfg.get('topk_method')}")
-    mla = MLA(cfg.get("q_lora_rank"), cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
-              cfg["v_head_dim"], bool(cfg.get("rope_interleave", True)))
-    moe = MoE(cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg.get("n_group") or 1,
-              cfg.get("topk_group") or 1, cfg["moe_intermediate_size"], cfg.get("n_shared_experts") or 0,
-              cfg.get("first_k_dense_replace", 0), float(cfg.get("routed_scaling_factor", 1.0)),
-              bool(cfg.get("norm_topk_prob", True)))
-    return mla, moe
+def _mla(cfg: dict) -> MLA:
+    return MLA(cfg.get("q_lora_rank"), cfg["kv_lora_rank"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"],
+               cfg["v_head_dim"], bool(cfg.get("rope_interleave", True)))

@@ -1,4 +1,4 @@
-"""DeepSeek-V3 blocks for the engine: multi-head latent attention (MLA) and the mixture-of-experts MLP.
+"""DeepSeek-V3's multi-head latent attention (MLA) for the engine; its mixture-of-experts MLP is moe.py's.
 toolkit/infer/model.py picks them for `model_type: deepseek_v3` (Block), so a DeepSeek target, and the NextN
 MTP layers it ships (toolkit/infer/mtp.py), run in the same engine as the Llama family.
 
@@ -9,11 +9,6 @@ MLA (B batch, T tokens, Hq heads, N = qk_nope_head_dim, R = qk_rope_head_dim, Dv
     keys = cat[k_nope, rope(k_rot) for every head], queries = cat[q_nope, rope(q_rot)]
 The cache holds each head's expanded key [N + R] and value [Dv] (simple and exact; a latent cache would be
 smaller). The softmax scale is (N + R)^-0.5, times mscale^2 under yarn scaling with mscale_all_dim.
-
-MoE: router logits in float32, sigmoid scores; experts are chosen among the topk_group groups whose two best
-(score + e_score_correction_bias) sum highest, weighted by their plain scores (normalised when norm_topk_prob)
-times routed_scaling_factor; shared experts are added. Routing reads which experts were hit on the host, so
-a MoE target runs eagerly (no CUDA graphs).
 """
 from __future__ import annotations
 
@@ -22,7 +17,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.fp32 import KeepsFp32
 
 
 def rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -81,50 +75,3 @@ def _rotate(x, cos, sin):
     from toolkit.infer.attention import rotate
 
     return rotate(x, cos, sin)
-
-
-class Router(KeepsFp32):
-    keep_fp32 = ("weight", "e_score_correction_bias")  # as transformers and SGLang route
-
-    def __init__(self, c: ModelConfig):
-        super().__init__()
-        self.moe = c.moe
-        self.weight = nn.Parameter(torch.zeros(c.moe.num_experts, c.hidden_size))
-        self.register_buffer("e_score_correction_bias", torch.zeros(c.moe.num_experts))
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [n, H] -> (expert ids [n, k], weights [n, k] float32)."""
-        moe = self.moe
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()                 # [n, E]
-        choice = scores + self.e_score_correction_bias
-        groups = choice.view(len(x), moe.n_group, -1)                               # [n, G, E/G]
-        best = groups.topk(2, dim=-1).values.sum(-1)                                # [n, G]
-        keep = torch.zeros_like(best).scatter_(1, best.topk(moe.topk_group, dim=-1).indices, 1.0)
-        choice = choice.masked_fill(~keep.bool()[:, :, None].expand_as(groups).reshape(len(x), -1), float("-inf"))
-        ids = choice.topk(moe.top_k, dim=-1).indices                                # [n, k]
-        weights = scores.gather(1, ids)
-        if moe.norm_topk_prob:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return ids, weights * moe.routed_scaling_factor
-
-
-class MoE(nn.Module):
-    def __init__(self, c: ModelConfig):
-        super().__init__()
-        from toolkit.infer.model import MLP
-
-        moe = c.moe
-        self.gate = Router(c)
-        self.experts = nn.ModuleList(MLP(c, moe.intermediate_size) for _ in range(moe.num_experts))
-        self.shared_experts = MLP(c, moe.intermediate_size * moe.n_shared_experts) if moe.n_shared_experts else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape, flat = x.shape, x.reshape(-1, x.shape[-1])                            # [n, H]
-        ids, weights = self.gate(flat)
-        out = torch.zeros_like(flat)
-        for e in ids.unique().tolist():                                             # the experts hit (host)
-            rows, slot = (ids == e).nonzero(as_tuple=True)
-            y = self.experts[e](flat[rows]) * weights[rows, slot, None]
-            out.index_add_(0, rows, y.to(out.dtype))
-        out = out.view(shape)
-        return out if self.shared_experts is None else out + self.shared_experts(x)

@@ -17,6 +17,7 @@ from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
 from toolkit.infer.model import Transformer
+from toolkit.infer.moe import hf_name
 from toolkit.infer.weight_files import weight_files
 
 
@@ -42,7 +43,7 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.d
     return device, getattr(torch, dtype)
 
 
-ROUTER_FP32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+ROUTER_FP32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")  # DeepSeek's (moe.GroupedSigmoidRouter)
 
 
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
@@ -51,15 +52,16 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     num_mtp = _declared_mtp_layers(json.loads((folder / "config.json").read_text()))
+    fp32 = ROUTER_FP32 if config.moe is not None and config.moe.scoring == "sigmoid" else ()
     tensors = {}
     for f in weight_files(folder):
         with safe_open(str(f), "pt", device="cpu") as sf:
             for name in sf.keys():
-                ours = name.removeprefix("model.")
+                ours = hf_name(config.model_type, name.removeprefix("model."))
                 if ours.endswith("rotary_emb.inv_freq") or _is_mtp_weight(ours, config.num_layers, num_mtp):
                     continue
                 t = sf.get_tensor(name)  # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
-                tensors[ours] = t.float() if ours.endswith(ROUTER_FP32) else t.to(dtype)
+                tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
     with torch.device("meta"):

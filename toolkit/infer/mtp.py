@@ -50,7 +50,7 @@ class MTPHead(DraftHead):
         H = c.hidden_size
         self.enorm, self.hnorm = RMSNorm(H, c.rms_norm_eps), RMSNorm(H, c.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
-        self.block = Block(self.config, c.num_layers)  # the layer after the target's last (MoE on DeepSeek)
+        self.block = Block(self.config, c.num_layers - 1)  # of the kind of the target's last layer (MoE on DeepSeek)
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(H, c.rms_norm_eps)
         self.lm_head = nn.Linear(H, len(d2t), bias=False)

@@ -31,7 +31,7 @@ def few_rows(x: torch.Tensor, kernels: str) -> bool:
 
 def row_step_ok(attn: nn.Module, mlp: nn.Module, x: torch.Tensor, cache: KVCache | None, slots) -> bool:
     """True when row_step can run the layer: few_rows, and a Llama-family layer over a cache with fused
-    projections (an MLP with gate_up, an Attention whose RoPE + cache write fuse). DeepSeek's MoE and MLA
+    projections (an MLP with gate_up, an Attention whose RoPE + cache write fuse). a MoE MLP and DeepSeek's MLA
     modules have neither attribute and run their own forward."""
     return getattr(mlp, "gate_up", None) is not None and few_rows(x, mlp.kernels) \
         and hasattr(attn, "fused_rope_ok") and attn.fused_rope_ok(cache, slots)

@@ -42,16 +42,17 @@ def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tens
     return found
 
 
-def target_layer(folder: str | Path, index: int) -> dict[str, torch.Tensor]:
+def target_layer(folder: str | Path, index: int, model_type: str) -> dict[str, torch.Tensor]:
     """The target's decoder layer `index` as a Block state dict (MTP can start from the last one)."""
-    prefix = f"layers.{index}."
-    found = {}
+    from toolkit.infer.moe import hf_name
     from toolkit.infer.weight_files import weight_files
 
+    prefix = f"layers.{index}."
+    found = {}
     for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
-                short = key.removeprefix("model.")
+                short = hf_name(model_type, key.removeprefix("model."))
                 if short.startswith(prefix):
                     found[short[len(prefix):]] = sf.get_tensor(key)
     if not found:

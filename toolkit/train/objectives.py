@@ -133,6 +133,10 @@ class MTP(Objective):
             print("warning: this target's decoder block has q/k norms (Qwen3), which SGLang's MiMoMTP block lacks: "
                   "the exported head will serve only in this toolkit; SGLang refuses to load the folder (a KeyError "
                   "on self_attn.q_norm.weight) (docs/formats.md section 14)", file=sys.stderr, flush=True)
+        elif tcfg.moe is not None and tcfg.moe.sparse(tcfg.num_layers - 1):  # experts it has no parameters for
+            print("warning: this target's last decoder block is a mixture of experts, as the MTP block will be; "
+                  "SGLang's MiMoMTP block is a dense Qwen2 block: the exported head will serve only in this "
+                  "toolkit (docs/formats.md section 14)", file=sys.stderr, flush=True)
         elif tcfg.attention_bias:  # it skips a .bias it has no parameter for
             print("warning: this target's decoder block has an o_proj bias, which SGLang's MiMoMTP block lacks: the "
                   "exported head serves here, but SGLang would drop that bias without a word and serve another "
@@ -140,7 +144,8 @@ class MTP(Objective):
         torch.manual_seed(cfg.seed)
         head = MTPHead(tcfg, parts["lm_head.weight"].float())
         if cfg.init_block == "target_last":  # start from the target's last decoder layer (else torch's init)
-            head.block.load_state_dict({k: v.float() for k, v in target_layer(folder, tcfg.num_layers - 1).items()})
+            last = target_layer(folder, tcfg.num_layers - 1, tcfg.model_type)
+            head.block.load_state_dict({k: v.float() for k, v in last.items()})
         return head
 
     def save(self, head, folder, *args):

@@ -1,0 +1,129 @@
+"""A MoE target (Qwen3-MoE, as SpecForge trains heads for Qwen3-30B-A3B) through the whole pipeline: EAGLE-3
+training online lowers the loss and its evaluation runs the engine on the MoE target; `toolkit bench` serves the
+exported head over it with greedy text identical to plain decoding."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from toolkit.cli import main
+from toolkit.train.tracking import read_metrics
+
+
+@pytest.fixture(scope="module")
+def moe_target(tiny_target, tmp_path_factory):
+    """A random 6-layer Qwen3-MoE (8 experts, 2 per token, layer 0 dense) with tiny_target's tokenizer."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    folder = tmp_path_factory.mktemp("moe-target")
+    cfg = Qwen3MoeConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
+                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[0],
+                         num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 1.0)  # a peaked next-token distribution
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.weight.normal_(0.0, 0.5)
+    model.save_pretrained(folder)
+    for f in tiny_target.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+def test_eagle3_trains_on_a_moe_target_and_bench_serves_it_losslessly(moe_target, prepared, tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--model", str(moe_target), "--data", str(prepared), "--output-dir", str(out),
+                 "batch_size=2", "max_len=96", "log_every=1", "eval_samples=2", "eval_max_new_tokens=6", "threads=1",
+                 "lr=3e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=12", "save_every=12"]) == 0
+    recs = read_metrics(out / "metrics.jsonl")
+    loss = {r["step"]: r["loss"] for r in recs if "loss" in r}
+    assert sorted(loss) == list(range(1, 13)) and loss[12] < 0.8 * loss[1]
+    ev = [r for r in recs if "eval_engine_tau" in r][-1]
+    assert ev["eval_engine_tau"] >= 1 and ev["eval_replay_differing_rows"] == 0
+    cfg = json.loads((out / "draft" / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Tell me about rivers."]}) + "\n")
+    result = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(out / "draft"),
+                           "--prompts", str(prompts), "--max-new-tokens", "16", "--num-steps", "3", "--topk", "2",
+                           "--num-draft-tokens", "5", "--threads", "1", "--baseline", "--out", str(result)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(result.read_text())
+    assert r["greedy_identical_to_baseline"] is True and r["speculative"]["tau"] >= 1
+
+
+@pytest.fixture(scope="module")
+def mixtral_target(tiny_target, tmp_path_factory):
+    """A random 4-layer Mixtral (4 experts, 2 per token; block_sparse_moe.experts.{e}.w1/w2/w3 on disk)."""
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    folder = tmp_path_factory.mktemp("mixtral-target")
+    cfg = MixtralConfig(vocab_size=49152, hidden_size=64, intermediate_size=64, num_local_experts=4,
+                        num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                        max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, 1.0)
+    model.save_pretrained(folder)
+    for f in tiny_target.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+def test_an_mtp_head_starts_from_a_mixtral_last_layer_trains_and_serves_losslessly(mixtral_target, prepared,
+                                                                                     tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from toolkit.infer.draft_folder import load_draft
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import load_target
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.tree import TreeConfig
+
+    out = tmp_path / "mtp"
+    assert main(["train", "--model", str(mixtral_target), "--data", str(prepared), "--output-dir", str(out),
+                 "head=mtp", "init_block=target_last", "ttt_steps=2", "batch_size=2", "max_len=96", "log_every=1",
+                 "eval_samples=0", "threads=1", "lr=1e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=8",
+                 "save_every=8"]) == 0
+    assert "mixture of experts" in capsys.readouterr().err  # SGLang's MiMoMTP block is dense
+    loss = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    assert len(loss) == 8 and loss[-1] < loss[0]
+    saved = load_file(str(out / "draft" / "model.safetensors"))
+    assert {f"model.mtp_layers.0.mlp.experts.{e}.{p}_proj.weight" for e in range(4) for p in ("gate", "up", "down")} \
+        | {"model.mtp_layers.0.mlp.gate.weight"} <= set(saved)
+    # init_block=target_last: every expert of the target's last layer becomes the block's (Mixtral's w1 ->
+    # gate_proj, w3 -> up_proj, w2 -> down_proj), and its router
+    from types import SimpleNamespace
+
+    from toolkit.infer.config import ModelConfig
+    from toolkit.train.objectives import OBJECTIVES
+
+    w = load_file(str(mixtral_target / "model.safetensors"))
+    built = OBJECTIVES["mtp"].build(SimpleNamespace(seed=0, init_block="target_last"),
+                                    ModelConfig.from_folder(mixtral_target), None, None,
+                                    {"lm_head.weight": w["lm_head.weight"]}, mixtral_target)
+    last = "model.layers.3.block_sparse_moe."
+    for e in range(4):
+        for ours, theirs in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
+            assert torch.equal(getattr(built.block.mlp.experts[e], f"{ours}_proj").weight,
+                               w[f"{last}experts.{e}.{theirs}.weight"])
+    assert torch.equal(built.block.mlp.gate.weight, w[last + "gate.weight"])
+    target = load_target(mixtral_target)
+    head = load_draft(str(out / "draft"), target, None)
+    prompts, p = [[1, 520, 3300, 28, 991], [1, 44, 9000]], SamplingParams(max_new_tokens=16)
+    want = [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p)]
+    got = Engine(target, head, TreeConfig(3, 1, 4), max_len=64, max_batch=2).generate_batch(prompts, p)
+    assert [r.tokens for r in got] == want
