@@ -45,8 +45,12 @@ def attention_masks(mask: torch.Tensor, dtype, kernels: str = "torch") -> tuple:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in the HF (half-split, not interleaved) layout. x [B, h, T, D], cos/sin [B, 1, T, D] from
-    rope_cos_sin: x * cos + cat([-x2, x1]) * sin == x * cos + cat([x2, x1]) * cat([-sin1, sin2])."""
+    """RoPE in the HF (half-split, not interleaved) layout. x [B, h, T, D], cos/sin [B, 1, T, R] from
+    rope_cos_sin: x * cos + cat([-x2, x1]) * sin == x * cos + cat([x2, x1]) * cat([-sin1, sin2]); with R < D
+    (partial_rotary_factor) the first R dims rotate and the rest pass through, as transformers' GLM."""
+    R = cos.shape[-1]
+    if R < x.shape[-1]:
+        return torch.cat([rotate(x[..., :R], cos, sin), x[..., R:]], dim=-1)
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
@@ -95,7 +99,7 @@ class Attention(nn.Module):
     def fused_rope_ok(self, cache: KVCache | None, slots) -> bool:
         """The Triton path from the fused q/k/v GEMM's output: RoPE + cache write as one kernel."""
         return self.kernels == "triton" and self.qkv is not None and cache is not None and not self.c.qk_norm \
-            and not isinstance(slots, int)
+            and self.c.rotary_dim is None and not isinstance(slots, int)
 
     def _rope_write(self, qkv, cos, sin, cache: KVCache, layer: int, slots, kv_len: int):
         """qkv [B, T, (Hq + 2 Hkv) D] -> q [B, Hq, T, D] rotated, k/v [B, Hkv, S, D] (the cache's slots, the new

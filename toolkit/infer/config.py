@@ -37,6 +37,9 @@ FAMILIES = {
     "mixtral": Family(False, False, False, 131072, kv_heads=8, rms_norm_eps=1e-5),  # Mistral's attention, MoE MLPs
     "qwen2_moe": Family(True, False, False, 32768, kv_heads=16),  # qkv biases per `qkv_bias` (default true)
     "qwen3_moe": Family(False, True, True, 32768, kv_heads=4),
+    # GLM-4.5 / 4.6: q/k/v biases per `attention_bias` (o_proj never), q/k norms per `use_qk_norm`, RoPE on the
+    # first partial_rotary_factor (default 0.5) of each head, DeepSeek's MoE, NextN MTP layers
+    "glm4_moe": Family(False, False, False, 131072, kv_heads=8, rms_norm_eps=1e-5),
 }
 ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN: both SiLU, the MLP's activation in every family here
 
@@ -73,6 +76,7 @@ class ModelConfig:
     mla: MLA | None = None        # DeepSeek attention (head_dim is then the rotary dims, qk_rope_head_dim)
     moe: MoE | None = None        # MoE MLPs in the layers moe.sparse() names
     sliding_window: int | None = None  # the HF model's attention window (Mistral, Qwen2/3); None: full attention
+    rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of each head (GLM-4.5); None: all head_dim
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:
@@ -84,7 +88,10 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads "
                               f"{self.num_kv_heads}")
-        rope.validate(self.rope_scaling, self.head_dim)
+        if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise ConfigError(f"rotary dims {self.rotary_dim} (head_dim x partial_rotary_factor) must be even and in "
+                              f"1..head_dim {self.head_dim}")
+        rope.validate(self.rope_scaling, self.rope_dim)
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ConfigError(f"sliding_window must be positive or null, got {self.sliding_window}")
 
@@ -134,22 +141,28 @@ class ModelConfig:
         _refuse_unsupported(kind, cfg)
         family, heads = FAMILIES[kind], cfg["num_attention_heads"]
         max_positions = cfg.get("max_position_embeddings") or family.max_positions
-        theta, rope_params = rope.resolve(cfg, max_positions)
+        theta, rope_params = rope.resolve(cfg, max_positions, partial_ok=kind == "glm4_moe")
         mla, moe = None, moe_from_hf(kind, cfg)
         if kind == "deepseek_v3":
             mla = _mla(cfg)
             cfg = {**cfg, "head_dim": mla.qk_rope_head_dim}
         attention_bias = family.attention_bias and bool(cfg.get("attention_bias", False))
-        qkv_bias = bool(cfg.get("qkv_bias", True)) if kind == "qwen2_moe" else family.qkv_bias
+        qkv_bias = {"qwen2_moe": bool(cfg.get("qkv_bias", True)),
+                    "glm4_moe": bool(cfg.get("attention_bias", False))}.get(kind, family.qkv_bias)
+        head_dim = cfg.get("head_dim") or family.head_dim or cfg["hidden_size"] // heads
+        rotary_dim = None
+        if kind == "glm4_moe":
+            rotary_dim = int(head_dim * rope.rotary_fraction(cfg, 0.5))
         return cls(
             model_type=kind, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or family.kv_heads or heads,
-            head_dim=cfg.get("head_dim") or family.head_dim or cfg["hidden_size"] // heads,
+            head_dim=head_dim, rotary_dim=None if rotary_dim == head_dim else rotary_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", family.rms_norm_eps), rope_theta=theta, rope_scaling=rope_params,
             max_position_embeddings=max_positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=qkv_bias or attention_bias, qk_norm=family.qk_norm,
+            qkv_bias=qkv_bias or attention_bias,
+            qk_norm=bool(cfg.get("use_qk_norm", False)) if kind == "glm4_moe" else family.qk_norm,
             attention_bias=attention_bias, mla=mla, moe=moe, sliding_window=_sliding_window(kind, cfg))
 
     @classmethod
@@ -161,9 +174,14 @@ class ModelConfig:
         n = self.num_layers
         return [1, n // 2 - 1, n - 4] if n >= 5 else [0, n // 2, n - 1]
 
+    @property
+    def rope_dim(self) -> int:
+        """The dims of each head RoPE rotates (the first ones)."""
+        return self.rotary_dim or self.head_dim
+
     def inv_freq(self) -> torch.Tensor:
-        """RoPE inverse frequencies float32[head_dim // 2], scaled as the rope type says (rope.py)."""
-        return rope.inv_freq(self.head_dim, self.rope_theta, self.rope_scaling_or_default,
+        """RoPE inverse frequencies float32[rope_dim // 2], scaled as the rope type says (rope.py)."""
+        return rope.inv_freq(self.rope_dim, self.rope_theta, self.rope_scaling_or_default,
                              self.max_position_embeddings)
 
     def rope_attention_factor(self) -> float:

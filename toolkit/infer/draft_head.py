@@ -141,7 +141,7 @@ class DraftHead(KeepsFp32):
 def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
     """EAGLE heads are plain Llama layers of the target's sizes whatever the target's family."""
     return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
-                   attention_bias=False, tie_word_embeddings=False, mla=None, moe=None,
+                   attention_bias=False, tie_word_embeddings=False, mla=None, moe=None, rotary_dim=None,
                    head_dim=target.hidden_size // target.num_heads if target.mla else target.head_dim)
 
 

@@ -1,8 +1,8 @@
-"""Mixture-of-experts sizes and routing, read from an HF config.json for the four MoE families the engine runs
+"""Mixture-of-experts sizes and routing, read from an HF config.json for the five MoE families the engine runs
 (toolkit/infer/moe.py builds the MLPs):
 
     deepseek_v3  sigmoid scores, group-limited top-k with a correction bias, scaled; ungated shared experts;
-                 dense MLPs below first_k_dense_replace
+    glm4_moe     dense MLPs below first_k_dense_replace (GLM-4.5 routes as DeepSeek-V3)
     mixtral      softmax over num_local_experts, top-k, always renormalised (checkpoints: block_sparse_moe.*)
     qwen2_moe    softmax top-k, renormalised only with norm_topk_prob; one shared expert of its own size behind a
                  sigmoid gate (shared_expert_gate)
@@ -57,7 +57,7 @@ class MoE:
 def moe_from_hf(kind: str, cfg: dict) -> MoE | None:
     """The MoE of a config.json of model_type `kind` (None for the dense families)."""
     layers = cfg["num_hidden_layers"]
-    if kind == "deepseek_v3":
+    if kind in ("deepseek_v3", "glm4_moe"):  # GLM-4.5 routes as DeepSeek-V3 (its config names no scoring_func)
         if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
             raise ConfigError("DeepSeek MoE routing: accepted scoring_func sigmoid with topk_method noaux_tc "
                               "(DeepSeek-V3); got " + f"{cfg.get('scoring_func')}/{cfg.get('topk_method')}")

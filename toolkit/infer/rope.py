@@ -21,12 +21,13 @@ _NEEDS = {"linear": ("factor",), "dynamic": ("factor",), "llama3": ("factor",),
           "longrope": ("short_factor", "long_factor")}  # keys without which transformers refuses the config
 
 
-def resolve(cfg: dict, max_positions: int) -> tuple[float, dict]:
+def resolve(cfg: dict, max_positions: int, partial_ok: bool = False) -> tuple[float, dict]:
     """(theta, parameters with "rope_type") from an HF text config, resolved as transformers resolves them:
     a truthy 4.x `rope_scaling` wins over `rope_parameters` (convert_rope_params_to_dict); theta from the
     dict, else the top-level `rope_theta`, else 10000; llama3 / yarn / longrope take a top-level
     `original_max_position_embeddings` over their own (standardize_rope_params), else default to
-    max_position_embeddings."""
+    max_position_embeddings. partial_ok: the family rotates part of each head (GLM-4.5: partial_rotary_factor,
+    read by rotary_fraction), so any rope type may come with it."""
     rope = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
     theta = rope.pop("rope_theta", None)
     theta = float(theta if theta is not None else cfg.get("rope_theta") or 10000.0)
@@ -40,10 +41,20 @@ def resolve(cfg: dict, max_positions: int) -> tuple[float, dict]:
             rope["original_max_position_embeddings"] = max_positions
     partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     # transformers' Llama-family default rope ignores it; the scaled types shorten cos/sin and its forward fails
-    if kind != "default" and partial not in (None, 1, 1.0):
+    if not partial_ok and kind != "default" and partial not in (None, 1, 1.0):
         raise ConfigError(f"partial_rotary_factor {partial} with rope type {kind!r}: transformers cannot run "
                           "this model either; accepted: 1.0 (or rope type 'default', which ignores it)")
+    rope.pop("partial_rotary_factor", None)
     return theta, rope
+
+
+def rotary_fraction(cfg: dict, default: float) -> float:
+    """partial_rotary_factor: in rope_parameters (transformers 5) or at the top level (4.x), else `default`."""
+    params = cfg.get("rope_parameters") or {}
+    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", default))
+    if not 0 < float(factor) <= 1:
+        raise ConfigError(f"partial_rotary_factor must be in (0, 1], got {factor}")
+    return float(factor)
 
 
 def validate(s: dict, d: int) -> None:
