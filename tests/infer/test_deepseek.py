@@ -178,3 +178,19 @@ def test_the_prefix_cache_keeps_mla_and_nextn_greedy_exact(deepseek, tmp_path):
     got = cached.generate_batch(later, p)
     assert [r.tokens for r in got] == [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(later, p)]
     assert all(r.cached_tokens >= len(q) for r, q in zip(got, prompts))
+
+
+def test_kimi_k2_is_read_as_the_deepseek_v3_it_is(deepseek, tmp_path):
+    """Kimi-K2 ships DeepSeek-V3's architecture under `model_type: kimi_k2` (Moonshot's README: engines without
+    it may rename it to deepseek_v3): the same folder under that name gives the same model."""
+    import shutil
+
+    folder, hf = deepseek
+    shutil.copytree(folder, tmp_path / "k2")
+    cfg = json.loads((folder / "config.json").read_text())
+    (tmp_path / "k2" / "config.json").write_text(json.dumps({**cfg, "model_type": "kimi_k2"}))
+    ids = torch.randint(0, V, (1, 11), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        k2, want = load_target(tmp_path / "k2")(ids)[0], hf(ids).logits
+    assert (k2 - want).abs().max() < 1e-4
+    assert ModelConfig.from_hf({**cfg, "model_type": "kimi_k2"}).mla is not None

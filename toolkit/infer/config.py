@@ -34,6 +34,7 @@ FAMILIES = {
     "qwen3": Family(False, True, True, 32768, head_dim=128, kv_heads=32),
     "mimo": Family(True, False, False, 32768, kv_heads=32),  # Xiaomi MiMo: a Qwen2 body plus MTP layers (mtp.py)
     "deepseek_v3": Family(False, False, True, 4096),  # MLA + MoE (toolkit/infer/deepseek.py), NextN MTP layers
+    "kimi_k2": Family(False, False, True, 4096),  # Kimi-K2: DeepSeek-V3's architecture under its own model_type
     "mixtral": Family(False, False, False, 131072, kv_heads=8, rms_norm_eps=1e-5),  # Mistral's attention, MoE MLPs
     "qwen2_moe": Family(True, False, False, 32768, kv_heads=16),  # qkv biases per `qkv_bias` (default true)
     "qwen3_moe": Family(False, True, True, 32768, kv_heads=4),
@@ -41,6 +42,7 @@ FAMILIES = {
     # first partial_rotary_factor (default 0.5) of each head, DeepSeek's MoE, NextN MTP layers
     "glm4_moe": Family(False, False, False, 131072, kv_heads=8, rms_norm_eps=1e-5),
 }
+MLA_KINDS = ("deepseek_v3", "kimi_k2")
 ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN: both SiLU, the MLP's activation in every family here
 
 
@@ -143,7 +145,7 @@ class ModelConfig:
         max_positions = cfg.get("max_position_embeddings") or family.max_positions
         theta, rope_params = rope.resolve(cfg, max_positions, partial_ok=kind == "glm4_moe")
         mla, moe = None, moe_from_hf(kind, cfg)
-        if kind == "deepseek_v3":
+        if kind in MLA_KINDS:
             mla = _mla(cfg)
             cfg = {**cfg, "head_dim": mla.qk_rope_head_dim}
         attention_bias = family.attention_bias and bool(cfg.get("attention_bias", False))

@@ -57,7 +57,8 @@ class MoE:
 def moe_from_hf(kind: str, cfg: dict) -> MoE | None:
     """The MoE of a config.json of model_type `kind` (None for the dense families)."""
     layers = cfg["num_hidden_layers"]
-    if kind in ("deepseek_v3", "glm4_moe"):  # GLM-4.5 routes as DeepSeek-V3 (its config names no scoring_func)
+    if kind in ("deepseek_v3", "kimi_k2", "glm4_moe"):  # GLM-4.5 routes as DeepSeek-V3 (its config names no
+        # scoring_func); Kimi-K2 is DeepSeek-V3's architecture
         if cfg.get("scoring_func", "sigmoid") != "sigmoid" or cfg.get("topk_method", "noaux_tc") != "noaux_tc":
             raise ConfigError("DeepSeek MoE routing: accepted scoring_func sigmoid with topk_method noaux_tc "
                               "(DeepSeek-V3); got " + f"{cfg.get('scoring_func')}/{cfg.get('topk_method')}")
