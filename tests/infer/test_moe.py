@@ -9,7 +9,8 @@ from toolkit.infer.config import ConfigError, ModelConfig
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
-from toolkit.infer.moe import MoE, hf_name
+from toolkit.infer.hf_names import our_name as hf_name
+from toolkit.infer.moe import MoE
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
 

@@ -41,7 +41,11 @@ FAMILIES = {
     # GLM-4.5 / 4.6: q/k/v biases per `attention_bias` (o_proj never), q/k norms per `use_qk_norm`, RoPE on the
     # first partial_rotary_factor (default 0.5) of each head, DeepSeek's MoE, NextN MTP layers
     "glm4_moe": Family(False, False, False, 131072, kv_heads=8, rms_norm_eps=1e-5),
+    # Phi-3 / 3.5 / Phi-4 / Phi-4-mini: fused qkv_proj and gate_up_proj on disk (hf_names.py), RoPE on the first
+    # partial_rotary_factor (default 1) of each head, longrope ("su" / "yarn" in old configs)
+    "phi3": Family(False, False, False, 4096, rms_norm_eps=1e-5),
 }
+PARTIAL_ROPE = {"glm4_moe": 0.5, "phi3": 1.0}  # the families that rotate part of a head: their default fraction
 MLA_KINDS = ("deepseek_v3", "kimi_k2")
 ACTIVATIONS = ("silu", "swish")  # transformers' ACT2FN: both SiLU, the MLP's activation in every family here
 
@@ -143,7 +147,9 @@ class ModelConfig:
         _refuse_unsupported(kind, cfg)
         family, heads = FAMILIES[kind], cfg["num_attention_heads"]
         max_positions = cfg.get("max_position_embeddings") or family.max_positions
-        theta, rope_params = rope.resolve(cfg, max_positions, partial_ok=kind == "glm4_moe")
+        if kind == "phi3":
+            cfg = _phi3_rope(cfg)
+        theta, rope_params = rope.resolve(cfg, max_positions, partial_ok=kind in PARTIAL_ROPE)
         mla, moe = None, moe_from_hf(kind, cfg)
         if kind in MLA_KINDS:
             mla = _mla(cfg)
@@ -152,9 +158,7 @@ class ModelConfig:
         qkv_bias = {"qwen2_moe": bool(cfg.get("qkv_bias", True)),
                     "glm4_moe": bool(cfg.get("attention_bias", False))}.get(kind, family.qkv_bias)
         head_dim = cfg.get("head_dim") or family.head_dim or cfg["hidden_size"] // heads
-        rotary_dim = None
-        if kind == "glm4_moe":
-            rotary_dim = int(head_dim * rope.rotary_fraction(cfg, 0.5))
+        rotary_dim = int(head_dim * rope.rotary_fraction(cfg, PARTIAL_ROPE[kind])) if kind in PARTIAL_ROPE else None
         return cls(
             model_type=kind, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
@@ -213,19 +217,19 @@ def _refuse_unsupported(kind: str, cfg: dict) -> None:
 
 
 def _sliding_window(kind: str, cfg: dict) -> int | None:
-    """The window transformers applies: Mistral's `sliding_window` (default 4096, null = off) and Mixtral's
-    (default null), on every layer; the Qwen families' only with `use_sliding_window`: Qwen3-MoE's on every layer,
-    Qwen2/3's and Qwen2-MoE's only if some layer slides (layer_types, else layers >= max_window_layers for
-    Qwen2/3, the even layers below max_window_layers for Qwen2-MoE)."""
+    """The window transformers applies: Mistral's `sliding_window` (default 4096, null = off), Mixtral's and
+    Phi-3's (default null), on every layer; the Qwen families' only with `use_sliding_window`: Qwen3-MoE's on
+    every layer, Qwen2/3's and Qwen2-MoE's only if some layer slides (layer_types, else layers >=
+    max_window_layers for Qwen2/3, the even layers below max_window_layers for Qwen2-MoE)."""
     if kind in ("qwen2", "qwen3", "mimo", "qwen2_moe", "qwen3_moe"):
         if not cfg.get("use_sliding_window"):
             return None
-    elif kind not in ("mistral", "mixtral"):
+    elif kind not in ("mistral", "mixtral", "phi3"):
         return None
-    window = cfg.get("sliding_window", None if kind == "mixtral" else 4096)
+    window = cfg.get("sliding_window", None if kind in ("mixtral", "phi3") else 4096)
     if window is None:
         return None
-    if kind in ("mixtral", "qwen3_moe"):
+    if kind in ("mixtral", "qwen3_moe", "phi3"):
         slides = True
     elif cfg.get("layer_types") is not None:
         slides = "sliding_attention" in cfg["layer_types"]
@@ -236,6 +240,15 @@ def _sliding_window(kind: str, cfg: dict) -> int | None:
     else:
         slides = cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"]
     return int(window) if slides else None
+
+
+def _phi3_rope(cfg: dict) -> dict:
+    """Phi3Config reads an old config's rope type "su" or "yarn" as longrope (Phi-3-mini-128k and kin)."""
+    for key in ("rope_scaling", "rope_parameters"):
+        r = cfg.get(key) or {}
+        if r.get("rope_type", r.get("type")) in ("su", "yarn"):
+            cfg = {**cfg, key: {**{k: v for k, v in r.items() if k != "type"}, "rope_type": "longrope"}}
+    return cfg
 
 
 def _mla(cfg: dict) -> MLA:

@@ -139,9 +139,12 @@ class DraftHead(KeepsFp32):
 
 
 def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
-    """EAGLE heads are plain Llama layers of the target's sizes whatever the target's family."""
+    """EAGLE heads are plain Llama layers of the target's sizes whatever the target's family; over a target that
+    rotates part of each head (GLM-4.5, Phi-4-mini) they rotate whole heads with unscaled RoPE of the target's
+    theta, as SpecForge's Phi-4-mini config and SGLang's Llama draft layer do (draft_rope_keys)."""
+    partial = {"rotary_dim": None, "rope_scaling": {}} if target.rotary_dim is not None else {}
     return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
-                   attention_bias=False, tie_word_embeddings=False, mla=None, moe=None, rotary_dim=None,
+                   attention_bias=False, tie_word_embeddings=False, mla=None, moe=None, **partial,
                    head_dim=target.hidden_size // target.num_heads if target.mla else target.head_dim)
 
 
@@ -178,6 +181,20 @@ def rope_keys(target_hf_config: dict) -> dict:
     if kind != "default":
         keys["rope_scaling"] = {"rope_type": kind, **scaling}
     return keys
+
+
+def draft_rope_keys(target_hf_config: dict) -> dict:
+    """rope_keys for an EAGLE draft's config.json: the target's, or, when the target rotates part of each head,
+    unscaled RoPE of its theta over whole heads (draft_config)."""
+    from toolkit.infer.config import PARTIAL_ROPE
+    from toolkit.infer.rope import rotary_fraction
+
+    keys, t = rope_keys(target_hf_config), target_hf_config.get("text_config", target_hf_config)
+    kind = t.get("model_type")
+    if kind not in PARTIAL_ROPE or rotary_fraction(t, PARTIAL_ROPE[kind]) == 1:
+        return keys
+    theta = keys["rope_theta"]
+    return {"rope_theta": theta, "rope_parameters": {"rope_theta": theta, "rope_type": "default"}}
 
 
 def our_layer_key(name: str) -> str:

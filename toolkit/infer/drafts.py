@@ -21,7 +21,7 @@ from torch import nn
 from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
-                                     rope_keys, their_layer_key, write_draft_folder)
+                                     draft_rope_keys, their_layer_key, write_draft_folder)
 from toolkit.infer.eagle3_config import VARIANTS, read_eagle3_config
 from toolkit.infer.model import MLP, Block
 from toolkit.infer.norm import RMSNorm
@@ -234,7 +234,7 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, ta
            "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": c.num_layers, "vocab_size": t["vocab_size"],
            "draft_vocab_size": n, "target_hidden_size": head.fc.in_features // 3,
            "max_position_embeddings": t.get("max_position_embeddings", c.max_position_embeddings),
-           "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope_keys(t),
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", **draft_rope_keys(t),
            **{k: t[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in t},
            "eagle_config": {"eagle_aux_hidden_state_layer_ids": head.aux_layers, "use_aux_hidden_state": True},
            "eagle_aux_hidden_state_layer_ids": [i + 1 for i in head.aux_layers],

@@ -17,7 +17,7 @@ from torch import nn
 
 from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.draft_head import (DraftHead, load_weights, our_layer_key, read_weights, rope_keys,
+from toolkit.infer.draft_head import (DraftHead, load_weights, our_layer_key, read_weights, draft_rope_keys,
                                      their_layer_key, vocab_rows, write_draft_folder)
 from toolkit.infer.model import MLP, Block
 from toolkit.infer.norm import RMSNorm
@@ -126,7 +126,7 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
            "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
            "rms_norm_eps": c.rms_norm_eps, "num_hidden_layers": c.num_layers, "vocab_size": t["vocab_size"],
            "max_position_embeddings": t.get("max_position_embeddings", c.max_position_embeddings),
-           "tie_word_embeddings": False, "torch_dtype": "bfloat16", **rope_keys(t),
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", **draft_rope_keys(t),
            **{k: t[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in t},
            "toolkit": {"format_version": 1, "head": "eagle", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],

@@ -17,7 +17,7 @@ from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
 from toolkit.infer.model import Transformer
-from toolkit.infer.moe import hf_name
+from toolkit.infer.hf_names import our_tensors
 from toolkit.infer.weight_files import weight_files
 
 
@@ -57,11 +57,12 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     for f in weight_files(folder):
         with safe_open(str(f), "pt", device="cpu") as sf:
             for name in sf.keys():
-                ours = hf_name(config.model_type, name.removeprefix("model."))
-                if ours.endswith("rotary_emb.inv_freq") or _is_mtp_weight(ours, config.num_layers, num_mtp):
+                short = name.removeprefix("model.")
+                if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp):
                     continue
-                t = sf.get_tensor(name)  # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
-                tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
+                for ours, t in our_tensors(config, name, sf.get_tensor(name)):
+                    # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
+                    tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
     with torch.device("meta"):

@@ -9,11 +9,9 @@ the topk_group best groups, scaled) and Mixtral's / Qwen-MoE's (SoftmaxRouter: l
 softmax in float32, top-k, renormalised when norm_topk_prob; Qwen rounds the weights to the model's dtype), each
 as transformers routes. The experts hit are read on the host, so a MoE target runs eagerly (no CUDA graphs).
 Checkpoint names are transformers' (mlp.gate, mlp.experts.{e}.{gate,up,down}_proj, mlp.shared_expert(s),
-mlp.shared_expert_gate); Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2 are renamed on load (hf_name).
+mlp.shared_expert_gate); Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2 are renamed on load (hf_names.py).
 """
 from __future__ import annotations
-
-import re
 
 import torch
 import torch.nn.functional as F
@@ -21,17 +19,6 @@ from torch import nn
 
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.fp32 import KeepsFp32
-
-_MIXTRAL = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-
-
-def hf_name(model_type: str, name: str) -> str:
-    """A checkpoint tensor's name (without `model.`) as this engine's modules name it."""
-    if model_type != "mixtral" or ".block_sparse_moe." not in name:
-        return name
-    name = name.replace(".block_sparse_moe.", ".mlp.")
-    return re.sub(r"(\.experts\.\d+)\.(w[123])\.", lambda m: f"{m[1]}.{_MIXTRAL[m[2]]}.", name)
-
 
 class GroupedSigmoidRouter(KeepsFp32):
     keep_fp32 = ("weight", "e_score_correction_bias")  # as transformers and SGLang route

@@ -42,9 +42,9 @@ def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tens
     return found
 
 
-def target_layer(folder: str | Path, index: int, model_type: str) -> dict[str, torch.Tensor]:
+def target_layer(folder: str | Path, index: int, config: ModelConfig) -> dict[str, torch.Tensor]:
     """The target's decoder layer `index` as a Block state dict (MTP can start from the last one)."""
-    from toolkit.infer.moe import hf_name
+    from toolkit.infer.hf_names import our_tensors
     from toolkit.infer.weight_files import weight_files
 
     prefix = f"layers.{index}."
@@ -52,9 +52,8 @@ def target_layer(folder: str | Path, index: int, model_type: str) -> dict[str, t
     for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
-                short = hf_name(model_type, key.removeprefix("model."))
-                if short.startswith(prefix):
-                    found[short[len(prefix):]] = sf.get_tensor(key)
+                if key.removeprefix("model.").startswith(prefix):
+                    found.update((ours[len(prefix):], t) for ours, t in our_tensors(config, key, sf.get_tensor(key)))
     if not found:
         raise ValueError(f"target {folder}: no weights for layer {index}")
     return found

@@ -144,7 +144,7 @@ class MTP(Objective):
         torch.manual_seed(cfg.seed)
         head = MTPHead(tcfg, parts["lm_head.weight"].float())
         if cfg.init_block == "target_last":  # start from the target's last decoder layer (else torch's init)
-            last = target_layer(folder, tcfg.num_layers - 1, tcfg.model_type)
+            last = target_layer(folder, tcfg.num_layers - 1, tcfg)
             head.block.load_state_dict({k: v.float() for k, v in last.items()})
         return head
 

@@ -1,0 +1,47 @@
+"""What a target checkpoint's tensors are to the engine's modules (model.py names them as transformers' Llama
+does): most map one to one (without the `model.` prefix); two families store them otherwise.
+
+    mixtral  layers.{l}.block_sparse_moe.gate.weight            -> layers.{l}.mlp.gate.weight
+             layers.{l}.block_sparse_moe.experts.{e}.w1/w3/w2   -> ...mlp.experts.{e}.gate_proj/up_proj/down_proj
+    phi3     layers.{l}.self_attn.qkv_proj.weight [(Hq + 2 Hkv) D, H] -> q_proj, k_proj, v_proj (rows in that order)
+             layers.{l}.mlp.gate_up_proj.weight [2 I, H]          -> gate_proj, up_proj (halves in that order)
+
+as the hub's checkpoints and transformers 5's save_pretrained write them.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from toolkit.infer.config import ModelConfig
+
+_MIXTRAL = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def our_name(model_type: str, name: str) -> str:
+    """A checkpoint tensor's name (with or without `model.`) as the engine's modules name it, for the tensors
+    that keep their shape."""
+    name = name.removeprefix("model.")
+    if model_type == "mixtral" and ".block_sparse_moe." in name:
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        return re.sub(r"(\.experts\.\d+)\.(w[123])\.", lambda m: f"{m[1]}.{_MIXTRAL[m[2]]}.", name)
+    return name
+
+
+def our_tensors(c: ModelConfig, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The engine's (name, tensor) pairs for one checkpoint tensor: Phi-3's fused projections split, every other
+    tensor renamed (our_name). A fused tensor of the wrong size is refused by name."""
+    name = our_name(c.model_type, name)
+    if c.model_type != "phi3" or not name.endswith(("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")):
+        return [(name, tensor)]
+    prefix = name.rsplit(".", 2)[0]
+    if name.endswith("qkv_proj.weight"):
+        parts = {"q_proj": c.num_heads * c.head_dim, "k_proj": c.num_kv_heads * c.head_dim,
+                 "v_proj": c.num_kv_heads * c.head_dim}
+    else:
+        parts = {"gate_proj": c.intermediate_size, "up_proj": c.intermediate_size}
+    if tensor.shape[0] != sum(parts.values()):
+        raise ValueError(f"{name}: {tensor.shape[0]} rows, but the config's sizes need {sum(parts.values())} "
+                         f"({' + '.join(f'{k} {v}' for k, v in parts.items())})")
+    return [(f"{prefix}.{k}.weight", t) for k, t in zip(parts, tensor.split(list(parts.values())))]
