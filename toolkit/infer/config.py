@@ -1,6 +1,7 @@
-"""Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, SmolLM2), its MoE
-kin (Mixtral, Qwen2-MoE, Qwen3-MoE: moe_config.py, moe.py) and DeepSeek-V3 (MLA attention: deepseek.py; MoE MLPs)
-read from an HF config.json (transformers 4.x or 5.x spelling), validated on construction."""
+"""Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, SmolLM2),
+its MoE kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5: moe_config.py, moe.py) and DeepSeek-V3 / Kimi-K2 (MLA
+attention: deepseek.py; MoE MLPs) read from an HF config.json (transformers 4.x or 5.x spelling), validated on
+construction."""
 from __future__ import annotations
 
 import json

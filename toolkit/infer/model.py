@@ -1,5 +1,5 @@
-"""Target transformer (Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, SmolLM2; with MoE MLPs Mixtral,
-Qwen2-MoE, Qwen3-MoE; DeepSeek-V3), gpt-fast style.
+"""Target transformer (Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, SmolLM2; with MoE MLPs
+Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5; DeepSeek-V3 / Kimi-K2), gpt-fast style.
 
 One forward serves prefill, decode and tree verification: each token has a rope position and a cache slot
 it is written to, and attends to the cache slots its mask allows. It returns logits and the hidden states
