@@ -152,7 +152,7 @@ def test_native_nextn_layer_maps_every_weight_and_matches_transformers(deepseek,
     assert (logp - want).abs().max() < 1e-4
 
 
-def test_nextn_draft_is_lossless_and_moe_targets_run_eagerly(deepseek, tmp_path):
+def test_nextn_draft_is_lossless_and_a_moe_target_and_head_run_eagerly(deepseek, tmp_path):
     folder, _ = deepseek
     with_mtp_layer(folder, tmp_path / "t")
     target = load_target(tmp_path / "t")
@@ -161,9 +161,14 @@ def test_nextn_draft_is_lossless_and_moe_targets_run_eagerly(deepseek, tmp_path)
     want = [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p)]
     got = Engine(target, head, TreeConfig(2, 1, 3), max_len=64, max_batch=2).generate_batch(prompts, p)
     assert [r.tokens for r in got] == want
-    assert not target.graphable
-    with pytest.raises(ValueError, match="eagerly"):
-        Engine(target, max_len=64, cuda_graphs=True)
+    assert not target.graphable and not head.graphable
+    from toolkit.infer.graphs import eager_capture
+
+    graphed = Engine(target, head, TreeConfig(2, 1, 3), max_len=64, max_batch=2, cuda_graphs=True,
+                     graph_capture=eager_capture)
+    r = graphed.runner
+    assert r.target_graphs is None and r.draft_graphs is None and r.draft_loop is None  # both MoE: eager
+    assert [x.tokens for x in graphed.generate_batch(prompts, p)] == want
 
 
 def test_the_prefix_cache_keeps_mla_and_nextn_greedy_exact(deepseek, tmp_path):

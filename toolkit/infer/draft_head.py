@@ -37,6 +37,14 @@ class DraftHead(KeepsFp32):
         """-> (residual [B, T, H], input of the first layer's attention [B, T, *])."""
         raise NotImplementedError
 
+    @property
+    def graphable(self) -> bool:
+        """False for a head with a MoE block (a DeepSeek / GLM NextN layer): its routing reads the experts hit
+        on the host, so it runs eagerly."""
+        from toolkit.infer.moe import MoE
+
+        return not any(isinstance(m, MoE) for m in self.modules())
+
     def fuse_rows(self, emb: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """fuse for row_step: (residual, the first q/k/v GEMV's input as kernels/gemv.gemv keywords), so that a
         head may fold its input rule into that GEMV's prologue (EAGLE-3's two norms)."""

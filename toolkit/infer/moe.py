@@ -7,7 +7,7 @@ chosen per token:
 Routers: DeepSeek-V3's (GroupedSigmoidRouter: float32 weights and correction bias, sigmoid scores, top-k among
 the topk_group best groups, scaled) and Mixtral's / Qwen-MoE's (SoftmaxRouter: logits in the model's dtype,
 softmax in float32, top-k, renormalised when norm_topk_prob; Qwen rounds the weights to the model's dtype), each
-as transformers routes. The experts hit are read on the host, so a MoE target runs eagerly (no CUDA graphs).
+as transformers routes. The experts hit are read on the host, so a MoE target (or head) runs eagerly (no CUDA graphs).
 Checkpoint names are transformers' (mlp.gate, mlp.experts.{e}.{gate,up,down}_proj, mlp.shared_expert(s),
 mlp.shared_expert_gate); Mixtral's block_sparse_moe.experts.{e}.w1/w3/w2 are renamed on load (hf_names.py).
 """

@@ -28,9 +28,8 @@ class Runner:
         self.target, self.head, self.tree, self.extra = target, head, tree, extra
         self.max_batch, self.sample_draft = max_batch, sample_draft
         dtype, self.device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
-        graphs = self.device.type == "cuda" and target.graphable if cuda_graphs is None else cuda_graphs
-        if graphs and not target.graphable:
-            raise ValueError("CUDA graphs cannot hold a MoE target's routing: run it eagerly (--eager)")
+        # a MoE target's routing reads the experts hit on the host, so it runs eagerly; a dense draft is graphed
+        graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         scratch = int(graphs)  # graphs send padding to one extra, never-attended cache slot
         rows = max_batch + spare_rows  # the running batch reads rows :B; spare rows are only copied from and to
         self.cache = KVCache(target.config, rows, max_len + tree.num_draft_tokens + extra + scratch, dtype,
@@ -57,14 +56,16 @@ class Runner:
     @torch.no_grad()
     def _capture(self, capture) -> None:
         """Graphs for every batch bucket: the target at 1 token (plain decoding), num_draft_tokens (verify) and
-        the widest round, the whole draft loop (tree.grow), and the draft extending over what was accepted
-        (1..num_steps + 1 tokens over the target's features)."""
+        the widest round (not a MoE target: Transformer.graphable), and for a dense head (DraftHead.graphable) the
+        whole draft loop (tree.grow) and the draft extending over what was accepted (1..num_steps + 1 tokens over
+        the target's features)."""
         from toolkit.infer.graphs import GraphedDraftLoop, batch_buckets, graph_draft, graph_target
 
         sizes, t = batch_buckets(self.max_batch), self.tree
         counts = {1, t.num_draft_tokens, self.widest()}  # a lookup branch's nodes are verified too
-        self.target_graphs = graph_target(self.target, self.cache, self.aux_layers, sizes, sorted(counts), capture)
-        if self.head is not None:
+        if self.target.graphable:
+            self.target_graphs = graph_target(self.target, self.cache, self.aux_layers, sizes, sorted(counts), capture)
+        if self.head is not None and self.head.graphable:
             width = len(self.aux_layers) * self.target.config.hidden_size
             self.draft_graphs = graph_draft(self.head, self.draft_cache, width, sizes, list(range(1, t.num_steps + 2)),
                                             capture)
