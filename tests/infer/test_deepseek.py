@@ -87,22 +87,22 @@ def test_greedy_decoding_equals_transformers_generate(deepseek):
 
 
 def with_mtp_layer(folder, out):
-    """The target plus a NextN MTP layer `model.layers.{LAYERS}.*` (a MoE DeepSeek block and enorm, hnorm,
-    eh_proj, shared_head), as DeepSeek-V3 checkpoints ship it. Returns the MTP layer's weights."""
+    """The target plus a NextN MTP layer `model.layers.{num_hidden_layers}.*` (a block of the target's kind, MoE
+    here, and enorm, hnorm, eh_proj, shared_head), as DeepSeek-V3 and GLM-4.5 checkpoints ship it. Returns the
+    MTP layer's weights."""
     out.mkdir()
     cfg = json.loads((folder / "config.json").read_text())
     (out / "config.json").write_text(json.dumps(cfg))
-    c = ModelConfig.from_hf(cfg)
+    layers, h, v = cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]
     torch.manual_seed(5)
-    block = Block(c, LAYERS)
+    block = Block(ModelConfig.from_hf(cfg), layers)
     g = torch.Generator().manual_seed(6)
-    p = f"model.layers.{LAYERS}."
-    mtp = {p + k: torch.randn(v.shape, generator=g) * 0.2 + (1.0 if k.endswith("norm.weight") else 0.0)
-           for k, v in block.state_dict().items()}
-    for k, shape in {"enorm.weight": [H], "hnorm.weight": [H], "eh_proj.weight": [H, 2 * H],
-                     "shared_head.norm.weight": [H], "shared_head.head.weight": [V, H], "embed_tokens.weight": [V, H]
-                     }.items():
-        mtp[p + k] = torch.randn(*shape, generator=g) * 0.2 + (1.0 if k.endswith("norm.weight") else 0.0)
+    p = f"model.layers.{layers}."
+    shapes = {k: list(t.shape) for k, t in block.state_dict().items()}
+    shapes.update({"enorm.weight": [h], "hnorm.weight": [h], "eh_proj.weight": [h, 2 * h],
+                   "shared_head.norm.weight": [h], "shared_head.head.weight": [v, h], "embed_tokens.weight": [v, h]})
+    mtp = {p + k: torch.randn(*shape, generator=g) * 0.2 + (1.0 if k.endswith("norm.weight") else 0.0)
+           for k, shape in shapes.items()}
     save_file({**load_file(str(folder / "model.safetensors")), **mtp}, str(out / "model.safetensors"))
     return mtp
 

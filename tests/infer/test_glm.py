@@ -6,14 +6,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from toolkit.infer.config import ConfigError, ModelConfig
 from toolkit.infer.draft_folder import load_draft
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
-from toolkit.infer.model import Block
 from toolkit.infer.mtp import MTPHead
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.tree import TreeConfig
@@ -93,28 +91,11 @@ def test_greedy_decoding_equals_transformers_generate_and_an_eagle3_draft_is_los
     assert [r.tokens for r in got] == want
 
 
-def with_mtp_layer(folder, out):
-    """The target plus a NextN MTP layer `model.layers.{LAYERS}.*` (a MoE GLM block and enorm, hnorm, eh_proj,
-    shared_head), as GLM-4.5 checkpoints ship it (num_nextn_predict_layers: 1). Returns the layer's weights."""
-    out.mkdir()
-    cfg = json.loads((folder / "config.json").read_text())
-    assert cfg["num_nextn_predict_layers"] == 1
-    (out / "config.json").write_text(json.dumps(cfg))
-    block = Block(ModelConfig.from_hf(cfg), LAYERS)
-    g = torch.Generator().manual_seed(6)
-    p = f"model.layers.{LAYERS}."
-    mtp = {p + k: torch.randn(v.shape, generator=g) * 0.2 + (1.0 if k.endswith("norm.weight") else 0.0)
-           for k, v in block.state_dict().items()}
-    for k, shape in {"enorm.weight": [H], "hnorm.weight": [H], "eh_proj.weight": [H, 2 * H],
-                     "shared_head.norm.weight": [H], "shared_head.head.weight": [V, H], "embed_tokens.weight": [V, H]
-                     }.items():
-        mtp[p + k] = torch.randn(*shape, generator=g) * 0.2 + (1.0 if k.endswith("norm.weight") else 0.0)
-    save_file({**load_file(str(folder / "model.safetensors")), **mtp}, str(out / "model.safetensors"))
-    return mtp
-
-
 def test_the_shipped_nextn_layer_maps_every_weight_and_drafts_losslessly(glm, tmp_path):
+    from test_deepseek import with_mtp_layer  # GLM-4.5 ships its NextN layer in DeepSeek-V3's layout
+
     folder, _ = glm
+    assert json.loads((folder / "config.json").read_text())["num_nextn_predict_layers"] == 1
     mtp = with_mtp_layer(folder, tmp_path / "t")
     target = load_target(tmp_path / "t")
     head = load_draft(str(tmp_path / "t"), target, None)
