@@ -167,13 +167,12 @@ def test_keys_that_change_the_math_and_are_not_implemented_are_refused_by_name(k
 @pytest.mark.parametrize("kind, extra", [
     ("mistral", {"sliding_window": 8}),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1})])
-def test_a_sequence_longer_than_the_sliding_window_is_refused_not_silently_wrong(kind, extra, tmp_path):
-    """Without a KV cache (training, evaluation) nothing else stands between a longer sequence and full
-    attention, which transformers' sliding window would not give."""
+def test_a_sequence_longer_than_the_sliding_window_attends_within_it(kind, extra, tmp_path):
+    """Without a KV cache (training, evaluation): 3x the window, each sliding layer's query sees its last 8
+    positions (Qwen2 with max_window_layers 1: layer 0 attends over everything, as transformers)."""
     hf_folder(kind, tmp_path, **extra)
-    model = assert_matches(tmp_path, T=8)
-    with pytest.raises(ConfigError, match="a sequence of 9 tokens exceeds the model's sliding_window 8"):
-        model(torch.zeros(1, 9, dtype=torch.long))
+    model = assert_matches(tmp_path, T=24)
+    assert model.config.full_layers == ((0,) if kind == "qwen2" else ())
 
 
 def test_qwen2_window_is_ignored_without_use_sliding_window(tmp_path):

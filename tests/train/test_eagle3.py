@@ -353,12 +353,15 @@ def test_a_resume_from_a_checkpoint_between_log_lines_keeps_the_token_count(tiny
     assert final[0]["step"] == final[1]["step"] == 8 and final[0]["tokens"] == final[1]["tokens"] > 0
 
 
-def test_rows_beyond_a_sliding_window_are_refused_before_training(tiny_target, prepared, tmp_path, capsys):
-    """The target runs without a KV cache in training and in dump-hidden-states, attending over the whole row: a
-    Mistral whose sliding_window is shorter than the rows would give wrong features. Refused before the first
-    step, the window named."""
+def test_rows_beyond_a_sliding_window_give_transformers_windowed_features(tiny_target, prepared, tmp_path):
+    """The target runs without a KV cache in training and in dump-hidden-states, over whole rows: a Mistral whose
+    sliding_window (16) is shorter than the rows attends within it there too. The dumped features equal
+    transformers' hidden states, and training runs on them."""
     import json
     import shutil
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
 
     from toolkit.cli import main
 
@@ -367,11 +370,15 @@ def test_rows_beyond_a_sliding_window_are_refused_before_training(tiny_target, p
     cfg = json.loads((mistral / "config.json").read_text())
     cfg.update(model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=16)
     (mistral / "config.json").write_text(json.dumps(cfg))
-    capsys.readouterr()
-    assert train(mistral, prepared, tmp_path / "run", "max_steps=1") == 2
-    assert "exceeds the model's sliding_window 16" in capsys.readouterr().err
-    assert not (tmp_path / "run" / "checkpoint-1").exists()
     assert main(["dump-hidden-states", "--model", str(mistral), "--data", str(prepared), "--out",
-                 str(tmp_path / "hs")]) == 2
-    assert "exceeds the model's sliding_window 16" in capsys.readouterr().err
-    assert not list(tmp_path.glob("hs/*.safetensors"))
+                 str(tmp_path / "hs"), "--dtype", "float32", "--shard-size", "4"]) == 0
+    index = json.loads((tmp_path / "hs" / "index.json").read_text())
+    shard = load_file(str(tmp_path / "hs" / index["shards"][-1]["file"]))  # the longest rows come last
+    lo, hi = int(shard["offsets"][-2]), int(shard["offsets"][-1])
+    assert hi - lo > 16
+    ref = AutoModelForCausalLM.from_pretrained(mistral, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = ref(shard["input_ids"][lo:hi][None], output_hidden_states=True).hidden_states
+    aux = torch.cat([want[i + 1][0] for i in index["aux_layer_ids"]], -1)
+    assert (shard["aux_hidden_states"][lo:hi] - aux).abs().max() < 1e-4
+    assert train(mistral, prepared, tmp_path / "run", "max_steps=1", "save_every=1") == 0

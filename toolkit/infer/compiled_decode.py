@@ -77,6 +77,10 @@ class CompiledDecode:
         c = target.config
         if c.mla is not None or c.moe is not None:
             raise ValueError("the compiled decode step covers dense Llama-family targets (not MLA / MoE)")
+        if c.sliding_window is not None and cache.max_len > c.sliding_window:
+            raise ValueError(f"the compiled decode step attends over the whole cache, and this target slides a "
+                             f"window of {c.sliding_window} over a longer one ({cache.max_len} slots): run without "
+                             "--compile, or with --max-len <= the window")
         if not cpp_compiler():
             raise ValueError("compile=True (--compile) needs a C++ compiler for torch.compile's CPU code: none "
                              "found (set CXX, or install g++ / clang++); run without --compile instead")

@@ -83,6 +83,7 @@ class ModelConfig:
     mla: MLA | None = None        # DeepSeek attention (head_dim is then the rotary dims, qk_rope_head_dim)
     moe: MoE | None = None        # MoE MLPs in the layers moe.sparse() names
     sliding_window: int | None = None  # the HF model's attention window (Mistral, Qwen2/3); None: full attention
+    full_layers: tuple[int, ...] = ()  # with a window: the layers that still attend over the whole context
     rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of each head (GLM-4.5); None: all head_dim
 
     def __post_init__(self):
@@ -103,14 +104,13 @@ class ModelConfig:
             raise ConfigError(f"sliding_window must be positive or null, got {self.sliding_window}")
 
     def context_limit(self) -> tuple[int | None, str]:
-        """(the longest context this engine reproduces transformers for, why), or (None, "") for any: a
-        sliding window (the engine attends over the full context, which matches only while every query sees
-        at most `sliding_window` tokens) and rope types whose frequencies change with the length (rope.py)."""
-        limits = [rope.exact_context(self.rope_scaling_or_default, self.max_position_embeddings)]
-        if self.sliding_window is not None:
-            limits.append((self.sliding_window, f"the model's sliding_window {self.sliding_window}: the engine "
-                                                "attends over the full context"))
-        return min(limits, key=lambda lim: float("inf") if lim[0] is None else lim[0])
+        """(the longest context this engine reproduces transformers for, why), or (None, "") for any: rope types
+        whose frequencies change with the length (rope.py)."""
+        return rope.exact_context(self.rope_scaling_or_default, self.max_position_embeddings)
+
+    def slides(self, layer: int) -> bool:
+        """Whether decoder layer `layer` attends only to the last sliding_window positions (its own included)."""
+        return self.sliding_window is not None and layer not in self.full_layers
 
     def check_max_len(self, max_len: int) -> None:
         """Refuse an engine context (KV cache length) longer than context_limit."""
@@ -170,7 +170,7 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias or attention_bias,
             qk_norm=bool(cfg.get("use_qk_norm", False)) if kind == "glm4_moe" else family.qk_norm,
-            attention_bias=attention_bias, mla=mla, moe=moe, sliding_window=_sliding_window(kind, cfg))
+            attention_bias=attention_bias, mla=mla, moe=moe, **_sliding_window(kind, cfg))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
@@ -217,30 +217,34 @@ def _refuse_unsupported(kind: str, cfg: dict) -> None:
         raise ConfigError("mlp_bias true (biased gate/up/down projections) is not supported; accepted: false")
 
 
-def _sliding_window(kind: str, cfg: dict) -> int | None:
-    """The window transformers applies: Mistral's `sliding_window` (default 4096, null = off), Mixtral's and
-    Phi-3's (default null), on every layer; the Qwen families' only with `use_sliding_window`: Qwen3-MoE's on
-    every layer, Qwen2/3's and Qwen2-MoE's only if some layer slides (layer_types, else layers >=
-    max_window_layers for Qwen2/3, the even layers below max_window_layers for Qwen2-MoE)."""
+def _sliding_window(kind: str, cfg: dict) -> dict:
+    """The window transformers applies ({"sliding_window": W, "full_layers": layers that do not slide}, or {}):
+    Mistral's `sliding_window` (default 4096, null = off), Mixtral's and Phi-3's (default null), on every layer;
+    the Qwen families' only with `use_sliding_window`: Qwen3-MoE's on every layer, Qwen2/3's and Qwen2-MoE's on
+    the layers `layer_types` names sliding_attention, else on layers >= max_window_layers (Qwen2/3) or the even
+    layers below max_window_layers (Qwen2-MoE)."""
+    layers = cfg["num_hidden_layers"]
     if kind in ("qwen2", "qwen3", "mimo", "qwen2_moe", "qwen3_moe"):
         if not cfg.get("use_sliding_window"):
-            return None
+            return {}
     elif kind not in ("mistral", "mixtral", "phi3"):
-        return None
+        return {}
     window = cfg.get("sliding_window", None if kind in ("mixtral", "phi3") else 4096)
-    if window is None:
-        return None
+    if not window:
+        return {}
     if kind in ("mixtral", "qwen3_moe", "phi3"):
-        slides = True
+        slides = [True] * layers
     elif cfg.get("layer_types") is not None:
-        slides = "sliding_attention" in cfg["layer_types"]
+        slides = [t == "sliding_attention" for t in cfg["layer_types"]]
     elif kind == "mistral":
-        slides = True
+        slides = [True] * layers
     elif kind == "qwen2_moe":
-        slides = cfg.get("max_window_layers", 28) > 0
+        slides = [i % 2 == 0 and i < cfg.get("max_window_layers", 28) for i in range(layers)]
     else:
-        slides = cfg.get("max_window_layers", 28) < cfg["num_hidden_layers"]
-    return int(window) if slides else None
+        slides = [i >= cfg.get("max_window_layers", 28) for i in range(layers)]
+    if not any(slides):
+        return {}
+    return {"sliding_window": int(window), "full_layers": tuple(i for i, s in enumerate(slides) if not s)}
 
 
 def _phi3_rope(cfg: dict) -> dict:

@@ -122,8 +122,9 @@ class Transformer(Fp32Readout):
         logits_at [B] (a prefill): the one position per row whose logits are wanted; logits are then [B, 1, V]
         (the vocabulary projection is a fifth of a SmolLM2 prefill's FLOPs, and only the last token's is read)."""
         B, T = input_ids.shape
-        if cache is None and self.config.context_limit()[0] is not None:  # the engine checks its cache's length
-            self.config.check_sequence(T if positions is None else int(positions.max()) + 1)
+        c = self.config
+        if cache is None and c.context_limit()[0] is not None:  # the engine checks its cache's length
+            c.check_sequence(T if positions is None else int(positions.max()) + 1)
         in_order = positions is None and slots is None  # token t at position t in slot t
         if positions is None:
             positions = torch.arange(T, device=input_ids.device).expand(B, T)
@@ -136,16 +137,22 @@ class Transformer(Fp32Readout):
         # no mask at all: T > 1 tokens without a cache or written in order from slot 0 (a prefill): SDPA's
         # causal kernel; or one sequence's one token, which sees every slot up to its own (plain decoding)
         unmasked = mask is None and ((T > 1 and (cache is None or in_order)) or (B == 1 and T == 1))
+        slot = torch.arange(kv_len, device=input_ids.device)[None, None, :]
         if mask is None:  # causal by position over the slots that hold them (slot == position here)
-            mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
+            mask = slot <= positions[:, :, None]
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, self.config.rope_attention_factor(), self.kernels)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, c.rope_attention_factor(), self.kernels)
         bias = None if unmasked else attention_masks(mask, h.dtype, self.kernels)
+        # a sliding layer's mask: the last sliding_window positions only. A slot holds its position (a draft node
+        # sits at or past its own, nearer, and its ancestors are within the tree's depth anyway)
+        near = bias
+        if c.sliding_window is not None and kv_len > c.sliding_window:
+            near = attention_masks(mask & (positions[:, :, None] - slot < c.sliding_window), h.dtype, self.kernels)
         if cache is not None and self.kernels == "torch":
             slots = cache.slot_range(slots)  # one sequence's contiguous host slots -> int start (a plain copy)
         kept = {}
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, bias, cache, i, slots, kv_len)
+            h = layer(h, cos, sin, near if c.slides(i) else bias, cache, i, slots, kv_len)
             if i in aux_layers:
                 kept[i] = h
         if logits_at is None and -1 not in aux_layers and few_rows(h, self.kernels) and not self.logits_fp32:

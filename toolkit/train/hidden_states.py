@@ -72,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
     run_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     target = load_target(folder, run_dtype, device)
-    # a sliding window or a length-dependent rope: rows beyond it would be dumped wrong, refused before the first
+    # a length-dependent rope: rows beyond its exact length would be dumped wrong, refused before the first
     target.config.check_sequence(max(data.lengths))
     aux_layers = asked or target.config.default_aux_layers()
     if len(aux_layers) != 3 or not all(0 <= i < target.config.num_layers for i in aux_layers):

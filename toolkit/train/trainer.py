@@ -104,8 +104,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.infer.config import ModelConfig
 
     tcfg = ModelConfig.from_folder(folder)
-    # the target runs without a KV cache here: a row beyond its sliding window or its rope's exact length would
-    # give wrong features (refused by the forward too, but only when such a batch comes up)
+    # the target runs without a KV cache here: a row beyond its rope's exact length would give wrong features
+    # (refused by the forward too, but only when such a batch comes up); a sliding window is attended within
     tcfg.check_sequence(max(data.lengths))
     start = start_from(cfg.head, cfg.init_from, tcfg, parts) if cfg.init_from else None
     if start is not None and cfg.head == "eagle3" and cfg.aux_layers not in (None, start.aux_layers):
