@@ -137,16 +137,16 @@ class Transformer(Fp32Readout):
         # no mask at all: T > 1 tokens without a cache or written in order from slot 0 (a prefill): SDPA's
         # causal kernel; or one sequence's one token, which sees every slot up to its own (plain decoding)
         unmasked = mask is None and ((T > 1 and (cache is None or in_order)) or (B == 1 and T == 1))
-        slot = torch.arange(kv_len, device=input_ids.device)[None, None, :]
         if mask is None:  # causal by position over the slots that hold them (slot == position here)
-            mask = slot <= positions[:, :, None]
+            mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
         cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, c.rope_attention_factor(), self.kernels)
         bias = None if unmasked else attention_masks(mask, h.dtype, self.kernels)
         # a sliding layer's mask: the last sliding_window positions only. A slot holds its position (a draft node
         # sits at or past its own, nearer, and its ancestors are within the tree's depth anyway)
         near = bias
-        if c.sliding_window is not None and kv_len > c.sliding_window:
+        if c.sliding_window is not None and kv_len > c.sliding_window:  # (no extra op for a full-attention step)
+            slot = torch.arange(kv_len, device=input_ids.device)[None, None, :]
             near = attention_masks(mask & (positions[:, :, None] - slot < c.sliding_window), h.dtype, self.kernels)
         if cache is not None and self.kernels == "torch":
             slots = cache.slot_range(slots)  # one sequence's contiguous host slots -> int start (a plain copy)
