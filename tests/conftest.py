@@ -16,6 +16,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TOOLKIT_SHARED", ROOT.parent / "shared"))
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (two workers on CI's two cores) each worker computes on one thread: two workers of two
+    threads each would fight over the cores, and the tiny ops here run faster on one thread anyway."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def shared() -> Path:
     if not (SHARED / "README.md").is_file():

