@@ -63,8 +63,6 @@ def smollm2_tokenizer(smollm2_dir):
 @pytest.fixture(scope="session")
 def tiny_target(smollm2_dir, tmp_path_factory) -> Path:
     """A random 8-layer Llama with SmolLM2's tokenizer and vocabulary: fast stand-in target for training."""
-    import shutil
-
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -73,14 +71,29 @@ def tiny_target(smollm2_dir, tmp_path_factory) -> Path:
     cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                       bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # a peaked next-token distribution (random std 0.02 gives a near-uniform one)
+    return save_peaked(LlamaForCausalLM(cfg), folder, smollm2_dir)
+
+
+def save_peaked(model, folder: Path, tokenizer_from: Path) -> Path:
+    """Save a random transformers model with a peaked next-token distribution (random std 0.02 gives a
+    near-uniform one) and the tokenizer files of `tokenizer_from` beside it."""
+    import shutil
+
+    import torch
+
+    with torch.no_grad():
         model.lm_head.weight.normal_(0.0, 1.0)
     model.save_pretrained(folder)
-    for f in smollm2_dir.iterdir():
+    for f in tokenizer_from.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy(f, folder / f.name)
     return folder
+
+
+@pytest.fixture(scope="session")
+def peaked():
+    """`save_peaked(model, folder, tokenizer_from)`, for fixtures that build other random targets."""
+    return save_peaked
 
 
 # Qwen3's switch in a ChatML template: with enable_thinking false the generation prompt closes an empty think block

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from hf_reference import assert_forward_matches, assert_greedy_matches
 from safetensors.torch import load_file, save_file
 
 from toolkit.infer.config import ConfigError, ModelConfig
@@ -65,25 +66,12 @@ def test_config_reads_mla_moe_and_refuses_what_it_cannot_run():
 
 def test_logits_and_hidden_states_match_transformers(deepseek):
     folder, hf = deepseek
-    ours = load_target(folder)
-    ids = torch.randint(0, V, (2, 19), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want = hf(ids, output_hidden_states=True)
-        logits, aux = ours(ids, aux_layers=[0, 1, -1])
-    assert (logits - want.logits).abs().max() < 1e-4
-    # transformers' hidden_states: the embedding, each layer's output, and the last one after the final norm
-    for h, ref in zip(aux, [want.hidden_states[1], want.hidden_states[2], want.hidden_states[-1]]):
-        assert (h - ref).abs().max() < 1e-4
+    assert_forward_matches(load_target(folder), hf, 19, [0, 1, -1])
 
 
 def test_greedy_decoding_equals_transformers_generate(deepseek):
     folder, hf = deepseek
-    prompts = [[5, 17, 33, 8, 61, 7], [9, 4]]
-    want = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
-            for p in prompts]  # stops after EOS (id 1), as the engine does with it as a stop id
-    got = Engine(load_target(folder), max_len=64, max_batch=2).generate_batch(
-        prompts, SamplingParams(max_new_tokens=12), stop_ids={1})
-    assert [r.tokens for r in got] == want
+    assert_greedy_matches(load_target(folder), hf, 12, trees=())
 
 
 def with_mtp_layer(folder, out):

@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
+from hf_reference import assert_forward_matches, assert_greedy_matches
 
 from toolkit.infer.config import ConfigError, ModelConfig
 from toolkit.infer.draft_folder import load_draft
-from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
 from toolkit.infer.mtp import MTPHead
@@ -68,27 +68,13 @@ def test_config_reads_partial_rope_biases_and_norms():
 
 def test_logits_and_hidden_states_match_transformers(glm):
     folder, hf = glm
-    ours = load_target(folder)
-    ids = torch.randint(0, V, (2, 29), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want = hf(ids, output_hidden_states=True)
-        logits, aux = ours(ids, aux_layers=[0, 1, -1])
-    assert (logits - want.logits).abs().max() < 1e-4
-    for h, ref in zip(aux, [want.hidden_states[1], want.hidden_states[2], want.hidden_states[-1]]):
-        assert (h - ref).abs().max() < 1e-4
+    assert_forward_matches(load_target(folder), hf, 29, [0, 1, -1])
 
 
 def test_greedy_decoding_equals_transformers_generate_and_an_eagle3_draft_is_lossless(glm):
     folder, hf = glm
-    prompts = [[5, 17, 33, 8, 61, 7], [9, 4]]
-    want = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
-            for p in prompts]
-    target, p = load_target(folder), SamplingParams(max_new_tokens=12)
-    assert [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p, stop_ids={1})] == want
-    head = random_head(target.config, list(range(V)))
+    head, _ = assert_greedy_matches(load_target(folder), hf, 12)
     assert head.config.rotary_dim is None  # an EAGLE-3 head is a plain Llama layer, rotating whole heads
-    got = Engine(target, head, TreeConfig(3, 2, 6), max_len=64, max_batch=2).generate_batch(prompts, p, stop_ids={1})
-    assert [r.tokens for r in got] == want
 
 
 def test_the_shipped_nextn_layer_maps_every_weight_and_drafts_losslessly(glm, tmp_path):

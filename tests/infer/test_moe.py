@@ -4,9 +4,9 @@ decoding equals transformers' generate, an EAGLE-3 draft over them is lossless, 
 transformers reads them (dense layers, sliding windows, qkv biases)."""
 import pytest
 import torch
+from hf_reference import PROMPTS, assert_forward_matches, assert_greedy_matches
 
 from toolkit.infer.config import ConfigError, ModelConfig
-from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
 from toolkit.infer.hf_names import our_name as hf_name
@@ -62,14 +62,8 @@ def test_logits_and_aux_hidden_states_match_transformers(moe):
     sparse = [isinstance(layer.mlp, MoE) for layer in ours.layers]
     want_sparse = [type(layer.mlp).__name__.endswith("SparseMoeBlock") for layer in hf.model.layers]
     assert sparse == want_sparse and any(sparse), (case, sparse)
+    assert_forward_matches(ours, hf, 33, range(c.num_layers - 1))  # every layer's output but the last (normed)
     ids = torch.randint(0, V, (2, 33), generator=torch.Generator().manual_seed(1))
-    aux = list(range(c.num_layers - 1))  # every layer's output (transformers' last one is after the final norm)
-    with torch.no_grad():
-        out = hf(ids, output_hidden_states=True)
-        logits, hidden = ours(ids, aux_layers=aux)
-    assert (logits - out.logits).abs().max() <= 1e-4
-    for layer, h in zip(aux, hidden):
-        assert (h - out.hidden_states[layer + 1]).abs().max() <= 1e-4, layer
     hit = torch.stack([hf.model.layers[i].mlp.gate(hf.model.embed_tokens(ids).reshape(-1, 64))[2]
                        for i in range(len(sparse)) if sparse[i]])
     assert len(hit.unique()) > 2  # the routing really spreads tokens over several experts
@@ -78,16 +72,7 @@ def test_logits_and_aux_hidden_states_match_transformers(moe):
 def test_greedy_decoding_equals_transformers_generate_and_a_draft_is_lossless(moe):
     case, folder, hf = moe
     target = load_target(folder)
-    prompts = [[5, 17, 33, 8, 61, 7], [9, 4]]
-    want = [hf.generate(torch.tensor([p]), max_new_tokens=14, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
-            for p in prompts]  # stops after EOS (id 1), as the engine does with it as a stop id
-    p = SamplingParams(max_new_tokens=14)
-    plain = Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p, stop_ids={1})
-    assert [r.tokens for r in plain] == want, case
-    head = random_head(target.config, list(range(V)))
-    for tree in (TreeConfig(3, 1, 4), TreeConfig(3, 3, 8)):
-        got = Engine(target, head, tree, max_len=64, max_batch=2).generate_batch(prompts, p, stop_ids={1})
-        assert [r.tokens for r in got] == want, (case, tree)
+    head, want = assert_greedy_matches(target, hf, 14, trees=(TreeConfig(3, 1, 4), TreeConfig(3, 3, 8)))
     # CUDA graphs asked for (captured eagerly here): the MoE target runs eagerly, its dense head from the graphs
     from toolkit.infer.graphs import eager_capture
 
@@ -95,7 +80,7 @@ def test_greedy_decoding_equals_transformers_generate_and_a_draft_is_lossless(mo
     graphed = Engine(target, head, TreeConfig(3, 3, 8), max_len=64, max_batch=2, cuda_graphs=True,
                      graph_capture=eager_capture)
     assert graphed.runner.target_graphs is None and graphed.runner.draft_loop is not None
-    assert [r.tokens for r in graphed.generate_batch(prompts, p, stop_ids={1})] == want, case
+    assert [r.tokens for r in graphed.generate_batch(PROMPTS, SamplingParams(max_new_tokens=14), stop_ids={1})] == want, case
 
 
 def test_a_bf16_target_keeps_a_softmax_router_in_bf16_as_transformers_does(tmp_path):

@@ -6,14 +6,12 @@ import json
 
 import pytest
 import torch
+from hf_reference import assert_forward_matches, assert_greedy_matches
 from safetensors.torch import load_file, save_file
 
 from toolkit.infer.config import ConfigError, ModelConfig
 from toolkit.infer.drafts import random_head
-from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
-from toolkit.infer.sampling import SamplingParams
-from toolkit.infer.tree import TreeConfig
 
 V = 211
 BASE = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -52,25 +50,12 @@ def test_logits_and_hidden_states_match_transformers(phi3):
         assert "model.layers.0.self_attn.qkv_proj.weight" in w and "model.layers.0.mlp.gate_up_proj.weight" in w
     ours = load_target(folder)
     assert ours.config.rotary_dim == (12 if "partial" in case else None)
-    ids = torch.randint(0, V, (2, 37), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        want = hf(ids, output_hidden_states=True)
-        logits, aux = ours(ids, aux_layers=[0, 1, 2])
-    assert (logits - want.logits).abs().max() < 1e-4
-    for i, h in enumerate(aux):
-        assert (h - want.hidden_states[i + 1]).abs().max() < 1e-4, i
+    assert_forward_matches(ours, hf, 37, [0, 1, 2])
 
 
 def test_greedy_decoding_equals_transformers_generate_and_an_eagle3_draft_is_lossless(phi3):
     _, folder, hf = phi3
-    prompts = [[5, 17, 33, 8, 61, 7], [9, 4]]
-    want = [hf.generate(torch.tensor([p]), max_new_tokens=14, do_sample=False, pad_token_id=0)[0, len(p):].tolist()
-            for p in prompts]
-    target, p = load_target(folder), SamplingParams(max_new_tokens=14)
-    assert [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p, stop_ids={1})] == want
-    head = random_head(target.config, list(range(V)))
-    got = Engine(target, head, TreeConfig(3, 2, 6), max_len=64, max_batch=2).generate_batch(prompts, p, stop_ids={1})
-    assert [r.tokens for r in got] == want
+    assert_greedy_matches(load_target(folder), hf, 14)
 
 
 def test_an_eagle3_head_of_a_partial_rope_target_rotates_whole_heads_and_round_trips(phi3, tmp_path):

@@ -4,7 +4,6 @@ exported head over it with greedy text identical to plain decoding."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from toolkit.train.tracking import read_metrics
 
 
 @pytest.fixture(scope="module")
-def moe_target(tiny_target, tmp_path_factory):
+def moe_target(tiny_target, tmp_path_factory, peaked):
     """A random 6-layer Qwen3-MoE (8 experts, 2 per token, layer 0 dense) with tiny_target's tokenizer."""
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
@@ -28,14 +27,9 @@ def moe_target(tiny_target, tmp_path_factory):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
-        model.lm_head.weight.normal_(0.0, 1.0)  # a peaked next-token distribution
         for layer in model.model.layers[1:]:
             layer.mlp.gate.weight.normal_(0.0, 0.5)
-    model.save_pretrained(folder)
-    for f in tiny_target.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(f, folder / f.name)
-    return folder
+    return peaked(model, folder, tiny_target)
 
 
 def test_eagle3_trains_on_a_moe_target_and_bench_serves_it_losslessly(moe_target, prepared, tmp_path):
@@ -64,7 +58,7 @@ def test_eagle3_trains_on_a_moe_target_and_bench_serves_it_losslessly(moe_target
 
 
 @pytest.fixture(scope="module")
-def mixtral_target(tiny_target, tmp_path_factory):
+def mixtral_target(tiny_target, tmp_path_factory, peaked):
     """A random 4-layer Mixtral (4 experts, 2 per token; block_sparse_moe.experts.{e}.w1/w2/w3 on disk)."""
     from transformers import AutoModelForCausalLM, MixtralConfig
 
@@ -73,14 +67,7 @@ def mixtral_target(tiny_target, tmp_path_factory):
                         num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                         max_position_embeddings=1024, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.normal_(0.0, 1.0)
-    model.save_pretrained(folder)
-    for f in tiny_target.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy(f, folder / f.name)
-    return folder
+    return peaked(AutoModelForCausalLM.from_config(cfg), folder, tiny_target)
 
 
 def test_an_mtp_head_starts_from_a_mixtral_last_layer_trains_and_serves_losslessly(mixtral_target, prepared,
