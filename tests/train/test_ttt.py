@@ -51,7 +51,7 @@ def test_step_zero_is_plain_causal_attention():
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}  # attention factor 1.139
 
 
-def _head(kind: str, num_layers: int, rope_scaling: dict | None = None):
+def _head(kind: str, num_layers: int, rope_scaling: dict | None = None, sinks: bool = False):
     from toolkit.infer.config import ModelConfig
     from toolkit.infer.drafts import random_head
     from toolkit.infer.eagle2 import Eagle2Head
@@ -59,7 +59,8 @@ def _head(kind: str, num_layers: int, rope_scaling: dict | None = None):
 
     c = ModelConfig(model_type="qwen3" if kind == "mtp" else "llama", vocab_size=80, hidden_size=32,
                     intermediate_size=48, num_layers=num_layers if kind == "eagle" else 6, num_heads=4,
-                    num_kv_heads=2, head_dim=8, rope_scaling=rope_scaling or {}, max_position_embeddings=256)
+                    num_kv_heads=2, head_dim=8, rope_scaling=rope_scaling or {}, max_position_embeddings=256,
+                    attention_sinks=sinks)
     torch.manual_seed(3)
     if kind == "eagle3":
         return random_head(c, list(range(0, 80, 2)), seed=3, num_layers=num_layers), 96
@@ -69,19 +70,22 @@ def _head(kind: str, num_layers: int, rope_scaling: dict | None = None):
         for name, p in head.named_parameters():
             if p.dim() > 1 and name != "lm_head.weight":
                 p.normal_(0, 0.2)
+            elif name.endswith("sinks"):  # GPT-OSS's: a logit per head in each softmax
+                p.normal_(0, 1.0)
     return head.eval(), 32
 
 
 @pytest.mark.parametrize("kind,num_layers", [("eagle3", 1), ("eagle3", 2), ("eagle", 1), ("eagle", 2), ("mtp", 1),
-                                             ("eagle3-yarn", 1), ("mtp-yarn", 1)])
+                                             ("eagle3-yarn", 1), ("mtp-yarn", 1), ("mtp-sinks", 1)])
 def test_unrolled_steps_equal_what_the_engine_drafts(kind, num_layers):
     """Train == serve, for every head kind: TTT step i at row t gives the logits the engine's draft produces
     for the depth-i node after prefix t, with the same (teacher-forced) tokens; under yarn too, whose attention
-    factor scales cos and sin (training left it out)."""
+    factor scales cos and sin (training left it out); and for an MTP block with attention sinks (GPT-OSS)."""
     from toolkit.train.ttt import unroll
 
     kind, _, rope = kind.partition("-")
-    head, feature = _head(kind, num_layers, YARN if rope == "yarn" else None)
+    head, feature = _head(kind, num_layers, YARN if rope == "yarn" else None, sinks=rope == "sinks")
+    assert kind != "mtp" or (rope == "sinks") == hasattr(head.block.self_attn, "sinks")
     assert rope != "yarn" or head.config.rope_attention_factor() > 1.1
     embed = torch.nn.Embedding(80, 32)
     g = torch.Generator().manual_seed(0)

@@ -1,7 +1,9 @@
 """Attention of the Llama-family layer (the target's, and the draft heads' that reuse it), and what a forward builds
 once for all its layers: rope's cos / sin tables (rope_cos_sin), rotated in by `rotate`, and the masks
 (attention_masks). Each token's k / v are written to its cache slot before it attends to the slots its mask
-allows: with SDPA, or with kernels "triton" the fused RoPE + cache write and the tree-attention kernel.
+allows: with SDPA, or with kernels "triton" the fused RoPE + cache write and the tree-attention kernel. GPT-OSS's
+attention sinks (a learned logit per query head in every softmax, with no value) go through sink_attention, or
+the kernel's sink term.
 Shapes: B batch, T new tokens, S cache slots, H hidden, D head dim, Hq/Hkv query/key-value heads.
 """
 from __future__ import annotations
@@ -54,6 +56,23 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
+def sink_attention(q, k, v, bias, sinks) -> torch.Tensor:
+    """Attention with sinks, as transformers' GPT-OSS attends: softmax over [scores, sinks[h]], the sink's share
+    dropped. q [B, Hq, T, D], k/v [B, Hkv, S, D], bias additive [B, 1, T, S] (None: causal, the T queries at the
+    last T slots), sinks [Hq] -> [B, Hq, T, D]. Scores in the inputs' dtype, the softmax in float32."""
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    scores = (q.reshape(B, Hkv, -1, D) @ k.transpose(-1, -2)).view(B, Hq, T, S).float() * D ** -0.5
+    if bias is not None:
+        scores = scores + bias
+    elif T > 1:
+        causal = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
+        scores = scores.masked_fill(~causal, float("-inf"))
+    sink = sinks.float().view(1, Hq, 1, 1).expand(B, Hq, T, 1)
+    probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1].to(v.dtype)      # [B, Hq, T, S]
+    return (probs.view(B, Hkv, -1, S) @ v).view(B, Hq, T, D)
+
+
 class Attention(nn.Module):
     def __init__(self, c: ModelConfig, in_features: int | None = None):  # EAGLE-3's layer takes 2H inputs
         super().__init__()
@@ -65,6 +84,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
         if c.qk_norm:
             self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps), RMSNorm(c.head_dim, c.rms_norm_eps)
+        if c.attention_sinks:
+            self.sinks = nn.Parameter(torch.zeros(c.num_heads))  # a logit per query head (GPT-OSS)
         self.register_buffer("qkv", None, persistent=False)       # fused [q; k; v] weight: Transformer.fuse
         self.register_buffer("qkv_b", None, persistent=False)
 
@@ -133,10 +154,13 @@ class Attention(nn.Module):
 
     def _attend(self, q, k, v, mask):
         """q [B, Hq, T, D] over k/v [B, Hkv, S, D] -> [B, Hq, T, D]."""
+        sinks = getattr(self, "sinks", None)
         if mask is not None and mask[1] is not None:  # the Triton kernel (set_kernels("triton"))
             from toolkit.infer.kernels.tree_attention import tree_attention
 
-            return tree_attention(q, k, v, mask[1], lens=mask[2])
+            return tree_attention(q, k, v, mask[1], lens=mask[2], sinks=sinks)
+        if sinks is not None:
+            return sink_attention(q, k, v, None if mask is None else mask[0], sinks)
         # mask None: causal over T > 1 new tokens (the fused causal kernel), or one token seeing all
         return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[0],
                                               is_causal=mask is None and q.shape[2] > 1,

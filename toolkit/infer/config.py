@@ -1,6 +1,6 @@
 """Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, SmolLM2),
-its MoE kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5: moe_config.py, moe.py) and DeepSeek-V3 / Kimi-K2 (MLA
-attention: deepseek.py; MoE MLPs) read from an HF config.json (transformers 4.x or 5.x spelling), validated on
+its MoE kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS: moe_config.py, moe.py, gpt_oss.py) and
+DeepSeek-V3 / Kimi-K2 (MLA attention: deepseek.py; MoE MLPs) read from an HF config.json (transformers 4.x or 5.x spelling), validated on
 construction."""
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class Family(NamedTuple):
     head_dim: int | None = None  # the config class's head_dim default (None: hidden_size // heads)
     kv_heads: int | None = None  # the config class's num_key_value_heads default (None: the query heads)
     rms_norm_eps: float = 1e-6   # the config class's rms_norm_eps default
+    attention_bias_default: bool = False  # the config class's attention_bias default
 
 
 FAMILIES = {
@@ -45,6 +46,10 @@ FAMILIES = {
     # Phi-3 / 3.5 / Phi-4 / Phi-4-mini: fused qkv_proj and gate_up_proj on disk (hf_names.py), RoPE on the first
     # partial_rotary_factor (default 1) of each head, longrope ("su" / "yarn" in old configs)
     "phi3": Family(False, False, False, 4096, rms_norm_eps=1e-5),
+    # GPT-OSS: q/k/v/o biases, attention sinks, sliding and full layers alternating, clamped-SwiGLU experts with
+    # biases and a biased router (gpt_oss.py); MXFP4 experts on disk are dequantized on load (mxfp4.py)
+    "gpt_oss": Family(False, False, True, 131072, head_dim=64, kv_heads=8, rms_norm_eps=1e-5,
+                      attention_bias_default=True),
 }
 PARTIAL_ROPE = {"glm4_moe": 0.5, "phi3": 1.0}  # the families that rotate part of a head: their default fraction
 MLA_KINDS = ("deepseek_v3", "kimi_k2")
@@ -85,6 +90,7 @@ class ModelConfig:
     sliding_window: int | None = None  # the HF model's attention window (Mistral, Qwen2/3); None: full attention
     full_layers: tuple[int, ...] = ()  # with a window: the layers that still attend over the whole context
     rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of each head (GLM-4.5); None: all head_dim
+    attention_sinks: bool = False  # a learned logit per query head joins each softmax, its value zero (GPT-OSS)
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:
@@ -150,12 +156,14 @@ class ModelConfig:
         max_positions = cfg.get("max_position_embeddings") or family.max_positions
         if kind == "phi3":
             cfg = _phi3_rope(cfg)
+        elif kind == "gpt_oss":
+            cfg = _gpt_oss_rope(cfg)
         theta, rope_params = rope.resolve(cfg, max_positions, partial_ok=kind in PARTIAL_ROPE)
         mla, moe = None, moe_from_hf(kind, cfg)
         if kind in MLA_KINDS:
             mla = _mla(cfg)
             cfg = {**cfg, "head_dim": mla.qk_rope_head_dim}
-        attention_bias = family.attention_bias and bool(cfg.get("attention_bias", False))
+        attention_bias = family.attention_bias and bool(cfg.get("attention_bias", family.attention_bias_default))
         qkv_bias = {"qwen2_moe": bool(cfg.get("qkv_bias", True)),
                     "glm4_moe": bool(cfg.get("attention_bias", False))}.get(kind, family.qkv_bias)
         head_dim = cfg.get("head_dim") or family.head_dim or cfg["hidden_size"] // heads
@@ -170,7 +178,8 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=qkv_bias or attention_bias,
             qk_norm=bool(cfg.get("use_qk_norm", False)) if kind == "glm4_moe" else family.qk_norm,
-            attention_bias=attention_bias, mla=mla, moe=moe, **_sliding_window(kind, cfg))
+            attention_bias=attention_bias, mla=mla, moe=moe, attention_sinks=kind == "gpt_oss",
+            **_sliding_window(kind, cfg))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
@@ -206,7 +215,10 @@ class ModelConfig:
 
 def _refuse_unsupported(kind: str, cfg: dict) -> None:
     """Keys transformers honours that change the math and this engine does not implement."""
-    if cfg.get("quantization_config"):
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    if kind == "gpt_oss" and quant == "mxfp4":  # the experts' blocks and scales, dequantized on load (mxfp4.py)
+        pass
+    elif cfg.get("quantization_config"):
         raise ConfigError(f"a quantized checkpoint (quantization_config: "
                           f"{cfg['quantization_config'].get('quant_method')}) is not supported: dequantize it to "
                           "bf16 first")
@@ -222,14 +234,15 @@ def _sliding_window(kind: str, cfg: dict) -> dict:
     Mistral's `sliding_window` (default 4096, null = off), Mixtral's and Phi-3's (default null), on every layer;
     the Qwen families' only with `use_sliding_window`: Qwen3-MoE's on every layer, Qwen2/3's and Qwen2-MoE's on
     the layers `layer_types` names sliding_attention, else on layers >= max_window_layers (Qwen2/3) or the even
-    layers below max_window_layers (Qwen2-MoE)."""
+    layers below max_window_layers (Qwen2-MoE); GPT-OSS's (default 128) on the layers `layer_types` names, by
+    default the even ones."""
     layers = cfg["num_hidden_layers"]
     if kind in ("qwen2", "qwen3", "mimo", "qwen2_moe", "qwen3_moe"):
         if not cfg.get("use_sliding_window"):
             return {}
-    elif kind not in ("mistral", "mixtral", "phi3"):
+    elif kind not in ("mistral", "mixtral", "phi3", "gpt_oss"):
         return {}
-    window = cfg.get("sliding_window", None if kind in ("mixtral", "phi3") else 4096)
+    window = cfg.get("sliding_window", {"mixtral": None, "phi3": None, "gpt_oss": 128}.get(kind, 4096))
     if not window:
         return {}
     if kind in ("mixtral", "qwen3_moe", "phi3"):
@@ -238,6 +251,8 @@ def _sliding_window(kind: str, cfg: dict) -> dict:
         slides = [t == "sliding_attention" for t in cfg["layer_types"]]
     elif kind == "mistral":
         slides = [True] * layers
+    elif kind == "gpt_oss":
+        slides = [i % 2 == 0 for i in range(layers)]
     elif kind == "qwen2_moe":
         slides = [i % 2 == 0 and i < cfg.get("max_window_layers", 28) for i in range(layers)]
     else:
@@ -254,6 +269,17 @@ def _phi3_rope(cfg: dict) -> dict:
         if r.get("rope_type", r.get("type")) in ("su", "yarn"):
             cfg = {**cfg, key: {**{k: v for k, v in r.items() if k != "type"}, "rope_type": "longrope"}}
     return cfg
+
+
+def _gpt_oss_rope(cfg: dict) -> dict:
+    """GptOssConfig's defaults: theta 150000, and yarn (factor 32 over 4096 positions, beta 32 / 1, untruncated)
+    when the config names no rope parameters."""
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 150000.0))
+    if cfg.get("rope_scaling") or cfg.get("rope_parameters"):
+        return {**cfg, "rope_theta": theta}
+    return {**cfg, "rope_theta": theta, "rope_parameters": {
+        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+        "original_max_position_embeddings": 4096}}
 
 
 def _mla(cfg: dict) -> MLA:

@@ -41,9 +41,10 @@ class DraftHead(KeepsFp32):
     def graphable(self) -> bool:
         """False for a head with a MoE block (a DeepSeek / GLM NextN layer): its routing reads the experts hit
         on the host, so it runs eagerly."""
+        from toolkit.infer.gpt_oss import GptOssMoE
         from toolkit.infer.moe import MoE
 
-        return not any(isinstance(m, MoE) for m in self.modules())
+        return not any(isinstance(m, (MoE, GptOssMoE)) for m in self.modules())
 
     def fuse_rows(self, emb: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """fuse for row_step: (residual, the first q/k/v GEMV's input as kernels/gemv.gemv keywords), so that a
@@ -147,13 +148,14 @@ class DraftHead(KeepsFp32):
 
 
 def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
-    """EAGLE heads are plain Llama layers of the target's sizes (full attention) whatever the target's family;
-    over a target that rotates part of each head (GLM-4.5, Phi-4-mini) they rotate whole heads with unscaled RoPE
-    of the target's theta, as SpecForge's Phi-4-mini config and SGLang's Llama draft layer do (draft_rope_keys)."""
+    """EAGLE heads are plain Llama layers of the target's sizes (full attention, no biases or sinks) whatever the
+    target's family; over a target that rotates part of each head (GLM-4.5, Phi-4-mini) they rotate whole heads
+    with unscaled RoPE of the target's theta, as SpecForge's Phi-4-mini config and SGLang's Llama draft layer do
+    (draft_rope_keys)."""
     partial = {"rotary_dim": None, "rope_scaling": {}} if target.rotary_dim is not None else {}
     return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
                    attention_bias=False, tie_word_embeddings=False, mla=None, moe=None, sliding_window=None,
-                   full_layers=(), **partial,
+                   full_layers=(), attention_sinks=False, **partial,
                    head_dim=target.hidden_size // target.num_heads if target.mla else target.head_dim)
 
 

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from toolkit.embedded import DEFAULT_MODEL
+from toolkit.infer import mxfp4
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
 from toolkit.infer.model import Transformer
@@ -53,16 +54,20 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     config = ModelConfig.from_folder(folder)
     num_mtp = _declared_mtp_layers(json.loads((folder / "config.json").read_text()))
     fp32 = ROUTER_FP32 if config.moe is not None and config.moe.scoring == "sigmoid" else ()
-    tensors = {}
+    tensors, packed = {}, {}
     for f in weight_files(folder):
         with safe_open(str(f), "pt", device="cpu") as sf:
             for name in sf.keys():
                 short = name.removeprefix("model.")
                 if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp):
                     continue
+                if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below
+                    packed[short] = sf.get_tensor(name)
+                    continue
                 for ours, t in our_tensors(config, name, sf.get_tensor(name)):
                     # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
                     tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
+    tensors.update(mxfp4.join_packed(packed, dtype))  # GPT-OSS's MXFP4 experts as released, dequantized
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
     with torch.device("meta"):

@@ -1,5 +1,5 @@
 """Target transformer (Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, SmolLM2; with MoE MLPs
-Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5; DeepSeek-V3 / Kimi-K2), gpt-fast style.
+Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS; DeepSeek-V3 / Kimi-K2), gpt-fast style.
 
 One forward serves prefill, decode and tree verification: each token has a rope position and a cache slot
 it is written to, and attends to the cache slots its mask allows. It returns logits and the hidden states
@@ -49,13 +49,17 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, c: ModelConfig, layer: int = 0):
         """Layer `layer` of a model of config c: DeepSeek's MLA, else Llama's attention; a MoE MLP where the
-        config's moe makes the layer sparse (moe.py), else Llama's."""
+        config's moe makes the layer sparse (moe.py; GPT-OSS's: gpt_oss.py), else Llama's."""
         super().__init__()
         from toolkit.infer.deepseek import MLAAttention
+        from toolkit.infer.gpt_oss import GptOssMoE
         from toolkit.infer.moe import MoE
 
         self.self_attn = MLAAttention(c) if c.mla is not None else Attention(c)
-        self.mlp = MoE(c) if c.moe is not None and c.moe.sparse(layer) else MLP(c)
+        if c.moe is not None and c.moe.sparse(layer):
+            self.mlp = GptOssMoE(c) if c.moe.scoring == "topk_softmax" else MoE(c)
+        else:
+            self.mlp = MLP(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 

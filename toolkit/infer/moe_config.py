@@ -1,5 +1,5 @@
-"""Mixture-of-experts sizes and routing, read from an HF config.json for the five MoE families the engine runs
-(toolkit/infer/moe.py builds the MLPs):
+"""Mixture-of-experts sizes and routing, read from an HF config.json for the six MoE families the engine runs
+(toolkit/infer/moe.py builds the MLPs, gpt_oss.py GPT-OSS's):
 
     deepseek_v3  sigmoid scores, group-limited top-k with a correction bias, scaled; ungated shared experts;
     glm4_moe     dense MLPs below first_k_dense_replace (GLM-4.5 routes as DeepSeek-V3)
@@ -7,6 +7,8 @@
     qwen2_moe    softmax top-k, renormalised only with norm_topk_prob; one shared expert of its own size behind a
                  sigmoid gate (shared_expert_gate)
     qwen3_moe    softmax top-k as Qwen2-MoE, no shared expert
+    gpt_oss      top-k of a biased router's logits, softmax over those k; experts with biases and a clamped SwiGLU
+                 (swiglu_limit, swiglu_alpha), stored as one [E, H, 2I] gate/up and one [E, I, H] down tensor
 
 Qwen's layers are sparse unless listed in mlp_only_layers or off the decoder_sparse_step (transformers: layer l
 is sparse when l not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0); the others keep a dense MLP of
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 from toolkit.infer.config_error import ConfigError
 
-SCORING = ("sigmoid", "softmax")
+SCORING = ("sigmoid", "softmax", "topk_softmax")
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,8 @@ class MoE:
     num_experts: int
     top_k: int
     intermediate_size: int           # per expert
-    scoring: str = "sigmoid"         # "sigmoid": DeepSeek-V3's group-limited routing; "softmax": Mixtral / Qwen
+    scoring: str = "sigmoid"         # "sigmoid": DeepSeek-V3's group-limited routing; "softmax": Mixtral / Qwen;
+                                     # "topk_softmax": GPT-OSS (softmax over the top-k logits of a biased router)
     n_group: int = 1
     topk_group: int = 1
     shared_size: int = 0             # the shared expert's intermediate size (0: none)
@@ -35,6 +38,8 @@ class MoE:
     routed_scaling_factor: float = 1.0
     norm_topk_prob: bool = True
     weights_in_model_dtype: bool = False  # Qwen: the routing weights rounded to the model's dtype before use
+    swiglu_limit: float = 7.0        # GPT-OSS's experts: gate clamped above, up on both sides, to this
+    swiglu_alpha: float = 1.702      # GPT-OSS's experts: gate * sigmoid(alpha * gate)
 
     def __post_init__(self):
         if self.scoring not in SCORING:
@@ -45,6 +50,8 @@ class MoE:
         if self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group:
             raise ConfigError(f"MoE: n_routed_experts {self.num_experts} must split into n_group {self.n_group} "
                               f"groups and topk_group {self.topk_group} must be in 1..n_group")
+        if self.swiglu_limit <= 0:
+            raise ConfigError(f"MoE: swiglu_limit must be positive, got {self.swiglu_limit}")
         if not 1 <= self.top_k <= self.num_experts // self.n_group * self.topk_group:
             raise ConfigError(f"MoE: num_experts_per_tok {self.top_k} must be in 1..{self.num_experts} (the "
                               "experts of topk_group groups)")
@@ -85,6 +92,10 @@ def moe_from_hf(kind: str, cfg: dict) -> MoE | None:
                    dense_layers=tuple(i for i in range(layers) if i in only or (i + 1) % step),
                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
                    weights_in_model_dtype=True)
+    if kind == "gpt_oss":
+        return MoE(_experts(cfg, 128), cfg.get("num_experts_per_tok", 4), cfg.get("intermediate_size", 2880),
+                   "topk_softmax", weights_in_model_dtype=True, swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+                   swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)))
     return None
 
 

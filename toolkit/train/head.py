@@ -43,7 +43,9 @@ def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tens
 
 
 def target_layer(folder: str | Path, index: int, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """The target's decoder layer `index` as a Block state dict (MTP can start from the last one)."""
+    """The target's decoder layer `index` as a Block state dict (MTP can start from the last one); GPT-OSS's
+    MXFP4 experts dequantized."""
+    from toolkit.infer import mxfp4
     from toolkit.infer.hf_names import our_tensors
     from toolkit.infer.weight_files import weight_files
 
@@ -56,7 +58,8 @@ def target_layer(folder: str | Path, index: int, config: ModelConfig) -> dict[st
                     found.update((ours[len(prefix):], t) for ours, t in our_tensors(config, key, sf.get_tensor(key)))
     if not found:
         raise ValueError(f"target {folder}: no weights for layer {index}")
-    return found
+    packed = {k: found.pop(k) for k in list(found) if k.endswith(mxfp4.SUFFIXES)}
+    return {**found, **mxfp4.join_packed(packed, torch.float32)}
 
 
 def draft_vocab(assistant_ids: torch.Tensor | Iterable[torch.Tensor], size: int, vocab_size: int,

@@ -14,9 +14,10 @@ import torch
 
 
 def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], block: int = 128,
-                  valid: torch.Tensor | None = None) -> torch.Tensor:
+                  valid: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, L, D]; ks/vs: step 0..i keys/values [B, Hkv, L, D]; valid bool [B, L] marks real (not padded)
-    key positions of step 0. Returns [B, H, L, D]."""
+    key positions of step 0; sinks [H] (an MTP block of a GPT-OSS target): a logit per head that joins every
+    softmax with no value. Returns [B, H, L, D]."""
     B, H, L, D = q.shape
     groups = H // ks[0].shape[1]
     ks = [k.repeat_interleave(groups, 1) if groups > 1 else k for k in ks]
@@ -32,10 +33,12 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
         allowed = causal[None, None] if valid is None else causal[None, None] & valid[:, None, None, :r1]
         s = s.masked_fill(~allowed, float("-inf"))
         parts = [s] if diag is None else [s, diag[:, :, r0:r1].float()]
-        m = torch.cat([p.amax(-1, keepdim=True) for p in parts], -1).amax(-1, keepdim=True)
+        sink = None if sinks is None else sinks.float().view(1, H, 1, 1).expand(B, H, r1 - r0, 1)
+        m = torch.cat([p.amax(-1, keepdim=True) for p in parts + ([sink] if sink is not None else [])], -1)
+        m = m.amax(-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         p0 = (s - m).exp()                                                             # [B, H, rows, r1]
-        total = p0.sum(-1, keepdim=True)
+        total = p0.sum(-1, keepdim=True) + (0 if sink is None else (sink - m).exp())
         acc = p0.to(vs[0].dtype) @ vs[0][:, :, :r1]
         if diag is not None:
             pd = (diag[:, :, r0:r1].float() - m).exp()                                 # [B, H, rows, i]
@@ -67,7 +70,7 @@ def _attend(attn, x: torch.Tensor, pos: torch.Tensor, head, ks: list, vs: list, 
     q, k = _rope(q.transpose(1, 2), pos, head), _rope(k.transpose(1, 2), pos, head)
     ks.append(k)
     vs.append(v)
-    a = ttt_attention(q, ks, vs, block=block, valid=valid)                            # [B, Hq, L, D]
+    a = ttt_attention(q, ks, vs, block=block, valid=valid, sinks=getattr(attn, "sinks", None))  # [B, Hq, L, D]
     return attn.o_proj(a.transpose(1, 2).reshape(B, L, c.num_heads * c.head_dim))
 
 

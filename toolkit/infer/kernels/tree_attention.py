@@ -13,6 +13,8 @@ q [B, Hq, T, D], k/v [B, Hkv, S, D], mask [B, T, S] (True / nonzero = may attend
     walk it serially, while the others find nothing to read.
   * `lens` [B]: slots past lens[b] are never read (CUDA graphs attend over the whole cache; a sequence's
     mask ends long before it).
+  * `sinks` [Hq] (GPT-OSS): a logit per query head that joins the softmax's denominator with no value; added
+    once, where a row's sums are final (the one split's end, or the merge).
 On CPU it runs under TRITON_INTERPRET=1 (tests); there tl.dot is wrong for bf16, so inputs are upcast.
 Measured against SDPA on a GPU: benchmarks/bench_attention.py, benchmarks/RESULTS.md.
 """
@@ -28,21 +30,27 @@ import triton.language as tl
 from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 
-def reference_attention(q, k, v, mask, scale: float | None = None) -> torch.Tensor:
-    """The torch reference: scaled dot-product attention with the same mask."""
-    groups = q.shape[1] // k.shape[1]
+def reference_attention(q, k, v, mask, scale: float | None = None, sinks: torch.Tensor | None = None
+                        ) -> torch.Tensor:
+    """The torch reference: scaled dot-product attention with the same mask (and sinks: a column per head of
+    the softmax, dropped after it)."""
+    B, HQ, T, _ = q.shape
+    groups = HQ // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = (q.float() @ k.float().transpose(-1, -2)) * (scale or 1 / math.sqrt(q.shape[-1]))
     scores = scores.masked_fill(~mask.bool()[:, None], float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().view(1, HQ, 1, 1).expand(B, HQ, T, 1)
+        return (torch.cat([scores, sink], -1).softmax(-1)[..., :-1] @ v.float()).to(q.dtype)
     return (scores.softmax(-1).nan_to_num(0.0) @ v.float()).to(q.dtype)
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr, pl_ptr,
+def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr, pl_ptr, sink_ptr,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sob, soh, sot,
                       T, D, HQ, HKV, GROUPS, scale, NUM_SPLITS,
                       BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                      UPCAST: tl.constexpr, PARTIAL: tl.constexpr, PDL: tl.constexpr):
+                      UPCAST: tl.constexpr, PARTIAL: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr):
     wait_prior(PDL)
     b, kvh = tl.program_id(0) // HKV, tl.program_id(0) % HKV
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)           # packed rows: token t, query head h
@@ -86,14 +94,20 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr
         tl.store(pm_ptr + row, m_i, mask=row_ok)
         tl.store(pl_ptr + row, l_i, mask=row_ok)
     else:
+        if SINKS:  # the sink's exp(sink - max) joins the denominator, all rescaled to the larger max
+            sink = tl.load(sink_ptr + h, mask=row_ok, other=0.0).to(tl.float32)
+            m_all = tl.maximum(m_i, sink)
+            rescale = tl.exp(m_i - m_all)
+            l_i = l_i * rescale + tl.exp(sink - m_all)
+            acc = acc * rescale[:, None]
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]             # a row that sees nothing gives zeros
         tl.store(o_ptr + b * sob + h[:, None] * soh + t[:, None] * sot + d[None, :], out.to(o_ptr.dtype.element_ty),
                  mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
-def _merge_kernel(po_ptr, pm_ptr, pl_ptr, o_ptr, sob, soh, sot, T, D, HQ, NUM_SPLITS,
-                  BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+def _merge_kernel(po_ptr, pm_ptr, pl_ptr, o_ptr, sink_ptr, sob, soh, sot, T, D, HQ, NUM_SPLITS,
+                  BLOCK_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr):
     wait_prior(PDL)
     row = tl.program_id(0)                                             # (b * Hq + h) * T + t
     b, h, t = row // (HQ * T), (row // T) % HQ, row % T
@@ -103,8 +117,14 @@ def _merge_kernel(po_ptr, pm_ptr, pl_ptr, o_ptr, sob, soh, sot, T, D, HQ, NUM_SP
     l = tl.load(pl_ptr + row * NUM_SPLITS + sp, mask=sp_ok, other=0.0)
     acc = tl.load(po_ptr + (row * NUM_SPLITS + sp)[:, None] * D + d[None, :], mask=sp_ok[:, None] & (d[None, :] < D),
                   other=0.0)
-    w = tl.exp(m - tl.max(m, 0))                                       # each split rescaled to the common max
+    m_all = tl.max(m, 0)
+    if SINKS:
+        sink = tl.load(sink_ptr + h).to(tl.float32)
+        m_all = tl.maximum(m_all, sink)
+    w = tl.exp(m - m_all)                                              # each split rescaled to the common max
     total = tl.sum(w * l, 0)
+    if SINKS:
+        total += tl.exp(sink - m_all)
     out = tl.sum(w[:, None] * acc, 0) / tl.where(total > 0, total, 1.0)
     tl.store(o_ptr + b * sob + h * soh + t * sot + d, out.to(o_ptr.dtype.element_ty), mask=d < D)
 
@@ -114,8 +134,10 @@ def _num_sms(device: torch.device) -> int:
 
 
 def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor | None = None,
-                   splits: int | None = None, block_s: int = 32, num_warps: int = 4) -> torch.Tensor:
-    """mask bool or int8 [B, T, S]; lens int [B] (default S): slots at or past lens[b] are not read.
+                   splits: int | None = None, block_s: int = 32, num_warps: int = 4,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """mask bool or int8 [B, T, S]; lens int [B] (default S): slots at or past lens[b] are not read; sinks [Hq]
+    or None.
     splits: chunks of each sequence's lens[b] slots (default: enough programs for ~2 waves on the device, at most
     one per block of block_s slots). The defaults are an H200's fastest for a batch-1 decode / verify step over
     1k slots (one 32-slot block per program: 10.3 -> 9.1 us a layer with the merge) and within 1% of it over 4k
@@ -124,6 +146,8 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     S, HKV = k.shape[2], k.shape[1]
     if HQ % HKV:
         raise ValueError(f"{HQ} query heads are not a multiple of {HKV} kv heads")
+    if sinks is not None and sinks.shape != (HQ,):
+        raise ValueError(f"sinks shape {tuple(sinks.shape)} != (query heads,) {(HQ,)}")
     if mask.shape != (B, T, S):
         raise ValueError(f"mask shape {tuple(mask.shape)} != (batch, new tokens, slots) {(B, T, S)}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -145,14 +169,16 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     pl = torch.empty_like(pm)
     block_d = max(16, triton.next_power_of_2(D))
     _attention_kernel[(B * HKV, row_blocks, splits)](
-        q, k, v, m, lens, out, po, pm, pl, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+        q, k, v, m, lens, out, po, pm, pl, q if sinks is None else sinks, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1), out.stride(0), out.stride(1),
         out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), splits,
-        BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial, num_warps=num_warps,
+        BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial,
+        SINKS=sinks is not None, num_warps=num_warps,
         **launch_kw(q.device, B * T))
     if partial:
-        _merge_kernel[(B * HQ * T,)](po, pm, pl, out, out.stride(0), out.stride(1), out.stride(2), T, D, HQ, splits,
-                                     BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)), BLOCK_D=block_d,
+        _merge_kernel[(B * HQ * T,)](po, pm, pl, out, q if sinks is None else sinks, out.stride(0), out.stride(1),
+                                     out.stride(2), T, D, HQ, splits, BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)),
+                                     BLOCK_D=block_d, SINKS=sinks is not None,
                                      **launch_kw(q.device, B * T))
     return out
 
