@@ -183,3 +183,17 @@ def test_eagle_heads_read_noisy_features_by_default_and_older_runs_read_clean_on
     with pytest.raises(ValueError, match="feature_noise was 0.0, now 0.1"):
         check_resume(old, load_config(None, ["data=x", "head=eagle"]))
     check_resume(old, load_config(None, ["data=x", "head=eagle", "feature_noise=0"]))
+
+
+def test_the_draft_mlp_width_is_a_positive_eagle_setting_fixed_across_a_resume():
+    """draft_intermediate_size (SpecForge gives gpt-oss-20b's head 17280 where the target's is 2880): an eagle3 /
+    eagle head's, refused for an MTP block (the target's own kind) and when not positive; a resume keeps it."""
+    from toolkit.train.config import check_resume
+
+    assert load_config(None, ["data=x", "draft_intermediate_size=17280"]).draft_intermediate_size == 17280
+    for bad in (["head=mtp", "draft_intermediate_size=64"], ["draft_intermediate_size=0"]):
+        with pytest.raises(ValueError, match="draft_intermediate_size"):
+            load_config(None, ["data=x", *bad])
+    with pytest.raises(ValueError, match="draft_intermediate_size was 64, now None"):
+        check_resume({"head": "eagle3", "data": "x", "draft_intermediate_size": 64}, load_config(None, ["data=x"]))
+    check_resume({"head": "eagle3", "data": "x"}, load_config(None, ["data=x"]))  # a run from before the key

@@ -36,7 +36,8 @@ def test_eagle3_trains_on_a_moe_target_and_bench_serves_it_losslessly(moe_target
     out = tmp_path / "run"
     assert main(["train", "--model", str(moe_target), "--data", str(prepared), "--output-dir", str(out),
                  "batch_size=2", "max_len=96", "log_every=1", "eval_samples=2", "eval_max_new_tokens=6", "threads=1",
-                 "lr=3e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=12", "save_every=12"]) == 0
+                 "lr=3e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=12", "save_every=12",
+                 "draft_intermediate_size=80"]) == 0  # the head's MLP width, not the target's 128
     recs = read_metrics(out / "metrics.jsonl")
     loss = {r["step"]: r["loss"] for r in recs if "loss" in r}
     assert sorted(loss) == list(range(1, 13)) and loss[12] < 0.8 * loss[1]
@@ -44,6 +45,7 @@ def test_eagle3_trains_on_a_moe_target_and_bench_serves_it_losslessly(moe_target
     assert ev["eval_engine_tau"] >= 1 and ev["eval_replay_differing_rows"] == 0
     cfg = json.loads((out / "draft" / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]
+    assert cfg["intermediate_size"] == 80  # draft_intermediate_size, read back by bench below
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Tell me about rivers."]}) + "\n")
@@ -111,6 +113,54 @@ def test_an_mtp_head_starts_from_a_mixtral_last_layer_trains_and_serves_lossless
     target = load_target(mixtral_target)
     head = load_draft(str(out / "draft"), target, None)
     prompts, p = [[1, 520, 3300, 28, 991], [1, 44, 9000]], SamplingParams(max_new_tokens=16)
+    want = [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p)]
+    got = Engine(target, head, TreeConfig(3, 1, 4), max_len=64, max_batch=2).generate_batch(prompts, p)
+    assert [r.tokens for r in got] == want
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_target(tiny_target, tmp_path_factory, peaked):
+    """A random 4-layer GPT-OSS (4 experts, 2 per token, sinks, a window of 16 on layers 0 and 2)."""
+    from transformers import AutoModelForCausalLM, GptOssConfig
+
+    folder = tmp_path_factory.mktemp("gpt-oss-target")
+    cfg = GptOssConfig(vocab_size=49152, hidden_size=64, intermediate_size=64, num_local_experts=4,
+                       num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, sliding_window=16, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+    return peaked(model, folder, tiny_target)
+
+
+def test_an_mtp_head_over_gpt_oss_trains_its_sinks_and_serves_losslessly(gpt_oss_target, prepared, tmp_path):
+    """The MTP block of a GPT-OSS target is a GPT-OSS layer (sinks, biased router, clamped experts) started from
+    the target's last one; training-time test attends with its sinks (tests/train/test_ttt.py), which train."""
+    from safetensors.torch import load_file
+
+    from toolkit.infer.draft_folder import load_draft
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import load_target
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.tree import TreeConfig
+
+    out = tmp_path / "mtp"
+    assert main(["train", "--model", str(gpt_oss_target), "--data", str(prepared), "--output-dir", str(out),
+                 "head=mtp", "init_block=target_last", "ttt_steps=2", "batch_size=2", "max_len=96", "log_every=1",
+                 "eval_samples=0", "threads=1", "lr=1e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=8",
+                 "save_every=8"]) == 0
+    loss = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    assert len(loss) == 8 and loss[-1] < loss[0]
+    saved, w = load_file(str(out / "draft" / "model.safetensors")), load_file(str(gpt_oss_target / "model.safetensors"))
+    start = w["model.layers.3.self_attn.sinks"]
+    assert not torch.equal(saved["model.mtp_layers.0.self_attn.sinks"], start)  # trained from the target's
+    assert (saved["model.mtp_layers.0.self_attn.sinks"] - start).abs().max() < 0.1
+    assert {"model.mtp_layers.0.mlp.router.bias", "model.mtp_layers.0.mlp.experts.gate_up_proj"} <= set(saved)
+    target = load_target(gpt_oss_target)
+    head = load_draft(str(out / "draft"), target, None)
+    prompts, p = [[1, 520, 3300, 28, 991], [1, 44, 9000]], SamplingParams(max_new_tokens=24)
     want = [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p)]
     got = Engine(target, head, TreeConfig(3, 1, 4), max_len=64, max_batch=2).generate_batch(prompts, p)
     assert [r.tokens for r in got] == want

@@ -147,12 +147,14 @@ class DraftHead(KeepsFp32):
         return logp, tok, None if embed is None else embed(tok)
 
 
-def draft_config(target: ModelConfig, num_layers: int = 1) -> ModelConfig:
+def draft_config(target: ModelConfig, num_layers: int = 1, intermediate_size: int | None = None) -> ModelConfig:
     """EAGLE heads are plain Llama layers of the target's sizes (full attention, no biases or sinks) whatever the
     target's family; over a target that rotates part of each head (GLM-4.5, Phi-4-mini) they rotate whole heads
     with unscaled RoPE of the target's theta, as SpecForge's Phi-4-mini config and SGLang's Llama draft layer do
-    (draft_rope_keys)."""
+    (draft_rope_keys). intermediate_size: the head's MLP width (None: the target's)."""
     partial = {"rotary_dim": None, "rope_scaling": {}} if target.rotary_dim is not None else {}
+    if intermediate_size is not None:
+        partial["intermediate_size"] = intermediate_size
     return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
                    attention_bias=False, tie_word_embeddings=False, mla=None, moe=None, sliding_window=None,
                    full_layers=(), attention_sinks=False, **partial,

@@ -21,6 +21,8 @@ class TrainConfig:
     # the head
     head: str = "eagle3"                     # eagle3 | eagle (EAGLE-1/2) | mtp; each has its entry script
     num_layers: int = 1
+    draft_intermediate_size: int | None = None  # eagle3 / eagle: the head's MLP width (default the target's
+    #                                          intermediate_size; SpecForge gives gpt-oss-20b's head 17280)
     aux_layers: list[int] | None = None      # target layer outputs fused by fc (default [1, L//2-1, L-4])
     token_map: str | None = None             # vocab_map_N.safetensors; else built from the data's assistant tokens
     draft_vocab_size: int = 32000            # used when token_map is absent (capped at the target vocab)
@@ -85,6 +87,9 @@ class TrainConfig:
         if self.head != "eagle3" and (self.token_map or self.aux_layers):
             problems.append(f"token_map / aux_layers: an {self.head} head reads the target's final hidden state "
                             "and its full lm_head (serve it with --token-map freq_N.pt to truncate the vocabulary)")
+        if self.draft_intermediate_size is not None and (self.head == "mtp" or self.draft_intermediate_size <= 0):
+            problems.append(f"draft_intermediate_size {self.draft_intermediate_size}: a positive MLP width for an "
+                            "eagle3 / eagle head (an MTP block is the target's own kind)")
         if self.head == "mtp" and self.num_layers != 1:
             problems.append(f"num_layers {self.num_layers}: an MTP module is one decoder block")
         if self.fc_bias and self.head != "eagle":
@@ -144,7 +149,7 @@ class TrainConfig:
 # (fc_bias, norm_before_residual, norm_before_fc) and what it reads (feature_noise). The
 # length (max_steps, epochs), the schedule's shape, the clock and the logging cadence may change.
 RESUME_FIXED = ("data", "max_len", "eval_samples", "seed", "batch_size", "grad_accum", "lr", "weight_decay",
-                "fc_bias", "norm_before_residual", "norm_before_fc", "feature_noise")
+                "fc_bias", "norm_before_residual", "norm_before_fc", "feature_noise", "draft_intermediate_size")
 
 
 def check_resume(saved: dict, cfg: TrainConfig) -> None:

@@ -70,6 +70,7 @@ class Eagle3(Objective):
 
         lm_head = parts["lm_head.weight"] if cfg.init_lm_head == "target" else None
         return build_head(tcfg, vocab_ids, aux_layers, lm_head, cfg.seed, cfg.num_layers,
+                          intermediate_size=cfg.draft_intermediate_size,
                           norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc)
 
     def save(self, head, folder, *args):
@@ -87,7 +88,8 @@ class Eagle(Objective):
         from toolkit.infer.eagle2 import Eagle2Head
 
         torch.manual_seed(cfg.seed)
-        return Eagle2Head(draft_config(tcfg, cfg.num_layers), parts["lm_head.weight"].float(), fc_bias=cfg.fc_bias)
+        return Eagle2Head(draft_config(tcfg, cfg.num_layers, cfg.draft_intermediate_size),
+                          parts["lm_head.weight"].float(), fc_bias=cfg.fc_bias)
 
     def inputs(self, cfg, feats, key):
         # EAGLE's data augmentation: U(-a, a) noise on the target features the head reads, so that at draft
