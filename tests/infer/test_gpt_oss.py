@@ -14,7 +14,6 @@ from toolkit.infer import mxfp4
 from toolkit.infer.attention import sink_attention
 from toolkit.infer.config import ConfigError, ModelConfig
 from toolkit.infer.gpt_oss import GptOssMoE
-from toolkit.infer.kernels.tree_attention import reference_attention
 from toolkit.infer.loading import load_target
 from toolkit.infer.tree import TreeConfig
 
@@ -48,6 +47,16 @@ def test_greedy_decoding_equals_generate_and_eagle3_drafts_are_lossless(gpt_oss)
     target = load_target(folder)
     assert not target.graphable  # a MoE target runs eagerly
     assert_greedy_matches(target, hf, 14, trees=(TreeConfig(3, 1, 4), TreeConfig(3, 3, 8)))
+
+
+def reference_attention(q, k, v, mask, sinks):
+    """transformers' eager GPT-OSS attention: kv heads repeated, the sink a last softmax column, dropped after.
+    (Not the kernels' reference: importing Triton here, before the kernel tests set TRITON_INTERPRET, would leave
+    their worker without a driver.)"""
+    k, v = k.repeat_interleave(q.shape[1] // k.shape[1], 1), v.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    scores = (q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~mask[:, None], float("-inf"))
+    sink = sinks.view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    return torch.cat([scores, sink], -1).softmax(-1)[..., :-1] @ v
 
 
 def test_sink_attention_equals_the_reference_masked_and_causal():

@@ -59,6 +59,31 @@ def test_eagle3_trains_on_a_moe_target_and_bench_serves_it_losslessly(moe_target
     assert r["greedy_identical_to_baseline"] is True and r["speculative"]["tau"] >= 1
 
 
+def train_mtp(target, prepared, out) -> list[float]:
+    """8 steps of an MTP head started from the target's last layer, via the CLI; its losses."""
+    assert main(["train", "--model", str(target), "--data", str(prepared), "--output-dir", str(out),
+                 "head=mtp", "init_block=target_last", "ttt_steps=2", "batch_size=2", "max_len=96", "log_every=1",
+                 "eval_samples=0", "threads=1", "lr=1e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=8",
+                 "save_every=8"]) == 0
+    return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+
+def assert_chain_lossless(target_folder, draft_folder, new: int) -> None:
+    """The exported head drafting a chain of 3 gives plain decoding's greedy tokens (batch 2)."""
+    from toolkit.infer.draft_folder import load_draft
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import load_target
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.tree import TreeConfig
+
+    target = load_target(target_folder)
+    head = load_draft(str(draft_folder), target, None)
+    prompts, p = [[1, 520, 3300, 28, 991], [1, 44, 9000]], SamplingParams(max_new_tokens=new)
+    want = [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p)]
+    got = Engine(target, head, TreeConfig(3, 1, 4), max_len=64, max_batch=2).generate_batch(prompts, p)
+    assert [r.tokens for r in got] == want
+
+
 @pytest.fixture(scope="module")
 def mixtral_target(tiny_target, tmp_path_factory, peaked):
     """A random 4-layer Mixtral (4 experts, 2 per token; block_sparse_moe.experts.{e}.w1/w2/w3 on disk)."""
@@ -76,19 +101,9 @@ def test_an_mtp_head_starts_from_a_mixtral_last_layer_trains_and_serves_lossless
                                                                                      tmp_path, capsys):
     from safetensors.torch import load_file
 
-    from toolkit.infer.draft_folder import load_draft
-    from toolkit.infer.engine import Engine
-    from toolkit.infer.loading import load_target
-    from toolkit.infer.sampling import SamplingParams
-    from toolkit.infer.tree import TreeConfig
-
     out = tmp_path / "mtp"
-    assert main(["train", "--model", str(mixtral_target), "--data", str(prepared), "--output-dir", str(out),
-                 "head=mtp", "init_block=target_last", "ttt_steps=2", "batch_size=2", "max_len=96", "log_every=1",
-                 "eval_samples=0", "threads=1", "lr=1e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=8",
-                 "save_every=8"]) == 0
+    loss = train_mtp(mixtral_target, prepared, out)
     assert "mixture of experts" in capsys.readouterr().err  # SGLang's MiMoMTP block is dense
-    loss = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
     assert len(loss) == 8 and loss[-1] < loss[0]
     saved = load_file(str(out / "draft" / "model.safetensors"))
     assert {f"model.mtp_layers.0.mlp.experts.{e}.{p}_proj.weight" for e in range(4) for p in ("gate", "up", "down")} \
@@ -110,12 +125,7 @@ def test_an_mtp_head_starts_from_a_mixtral_last_layer_trains_and_serves_lossless
             assert torch.equal(getattr(built.block.mlp.experts[e], f"{ours}_proj").weight,
                                w[f"{last}experts.{e}.{theirs}.weight"])
     assert torch.equal(built.block.mlp.gate.weight, w[last + "gate.weight"])
-    target = load_target(mixtral_target)
-    head = load_draft(str(out / "draft"), target, None)
-    prompts, p = [[1, 520, 3300, 28, 991], [1, 44, 9000]], SamplingParams(max_new_tokens=16)
-    want = [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p)]
-    got = Engine(target, head, TreeConfig(3, 1, 4), max_len=64, max_batch=2).generate_batch(prompts, p)
-    assert [r.tokens for r in got] == want
+    assert_chain_lossless(mixtral_target, out / "draft", 16)
 
 
 @pytest.fixture(scope="module")
@@ -140,27 +150,12 @@ def test_an_mtp_head_over_gpt_oss_trains_its_sinks_and_serves_losslessly(gpt_oss
     the target's last one; training-time test attends with its sinks (tests/train/test_ttt.py), which train."""
     from safetensors.torch import load_file
 
-    from toolkit.infer.draft_folder import load_draft
-    from toolkit.infer.engine import Engine
-    from toolkit.infer.loading import load_target
-    from toolkit.infer.sampling import SamplingParams
-    from toolkit.infer.tree import TreeConfig
-
     out = tmp_path / "mtp"
-    assert main(["train", "--model", str(gpt_oss_target), "--data", str(prepared), "--output-dir", str(out),
-                 "head=mtp", "init_block=target_last", "ttt_steps=2", "batch_size=2", "max_len=96", "log_every=1",
-                 "eval_samples=0", "threads=1", "lr=1e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=8",
-                 "save_every=8"]) == 0
-    loss = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    loss = train_mtp(gpt_oss_target, prepared, out)
     assert len(loss) == 8 and loss[-1] < loss[0]
     saved, w = load_file(str(out / "draft" / "model.safetensors")), load_file(str(gpt_oss_target / "model.safetensors"))
     start = w["model.layers.3.self_attn.sinks"]
     assert not torch.equal(saved["model.mtp_layers.0.self_attn.sinks"], start)  # trained from the target's
     assert (saved["model.mtp_layers.0.self_attn.sinks"] - start).abs().max() < 0.1
     assert {"model.mtp_layers.0.mlp.router.bias", "model.mtp_layers.0.mlp.experts.gate_up_proj"} <= set(saved)
-    target = load_target(gpt_oss_target)
-    head = load_draft(str(out / "draft"), target, None)
-    prompts, p = [[1, 520, 3300, 28, 991], [1, 44, 9000]], SamplingParams(max_new_tokens=24)
-    want = [r.tokens for r in Engine(target, max_len=64, max_batch=2).generate_batch(prompts, p)]
-    got = Engine(target, head, TreeConfig(3, 1, 4), max_len=64, max_batch=2).generate_batch(prompts, p)
-    assert [r.tokens for r in got] == want
+    assert_chain_lossless(gpt_oss_target, out / "draft", 24)

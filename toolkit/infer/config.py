@@ -1,7 +1,7 @@
 """Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, SmolLM2),
 its MoE kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS: moe_config.py, moe.py, gpt_oss.py) and
-DeepSeek-V3 / Kimi-K2 (MLA attention: deepseek.py; MoE MLPs) read from an HF config.json (transformers 4.x or 5.x spelling), validated on
-construction."""
+DeepSeek-V3 / Kimi-K2 (MLA attention: deepseek.py; MoE MLPs) read from an HF config.json (transformers 4.x or
+5.x spelling; some families' own keys: family_keys.py), validated on construction."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from toolkit.infer import rope
+from toolkit.infer import family_keys, rope
 from toolkit.infer.config_error import ConfigError
 from toolkit.infer.moe_config import MoE, moe_from_hf
 from toolkit.infer.rope import ROPE_TYPES  # noqa: F401  (importers read the accepted types here)
@@ -155,9 +155,9 @@ class ModelConfig:
         family, heads = FAMILIES[kind], cfg["num_attention_heads"]
         max_positions = cfg.get("max_position_embeddings") or family.max_positions
         if kind == "phi3":
-            cfg = _phi3_rope(cfg)
+            cfg = family_keys.phi3_rope(cfg)
         elif kind == "gpt_oss":
-            cfg = _gpt_oss_rope(cfg)
+            cfg = family_keys.gpt_oss_rope(cfg)
         theta, rope_params = rope.resolve(cfg, max_positions, partial_ok=kind in PARTIAL_ROPE)
         mla, moe = None, moe_from_hf(kind, cfg)
         if kind in MLA_KINDS:
@@ -179,7 +179,7 @@ class ModelConfig:
             qkv_bias=qkv_bias or attention_bias,
             qk_norm=bool(cfg.get("use_qk_norm", False)) if kind == "glm4_moe" else family.qk_norm,
             attention_bias=attention_bias, mla=mla, moe=moe, attention_sinks=kind == "gpt_oss",
-            **_sliding_window(kind, cfg))
+            **family_keys.sliding_window(kind, cfg))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
@@ -227,59 +227,6 @@ def _refuse_unsupported(kind: str, cfg: dict) -> None:
         raise ConfigError(f"hidden_act {act!r} is not supported; accepted: {ACTIVATIONS}")
     if kind == "llama" and cfg.get("mlp_bias"):  # the one family whose MLP transformers gives biases
         raise ConfigError("mlp_bias true (biased gate/up/down projections) is not supported; accepted: false")
-
-
-def _sliding_window(kind: str, cfg: dict) -> dict:
-    """The window transformers applies ({"sliding_window": W, "full_layers": layers that do not slide}, or {}):
-    Mistral's `sliding_window` (default 4096, null = off), Mixtral's and Phi-3's (default null), on every layer;
-    the Qwen families' only with `use_sliding_window`: Qwen3-MoE's on every layer, Qwen2/3's and Qwen2-MoE's on
-    the layers `layer_types` names sliding_attention, else on layers >= max_window_layers (Qwen2/3) or the even
-    layers below max_window_layers (Qwen2-MoE); GPT-OSS's (default 128) on the layers `layer_types` names, by
-    default the even ones."""
-    layers = cfg["num_hidden_layers"]
-    if kind in ("qwen2", "qwen3", "mimo", "qwen2_moe", "qwen3_moe"):
-        if not cfg.get("use_sliding_window"):
-            return {}
-    elif kind not in ("mistral", "mixtral", "phi3", "gpt_oss"):
-        return {}
-    window = cfg.get("sliding_window", {"mixtral": None, "phi3": None, "gpt_oss": 128}.get(kind, 4096))
-    if not window:
-        return {}
-    if kind in ("mixtral", "qwen3_moe", "phi3"):
-        slides = [True] * layers
-    elif cfg.get("layer_types") is not None:
-        slides = [t == "sliding_attention" for t in cfg["layer_types"]]
-    elif kind == "mistral":
-        slides = [True] * layers
-    elif kind == "gpt_oss":
-        slides = [i % 2 == 0 for i in range(layers)]
-    elif kind == "qwen2_moe":
-        slides = [i % 2 == 0 and i < cfg.get("max_window_layers", 28) for i in range(layers)]
-    else:
-        slides = [i >= cfg.get("max_window_layers", 28) for i in range(layers)]
-    if not any(slides):
-        return {}
-    return {"sliding_window": int(window), "full_layers": tuple(i for i, s in enumerate(slides) if not s)}
-
-
-def _phi3_rope(cfg: dict) -> dict:
-    """Phi3Config reads an old config's rope type "su" or "yarn" as longrope (Phi-3-mini-128k and kin)."""
-    for key in ("rope_scaling", "rope_parameters"):
-        r = cfg.get(key) or {}
-        if r.get("rope_type", r.get("type")) in ("su", "yarn"):
-            cfg = {**cfg, key: {**{k: v for k, v in r.items() if k != "type"}, "rope_type": "longrope"}}
-    return cfg
-
-
-def _gpt_oss_rope(cfg: dict) -> dict:
-    """GptOssConfig's defaults: theta 150000, and yarn (factor 32 over 4096 positions, beta 32 / 1, untruncated)
-    when the config names no rope parameters."""
-    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 150000.0))
-    if cfg.get("rope_scaling") or cfg.get("rope_parameters"):
-        return {**cfg, "rope_theta": theta}
-    return {**cfg, "rope_theta": theta, "rope_parameters": {
-        "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-        "original_max_position_embeddings": 4096}}
 
 
 def _mla(cfg: dict) -> MLA:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
+from toolkit.infer.moe import combine_experts
 
 
 class TopKSoftmaxRouter(nn.Module):
@@ -62,8 +63,4 @@ class GptOssMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, flat = x.shape, x.reshape(-1, x.shape[-1])                            # [n, H]
         ids, weights = self.router(flat)
-        out = torch.zeros_like(flat)
-        for e in ids.unique().tolist():                                             # the experts hit (host)
-            rows, slot = (ids == e).nonzero(as_tuple=True)
-            out.index_add_(0, rows, (self.experts.expert(e, flat[rows]) * weights[rows, slot, None]).to(out.dtype))
-        return out.view(shape)
+        return combine_experts(flat, ids, weights, self.experts.expert).view(shape)

@@ -20,6 +20,16 @@ from torch import nn
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.fp32 import KeepsFp32
 
+def combine_experts(flat: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, expert) -> torch.Tensor:
+    """flat [n, H], ids / weights [n, k] -> [n, H]: each token's sum over its k experts of weight * expert(e, x)
+    (expert e over the tokens routed to it, x [m, H] -> [m, H]), one call per expert hit (read on the host)."""
+    out = torch.zeros_like(flat)
+    for e in ids.unique().tolist():
+        rows, slot = (ids == e).nonzero(as_tuple=True)
+        out.index_add_(0, rows, (expert(e, flat[rows]) * weights[rows, slot, None]).to(out.dtype))
+    return out
+
+
 class GroupedSigmoidRouter(KeepsFp32):
     keep_fp32 = ("weight", "e_score_correction_bias")  # as transformers and SGLang route
 
@@ -77,11 +87,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape, flat = x.shape, x.reshape(-1, x.shape[-1])                            # [n, H]
         ids, weights = self.gate(flat)
-        out = torch.zeros_like(flat)
-        for e in ids.unique().tolist():                                             # the experts hit (host)
-            rows, slot = (ids == e).nonzero(as_tuple=True)
-            y = self.experts[e](flat[rows]) * weights[rows, slot, None]
-            out.index_add_(0, rows, y.to(out.dtype))
+        out = combine_experts(flat, ids, weights, lambda e, x: self.experts[e](x))
         if getattr(self, "shared_expert", None) is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
         elif getattr(self, "shared_experts", None) is not None:

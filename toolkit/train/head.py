@@ -82,8 +82,8 @@ def build_head(target_cfg: ModelConfig, vocab_ids: list[int], aux_layers: list[i
     intermediate_size: its MLP width (None: the target's); variant: norm_before_residual / norm_before_fc."""
     ids = torch.tensor(sorted(vocab_ids))
     torch.manual_seed(seed)
-    head = Eagle3Head(draft_config(target_cfg, num_layers, intermediate_size), target_cfg.hidden_size, ids - torch.arange(len(ids)),
-                      aux_layers, **variant)
+    head = Eagle3Head(draft_config(target_cfg, num_layers, intermediate_size), target_cfg.hidden_size,
+                      ids - torch.arange(len(ids)), aux_layers, **variant)
     if lm_head is not None:
         with torch.no_grad():
             head.lm_head.weight.copy_(lm_head[ids].float())

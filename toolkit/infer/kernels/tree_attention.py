@@ -169,16 +169,16 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     pl = torch.empty_like(pm)
     block_d = max(16, triton.next_power_of_2(D))
     _attention_kernel[(B * HKV, row_blocks, splits)](
-        q, k, v, m, lens, out, po, pm, pl, q if sinks is None else sinks, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-        k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1), out.stride(0), out.stride(1),
-        out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), splits,
+        q, k, v, m, lens, out, po, pm, pl, q if sinks is None else sinks, q.stride(0), q.stride(1), q.stride(2),
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1),
+        out.stride(0), out.stride(1), out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), splits,
         BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial,
         SINKS=sinks is not None, num_warps=num_warps,
         **launch_kw(q.device, B * T))
     if partial:
         _merge_kernel[(B * HQ * T,)](po, pm, pl, out, q if sinks is None else sinks, out.stride(0), out.stride(1),
-                                     out.stride(2), T, D, HQ, splits, BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)),
-                                     BLOCK_D=block_d, SINKS=sinks is not None,
+                                     out.stride(2), T, D, HQ, splits, BLOCK_D=block_d, SINKS=sinks is not None,
+                                     BLOCK_SPLITS=max(2, triton.next_power_of_2(splits)),
                                      **launch_kw(q.device, B * T))
     return out
 
