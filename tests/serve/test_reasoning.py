@@ -1,12 +1,14 @@
 """--reasoning-parser: a chat reply's thinking goes to reasoning_content (and vLLM's newer `reasoning`), the
 answer to content, whole or streamed (the deltas join to the whole split whatever the pieces, a tag split across
-them included); qwen3 thinks only when the reply opens with <think>, deepseek_r1 until </think>."""
+them included); qwen3 thinks only when the reply opens with <think>, deepseek_r1 until </think>; gpt_oss reads
+harmony's channels (analysis: thinking; final, commentary: the answer), its special-token headers kept in the text
+it reads and out of the client's."""
 import json
 
 import pytest
 from fastapi.testclient import TestClient
 
-from toolkit.serve.reasoning import ReasoningSplit
+from toolkit.serve.reasoning import ReasoningSplit, reasoning_split
 
 MESSAGES = [{"role": "user", "content": "Name three colors."}]
 CASES = {  # reply -> (qwen3, deepseek_r1) as (reasoning, content)
@@ -35,15 +37,69 @@ def test_whole_and_streamed_splits_agree(parser, reply):
         assert tuple(got) == want, size
 
 
+HARMONY = {  # gpt-oss's reply after its generation prompt `<|start|>assistant` -> (reasoning, content)
+    "<|channel|>analysis<|message|>User asks 2+2.<|end|><|start|>assistant<|channel|>final<|message|>4.":
+        ("User asks 2+2.", "4."),
+    "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>c <|d|>": ("ab", "c <|d|>"),
+    "<|channel|>analysis<|message|>cut off by max_tokens": ("cut off by max_tokens", ""),
+    "<|channel|>analysis<|message|>done<|end|><|start|>assistant<|chan": ("done", ""),  # a header cut off
+    "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": 1}": ("", '{"x": 1}'),
+    "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}": ("", "{}"),
+    "No header at all, <|end|> or not.": ("", "No header at all,  or not."),  # a stray end tag dropped
+    "<": ("", ""),
+    "": ("", ""),
+}
+
+
+@pytest.mark.parametrize("reply", list(HARMONY))
+def test_harmony_replies_split_whole_and_streamed_alike(reply):
+    assert reasoning_split("gpt_oss").feed(reply, done=True) == HARMONY[reply]
+    for size in (1, 2, 3, 7):
+        split, got = reasoning_split("gpt_oss"), ["", ""]
+        for i in range(0, len(reply), size):
+            for k, part in enumerate(split.feed(reply[i:i + size])):
+                got[k] += part
+        for k, part in enumerate(split.feed("", done=True)):
+            got[k] += part
+        assert tuple(got) == HARMONY[reply], size
+
+
+def test_harmony_headers_are_kept_for_the_parser_and_out_of_the_client_text():
+    """TextStream with the parser's tags kept (the served chat's `keep`) gives the parser the headers, which are
+    special tokens; the client's stop-string text leaves them out. And <|end|> is no end of turn in harmony."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from toolkit.infer.loading import stop_ids
+    from toolkit.serve.reasoning import TAGS
+    from toolkit.serve.text import TextStream, shown_ids
+
+    specials = ["<|endoftext|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+                "<|constrain|>"]
+    words = ["assistant", "analysis", "final", "two", "plus", "four"]
+    inner = Tokenizer(models.WordLevel({w: i for i, w in enumerate(specials + words)}, unk_token="<|endoftext|>"))
+    inner.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=inner, eos_token="<|return|>")
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    ids = tok("<|channel|> analysis <|message|> two plus two <|end|> <|start|> assistant <|channel|> final "
+              "<|message|> four").input_ids
+    stream = TextStream(tok, [], keep=shown_ids(tok, TAGS["gpt_oss"]))
+    thought, answer = reasoning_split("gpt_oss").feed(stream.scan(ids, done=True), done=True)
+    assert (thought.split(), answer.split()) == (["two", "plus", "two"], ["four"])
+    assert "<|" not in TextStream(tok, []).scan(ids, done=True)
+    assert stop_ids(tok) == {tok.convert_tokens_to_ids("<|return|>"), tok.convert_tokens_to_ids("<|call|>")}
+
+
 def test_an_unknown_parser_is_refused():
-    with pytest.raises(ValueError, match="accepted qwen3, deepseek_r1"):
+    with pytest.raises(ValueError, match="accepted qwen3, deepseek_r1, gpt_oss"):
         ReasoningSplit("granite")
 
 
-@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1", "gpt_oss"])
 def test_served_replies_are_split(tiny_target, in_process_app, parser):
     """The random target never writes a tag: deepseek_r1 reads its whole reply as thinking (cut by max_tokens),
-    qwen3 as the answer; streamed deltas join to the same parts."""
+    qwen3 and gpt_oss (no harmony header) as the answer; streamed deltas join to the same parts."""
     body = {"messages": MESSAGES, "max_tokens": 10, "temperature": 0}
     with in_process_app(tiny_target, stops=()) as (asgi, _), TestClient(asgi) as plain:
         text = plain.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
@@ -57,3 +113,22 @@ def test_served_replies_are_split(tiny_target, in_process_app, parser):
     assert "".join(d.get("reasoning_content", "") for d in deltas) == (thought or "")
     assert "".join(d.get("content") or "" for d in deltas) == (answer or "")
     assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
+
+
+def test_structured_output_beside_the_gpt_oss_parser_is_refused(tiny_target, in_process_app):
+    """Harmony's answer starts after its analysis message and a header: a grammar from the first token would
+    break the format, so a constrained chat request is refused by name, not served wrong."""
+    body = {"messages": MESSAGES, "max_tokens": 4, "response_format": {"type": "json_object"}}
+    with in_process_app(tiny_target, stops=(), reasoning_parser="gpt_oss") as (asgi, _), TestClient(asgi) as client:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and "--reasoning-parser gpt_oss" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "gpt-oss", "openai_gptoss"])
+def test_sglang_and_vllm_names_of_the_harmony_parser_are_read(name):
+    from toolkit.cli import build_parser
+    from toolkit.serve.engine_args import check
+
+    args = build_parser().parse_args(["serve", "--draft", "nowhere", "--reasoning-parser", name])
+    check(args, "serve")
+    assert args.reasoning_parser == "gpt_oss"

@@ -30,6 +30,7 @@ from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.file_store import FileStore, add_files_routes
 from toolkit.serve.json_body import read_object, validated
 from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest
+from toolkit.serve.reasoning import TAGS as REASONING_TAGS
 from toolkit.serve.reply import Reply
 from toolkit.serve.response_store import add_responses_routes
 from toolkit.serve.sequences import Sequences
@@ -63,6 +64,7 @@ def build_app(served: Served) -> FastAPI:
     served.created = served.created or int(time.time())
     # the parser's tags that are special tokens here: kept in the text it reads (vLLM turns skip_special_tokens off)
     tags = shown_ids(tok, TAGS[served.tool_parser]) if served.tool_parser else frozenset()
+    thinking_tags = shown_ids(tok, REASONING_TAGS.get(served.reasoning_parser, ()))  # harmony's headers
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
@@ -156,8 +158,12 @@ def build_app(served: Served) -> FastAPI:
                                 "a named function, or start the server with them", "tool_choice")
         ids, text = prompt_ids(body)
         compiled = await compile_constraint(body)
+        if compiled is not None and served.reasoning_parser == "gpt_oss":  # its answer starts a few tokens in
+            raise ApiError(400, "structured output (response_format, guided decoding, a required or named tool "
+                                "choice) is not supported with --reasoning-parser gpt_oss: the harmony reply's "
+                                "final message starts after its analysis and headers", "response_format")
         mode = served.tool_parser if choice.mode == "auto" else None if choice.mode == "none" else choice.mode
-        keep = tags if choice.mode == "auto" else frozenset()
+        keep = (tags if choice.mode == "auto" else frozenset()) | thinking_tags
         seqs = [sequence(body, ids, "messages", i, compiled, keep) for i in range(body.n)]
         return seqs, text, (mode, choice.name, choice.parallel) if mode else None, keep
 

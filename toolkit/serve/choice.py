@@ -18,7 +18,7 @@ from toolkit.infer.sequence import Result
 from toolkit.serve.batcher import Batcher, Request
 from toolkit.serve.logprobs import LogprobWriter
 from toolkit.serve.protocol import ApiError
-from toolkit.serve.reasoning import ReasoningSplit
+from toolkit.serve.reasoning import reasoning_split
 from toolkit.serve.text import TextStream
 from toolkit.serve.tool_calls import ToolCallReader
 
@@ -50,7 +50,7 @@ class Choice:
         self.prompt_top = prompt_top    # vLLM's prompt_logprobs: the likeliest tokens beside each prompt token
         self.stop_token_ids = stop_token_ids  # the request's own (not end-of-turn): vLLM's stop_reason names them
         self.silent = silent            # max_tokens 0: the generated token is dropped
-        self.split = ReasoningSplit(reasoning) if reasoning else None  # chat: thinking apart from the answer
+        self.split = reasoning_split(reasoning) if reasoning else None  # chat: thinking apart from the answer
         self.calls = ToolCallReader(*tools) if tools else None  # chat: (mode, name, parallel) tool calls read
         self.called = False             # tool calls were read: finish_reason tool_calls (but for a named one)
         self.generated: list[int] = []  # the updates carry new tokens only

@@ -37,7 +37,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", default=None, metavar="|".join(PARSERS),
                    help="split a chat reply's thinking (<think> ... </think>) into message.reasoning_content, as "
                         "vLLM's flag: qwen3 (thinking when the reply opens with <think>) or deepseek_r1 (thinking "
-                        "until </think>: R1, QwQ, Qwen3-Thinking-2507)")
+                        "until </think>: R1, QwQ, Qwen3-Thinking-2507), or gpt_oss (harmony's analysis channel; "
+                        "also read as SGLang's gpt-oss and vLLM's openai_gptoss)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="serve tool_choice auto (and tools sent without tool_choice): the model decides to call, its "
                         "reply is read for calls with --tool-call-parser (vLLM's flags)")
@@ -80,6 +81,8 @@ def check(args: argparse.Namespace, command: str):
         raise ValueError(f"--prefix-cache-rows must be >= 0 (0 = no prefix cache), got {args.prefix_cache_rows}")
     if args.max_seq_len < 0:
         raise ValueError(f"--max-seq-len must be >= 0 (0 = size the cache from free memory), got {args.max_seq_len}")
+    args.reasoning_parser = {"gpt-oss": "gpt_oss", "openai_gptoss": "gpt_oss"}.get(args.reasoning_parser,
+                                                                                 args.reasoning_parser)
     if args.reasoning_parser not in (None, *PARSERS):
         raise ValueError(f"--reasoning-parser {args.reasoning_parser}: accepted {', '.join(PARSERS)}")
     args.tool_call_parser = TOOL_ALIASES.get(args.tool_call_parser, args.tool_call_parser)
