@@ -67,7 +67,7 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
                 for ours, t in our_tensors(config, name, sf.get_tensor(name)):
                     # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
                     tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
-    tensors.update(mxfp4.join_packed(packed, dtype))  # GPT-OSS's MXFP4 experts as released, dequantized
+    tensors.update(mxfp4.join_packed(packed, dtype, device))  # GPT-OSS's MXFP4 experts, dequantized where they run
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
     with torch.device("meta"):
