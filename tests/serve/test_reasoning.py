@@ -88,6 +88,13 @@ def test_harmony_headers_are_kept_for_the_parser_and_out_of_the_client_text():
     thought, answer = reasoning_split("gpt_oss").feed(stream.scan(ids, done=True), done=True)
     assert (thought.split(), answer.split()) == (["two", "plus", "two"], ["four"])
     assert "<|" not in TextStream(tok, []).scan(ids, done=True)
+    # bench's multi-turn history and in-process regeneration take the final channel's text, not the run-on
+    # "analysis two plus two assistant final four" a decode without the tags gives
+    from toolkit.data.harmony import reply_text
+
+    assert reply_text(tok, ids).split() == ["four"]
+    assert tok.decode(ids, skip_special_tokens=True).split() == ["analysis", "two", "plus", "two", "assistant",
+                                                                 "final", "four"]
     assert stop_ids(tok) == {tok.convert_tokens_to_ids("<|return|>"), tok.convert_tokens_to_ids("<|call|>")}
 
 

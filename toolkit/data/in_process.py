@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterator
 
+from toolkit.data.harmony import reply_text
 from toolkit.data.turns import Answer, Turns
 
 
@@ -35,7 +36,7 @@ def engine_runner(args):
         return ids if len(ids) + args.max_new_tokens <= max_len else Answer(too_long=True)
 
     def answered(seq: Sequence) -> Answer:
-        text = tok.decode(seq.result.tokens, skip_special_tokens=True).strip()
+        text = reply_text(tok, seq.result.tokens).strip()  # gpt-oss (harmony): the final channel's text
         return Answer(text or None, cut=seq.result.finish == "length", error=None if text else "an empty answer")
 
     def run(todo: list) -> Iterator:

@@ -7,6 +7,7 @@ import time
 import uuid
 from pathlib import Path
 
+from toolkit.data.harmony import reply_text
 from toolkit.data.schemas import ReadStats, raw_records, to_samples
 from toolkit.infer.metrics import summarize
 
@@ -72,7 +73,7 @@ def answer_turns(tok, prompts, generate) -> list[list[str]]:
             messages.append({"role": "user", "content": turn})
             ids = tok(prompt_text(tok, p, messages), add_special_tokens=False).input_ids
             out = generate(ids, {**p, "turn": number})
-            texts.append(tok.decode(out, skip_special_tokens=True))
+            texts.append(reply_text(tok, out))  # gpt-oss: the final channel's text, not its headers
             messages.append({"role": "assistant", "content": texts[-1]})
         answers.append(texts)
     return answers

@@ -16,12 +16,12 @@ tail that could still become a tag is held back until the next text or the end.
 """
 from __future__ import annotations
 
+from toolkit.data.harmony import HARMONY_TAGS, HarmonySplit
 from toolkit.serve.text import held
 
 START, END = "<think>", "</think>"
 PARSERS = ("qwen3", "deepseek_r1", "gpt_oss")
-CHANNEL, MESSAGE, ENDS = "<|channel|>", "<|message|>", ("<|end|>", "<|call|>", "<|return|>")
-TAGS = {"gpt_oss": ("<|start|>", CHANNEL, MESSAGE, "<|constrain|>", "<|end|>")}  # special tokens the parser reads
+TAGS = {"gpt_oss": HARMONY_TAGS}  # special tokens the parser reads: kept in its text
 
 
 def reasoning_split(parser: str):
@@ -59,42 +59,3 @@ class ReasoningSplit:
             reasoning, self.pending, self.phase = self.pending[:end], self.pending[end + len(END):], "answer"
         content, self.pending = self.pending, ""
         return reasoning, content
-
-
-class HarmonySplit:
-    """gpt-oss's harmony messages: analysis bodies -> reasoning, the other channels' -> content, headers dropped."""
-
-    def __init__(self):
-        self.phase = "header"  # header (up to <|message|>) or body (up to an end tag)
-        self.channel = "final"
-        self.pending = ""
-
-    def feed(self, text: str, done: bool = False) -> tuple[str, str]:
-        self.pending += text
-        parts = {"reasoning": "", "content": ""}
-        while self.pending:
-            if self.phase == "header":
-                head = self.pending.lstrip()
-                if head and not head.startswith("<|") and not "<|".startswith(head):  # no header: plain content
-                    self.phase, self.channel = "body", "final"
-                    continue
-                at = self.pending.find(MESSAGE)
-                if at < 0:
-                    if done:
-                        self.pending = ""  # a header cut off by max_tokens: nothing of the answer
-                    break
-                header = self.pending[:at]
-                named = header.rsplit(CHANNEL, 1)[1].split() if CHANNEL in header else []
-                self.channel = named[0].split("<|")[0] if named else "final"
-                self.pending, self.phase = self.pending[at + len(MESSAGE):], "body"
-                continue
-            ends = [(i, tag) for tag in ENDS if (i := self.pending.find(tag)) >= 0]
-            cut, tag = min(ends) if ends else (len(self.pending), "")
-            if not ends and not done:  # a tail that may still become an end tag waits
-                cut -= max(held(self.pending, t) for t in ENDS)
-            parts["reasoning" if self.channel == "analysis" else "content"] += self.pending[:cut]
-            self.pending = self.pending[cut + len(tag):]
-            if not tag:
-                break
-            self.phase = "header"
-        return parts["reasoning"], parts["content"]
