@@ -50,6 +50,9 @@ def test_bench_samples_with_a_generator_on_the_engines_device(monkeypatch):
         def decode(self, ids, **kw):
             return "x"
 
+        def get_vocab(self):  # no harmony tokens: answers decode plainly
+            return {"x": 3}
+
     monkeypatch.setattr(torch, "Generator", FakeGenerator)
     engine = Engine()
     prompts = [{"id": 0, "category": "c", "system": None, "turns": ["hi", "again"]}]
