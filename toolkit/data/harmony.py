@@ -10,7 +10,7 @@ of bench's multi-turn prompts and in-process regeneration (reply_text).
 """
 from __future__ import annotations
 
-from toolkit.serve.text import held
+from toolkit.held import held
 
 CHANNEL, MESSAGE, ENDS = "<|channel|>", "<|message|>", ("<|end|>", "<|call|>", "<|return|>")
 HARMONY_TAGS = ("<|start|>", CHANNEL, MESSAGE, "<|constrain|>", "<|end|>")  # what a reply's text must keep

@@ -121,11 +121,13 @@ def stop_ids(tok, folder: Path | None = None) -> set[int]:
     <|return|> and <|call|>, not its message end <|end|>), and with the model `folder` the eos_token_id (one id or
     a list) of its generation_config.json and config.json, on which transformers' generate and vLLM stop too
     (Llama-3.1: <|eom_id|> and <|end_of_text|> beside <|eot_id|>)."""
+    from toolkit.data.harmony import is_harmony
+
     vocab = tok.get_vocab()
     ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
     # OpenAI's harmony format (gpt-oss): <|end|> closes one message of a turn (the analysis channel's), the turn
     # ends at <|return|> (or <|call|>, a tool call)
-    turn_ends = ("<|return|>", "<|call|>") if "<|return|>" in vocab else ("<|eot_id|>", "<|im_end|>", "<|end|>")
+    turn_ends = ("<|return|>", "<|call|>") if is_harmony(tok) else ("<|eot_id|>", "<|im_end|>", "<|end|>")
     ids |= {vocab[t] for t in turn_ends if t in vocab}
     for name in ("generation_config.json", "config.json") if folder is not None else ():
         path = Path(folder) / name

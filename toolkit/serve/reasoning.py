@@ -17,7 +17,7 @@ tail that could still become a tag is held back until the next text or the end.
 from __future__ import annotations
 
 from toolkit.data.harmony import HARMONY_TAGS, HarmonySplit
-from toolkit.serve.text import held
+from toolkit.held import held
 
 START, END = "<think>", "</think>"
 PARSERS = ("qwen3", "deepseek_r1", "gpt_oss")

@@ -16,12 +16,8 @@ past a stop the response cuts at, and the usage it counts is that of the text re
 """
 from __future__ import annotations
 
+from toolkit.held import held
 from toolkit.infer.sequence import StopStrings
-
-
-def held(text: str, tag: str) -> int:
-    """How many trailing characters of `text` could be the start of `tag` (held back until more text shows)."""
-    return max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
 
 
 def shown_ids(tok, tags) -> frozenset:

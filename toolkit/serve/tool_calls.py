@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from toolkit.serve.text import held
+from toolkit.held import held
 from toolkit.serve.tool_formats import FORMATS, call
 
 PARSERS = ("hermes", *FORMATS)
