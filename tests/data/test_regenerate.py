@@ -330,14 +330,20 @@ def misbehaving(tmp_path, turns: list[list[str]], *flags: str) -> tuple[int, dic
 def test_a_failing_conversation_fails_alone_and_each_answer_is_kept_as_the_target_wrote_it(tmp_path):
     """One conversation the server always fails no longer ends the run (nor stops every rerun at it); a 400 that is
     not about the context is a failure with the server's reason, not 'prompt too long'; a reasoning parser's
-    reasoning is folded back; no content is a failure, not an empty turn; cut answers are counted."""
+    reasoning is kept beside the answer (and not sent back with the next turn); no content is a failure, not an
+    empty turn; cut answers are counted."""
     turns = [["Hi", "CUT", "after"], ["POISON"], ["Hi", "LONG"], ["BAD"], ["THINK", "Hi"], ["EMPTY"]]
     Misbehaving.seen = []
     rc, recs, errors, err = misbehaving(tmp_path, turns)
     assert rc == 1, err  # some failed: said by the exit code too
     assert recs == {"d.jsonl:0": ["Hi", "ok seed=None", "CUT", "a cut-off ans", "after", "ok seed=None"],
                     "d.jsonl:2": ["Hi", "ok seed=None"],  # ended at the turn beyond the context
-                    "d.jsonl:4": ["THINK", "<think>\nSix times seven.\n</think>\n\n42", "Hi", "ok seed=None"]}
+                    "d.jsonl:4": ["THINK", "42", "Hi", "ok seed=None"]}
+    thought = next(r for r in read(tmp_path / "o.jsonl") if r["id"] == "d.jsonl:4")["messages"]
+    assert [m.get("reasoning_content") for m in thought] == [None, "Six times seven.", None, None]
+    asked = next(b["messages"] for b in Misbehaving.seen
+                 if [m["content"] for m in b["messages"]][::2] == ["THINK", "Hi"])
+    assert asked[1] == {"role": "assistant", "content": "42"}
     assert {e["id"]: (e["turn"], e["error"].split(":")[0]) for e in errors} == {
         "d.jsonl:1": (1, "InternalServerError"), "d.jsonl:3": (1, "HTTP 400"),
         "d.jsonl:5": (1, "no answer after the reasoning (it used up --max-new-tokens)")}

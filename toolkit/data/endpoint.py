@@ -7,7 +7,7 @@ conversation goes to the server with the fewest queued, so a faster one takes mo
 as they finish. A request that fails after the client's retries fails its conversation only (it is reported and
 retried by a rerun). A server that fails every one of many conversations in a row is dropped, and those
 conversations and the ones queued on it are asked of the others; with none left the run stops. A reasoning
-parser's `reasoning_content` is folded back into the answer as the target wrote it.
+parser's `reasoning_content` is kept beside the answer (toolkit/data/samples.py renders it as the target wrote it).
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def request_seed(seed: int, cid: str, turn: int) -> int:
 
 
 def read_choice(choice) -> Answer:
-    """The answer text of a chat completion choice: a reasoning parser's reasoning (`reasoning_content`, or
-    vLLM's newer `reasoning`) goes back in front of the content as the template renders it."""
+    """The answer of a chat completion choice: its content, and a reasoning parser's reasoning (`reasoning_content`,
+    or vLLM's newer `reasoning`) kept apart, as the server split it."""
     msg = choice.message
     extra = msg.model_extra or {}
     reasoning = (getattr(msg, "reasoning_content", None) or extra.get("reasoning_content") or extra.get("reasoning")
@@ -45,7 +45,7 @@ def read_choice(choice) -> Answer:
     if not content:
         return Answer(cut=cut, error="no answer after the reasoning (it used up --max-new-tokens)" if reasoning
                       else "an empty answer")
-    return Answer(f"<think>\n{reasoning}\n</think>\n\n{content}" if reasoning else content, cut=cut)
+    return Answer(content, reasoning=reasoning, cut=cut)
 
 
 class Server:

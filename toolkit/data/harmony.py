@@ -6,7 +6,7 @@ the last one ended by <|return|> (the turn's end) or <|call|> (a tool call); cha
 reasoning, final the answer, commentary preambles and tool calls. The tags are special tokens: a decode that
 drops special tokens runs the headers into the text ("analysisUser asks...assistantfinal4."), so the reply is read
 with them kept. Used by `serve --reasoning-parser gpt_oss` (toolkit/serve/reasoning.py) and for the answer text
-of bench's multi-turn prompts and in-process regeneration (reply_text).
+of bench's multi-turn prompts (reply_text) and in-process regeneration (reply_parts: the analysis kept apart).
 """
 from __future__ import annotations
 
@@ -23,16 +23,21 @@ def is_harmony(tok) -> bool:
 
 
 def reply_text(tok, tokens: list[int]) -> str:
-    """A generated turn's text: special tokens left out; from a harmony tokenizer, the final (and commentary)
-    channels' text only, as a chat template takes a past assistant turn (the analysis is not re-read)."""
+    """A generated turn's text as a chat template takes a past assistant turn (the analysis is not re-read)."""
+    return reply_parts(tok, tokens)[1]
+
+
+def reply_parts(tok, tokens: list[int]) -> tuple[str, str]:
+    """A generated turn as (reasoning, text), special tokens left out: from a harmony tokenizer the analysis
+    channel's bodies and the final (and commentary) channels' text; from any other ("", all of it)."""
     if not is_harmony(tok):
-        return tok.decode(tokens, skip_special_tokens=True)
+        return "", tok.decode(tokens, skip_special_tokens=True)
     from toolkit.data.chat import special_ids
 
     keep = {tok.convert_tokens_to_ids(t) for t in HARMONY_TAGS}
     hidden = frozenset(special_ids(tok)) - keep
     text = tok.decode([t for t in tokens if t not in hidden], skip_special_tokens=False)
-    return HarmonySplit().feed(text, done=True)[1]
+    return HarmonySplit().feed(text, done=True)
 
 
 class HarmonySplit:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterator
 
-from toolkit.data.harmony import reply_text
+from toolkit.data.harmony import reply_parts
 from toolkit.data.turns import Answer, Turns
 
 
@@ -36,8 +36,12 @@ def engine_runner(args):
         return ids if len(ids) + args.max_new_tokens <= max_len else Answer(too_long=True)
 
     def answered(seq: Sequence) -> Answer:
-        text = reply_text(tok, seq.result.tokens).strip()  # gpt-oss (harmony): the final channel's text
-        return Answer(text or None, cut=seq.result.finish == "length", error=None if text else "an empty answer")
+        reasoning, text = reply_parts(tok, seq.result.tokens)  # gpt-oss (harmony): analysis apart from the answer
+        text, cut = text.strip(), seq.result.finish == "length"
+        if not text:
+            return Answer(cut=cut, error="no answer after the reasoning (it used up --max-new-tokens)"
+                          if reasoning.strip() else "an empty answer")
+        return Answer(text, reasoning=reasoning.strip("\n"), cut=cut)
 
     def run(todo: list) -> Iterator:
         items, ready, live, more = iter(todo), deque(), {}, True

@@ -8,16 +8,26 @@ Some rewrite answers once more follows, or always:
 - DeepSeek-R1's distills drop the thinking of every answer, the last one too, and open the think block in the
   generation prompt: such an answer's sample is that prompt + the answer as written (less what the prompt already
   opened) + the template's end of turn, which is the text the target read and wrote.
+An answer whose reasoning is kept apart (`reasoning_content`: a reasoning parser's split, gpt-oss's analysis
+channel) is rendered by the template where it takes one (Qwen3's `reasoning_content`, gpt-oss's `thinking`, which
+it renders for a conversation's last answer only): its sample is the conversation up to it, the span all the target
+wrote after the generation prompt up to the content's end (gpt-oss: the analysis message, the final channel's
+header, the answer). A template that takes none renders it as think-tag models write it, `<think>\n{reasoning}
+\n</think>\n\n{content}`, through the rules above. Conversations with such answers give one sample per answer.
 """
 from __future__ import annotations
 
-from toolkit.data.schemas import BadRecord
+from toolkit.data.schemas import REASONING, BadRecord, bare
 
 MARK = "\u2063toolkit-answer\u2063"  # an answer the template cannot rewrite: where its end of turn begins
 
 
 def training_samples(renderer, conv: list[dict]) -> list[tuple[str, list[tuple[int, int]]]]:
     """[(text, [(start, end) of each answer span])] for `conv` (see the module docstring)."""
+    if any(REASONING in m for m in conv):
+        return [reasoned_sample(renderer, conv[:i + 1]) if REASONING in m else
+                answer_sample(renderer, [bare(m) for m in conv[:i + 1]])
+                for i, m in enumerate(conv) if m["role"] == "assistant"]
     try:
         return [renderer.render_with_spans(conv)]
     except BadRecord:
@@ -41,3 +51,18 @@ def answer_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int]
             answer = answer[len(opened):]
         end = marked[at + len(MARK):]  # the template's end of turn
         return prompt + answer + end, [(len(prompt), len(prompt) + len(answer))]
+
+
+def reasoned_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The sample of the last answer of `conv`, which carries its reasoning apart (see the module docstring)."""
+    past, last = [bare(m) for m in conv[:-1]], conv[-1]
+    thought, content = last[REASONING], last["content"]
+    prompt = renderer.render(past, add_generation_prompt=True)
+    text = renderer.render(past + [{**last, "thinking": thought}])  # the field's name in gpt-oss's template
+    written = text[len(prompt):] if text.startswith(prompt) else ""
+    for candidate in (content, content.strip()):  # some templates (Llama-3) trim message content
+        at = written.rfind(candidate) if candidate else -1
+        if at >= 0 and thought.strip() in written[:at]:
+            return text, [(len(prompt), len(prompt) + at + len(candidate))]
+    folded = f"<think>\n{thought.strip(chr(10))}\n</think>\n\n{content.lstrip(chr(10))}"
+    return answer_sample(renderer, past + [{**bare(last), "content": folded}])

@@ -15,11 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Union
 
-Conversation = list  # [{"role": "system"|"user"|"assistant", "content": str}, ...]
+Conversation = list  # [{"role": "system"|"user"|"assistant", "content": str, "reasoning_content"?: str}, ...]
 Sample = Union[Conversation, str]
+REASONING = "reasoning_content"  # an answer's reasoning, apart from its content (toolkit/data/samples.py renders it)
+# where records keep it: OpenAI-compatible servers' reasoning parsers and Qwen3's template, vLLM's newer name,
+# gpt-oss's template
+REASONING_KEYS = (REASONING, "reasoning", "thinking")
 
 SCHEMAS = (
-    "OpenAI chat: {messages: [{role, content}]}",
+    "OpenAI chat: {messages: [{role, content, reasoning_content? (or reasoning, thinking)}]}",
     "ShareGPT: {conversations: [{from, value}]}",
     "Alpaca: {instruction, input?, output} or seed tasks {instruction, instances: [{input, output}]}",
     "GPTeacher: {instruction, input?, response}",
@@ -66,6 +70,12 @@ def _text(value: Any, what: str) -> str:
     return value
 
 
+def bare(msg: dict) -> dict:
+    """A message without its reasoning: how a later turn's prompt holds an earlier answer (servers and templates
+    drop the reasoning of past turns) and what a server is sent."""
+    return {k: v for k, v in msg.items() if k != REASONING}
+
+
 def _user_prompt(instruction: Any, extra: Any) -> str:
     instruction = _text(instruction, "instruction")
     extra = _text(extra, "input") if extra not in (None, "") else ""
@@ -90,6 +100,9 @@ def to_samples(rec: Any, joined_turns: bool = False) -> list[Sample]:
             if not isinstance(role, str) or role not in ROLES:
                 raise BadRecord(f"unsupported role {role!r}; accepted: {sorted(ROLES)}")
             conv.append({"role": ROLES[role], "content": _text(t.get("content", t.get("value")), "content")})
+            thought = next((t[k] for k in REASONING_KEYS if t.get(k) is not None), "")
+            if conv[-1]["role"] == "assistant" and _text(thought, "an answer's reasoning").strip():
+                conv[-1][REASONING] = thought
         return [conv]
     if "instruction" in rec and "instances" in rec:
         if not isinstance(rec["instances"], list) or not all(isinstance(i, dict) for i in rec["instances"]):

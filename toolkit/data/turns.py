@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.data.schemas import REASONING, bare
+
 ON_LENGTH = ("keep", "drop")  # an answer cut at --max-new-tokens: kept as it is, or the conversation ends before it
 
 
@@ -12,6 +14,7 @@ ON_LENGTH = ("keep", "drop")  # an answer cut at --max-new-tokens: kept as it is
 class Answer:
     """One turn's answer, or why there is none."""
     text: str | None = None
+    reasoning: str = ""        # a reasoning parser's reasoning (gpt-oss: the analysis channel), kept apart
     cut: bool = False          # generation stopped at --max-new-tokens
     too_long: bool = False     # the prompt no longer fits the context
     error: str | None = None   # refused or failed: the reason
@@ -43,7 +46,7 @@ class Turns:
         while self.pos < len(sk) and sk[self.pos] is not None:
             self.conv.append(sk[self.pos])
             self.pos += 1
-        return self.conv if self.pos < len(sk) else None
+        return [bare(m) for m in self.conv] if self.pos < len(sk) else None  # past reasoning is not re-read
 
     def answer(self, a: Answer) -> None:
         o = self.outcome
@@ -55,7 +58,8 @@ class Turns:
             if self.conv and self.conv[-1]["role"] == "user":  # the unanswered question goes too
                 self.conv = self.conv[:-1]
         else:
-            self.conv.append({"role": "assistant", "content": a.text})
+            self.conv.append({"role": "assistant", "content": a.text, **({REASONING: a.reasoning} if a.reasoning
+                                                                         else {})})
             o.answered += 1
             o.cut += a.cut
             self.pos += 1
