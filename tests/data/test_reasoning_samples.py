@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.data.test_prepare import QWEN3_LIKE, R1_LIKE, THOUGHT, runs
+from test_prepare import QWEN3_LIKE, R1_LIKE, THOUGHT, runs
 from toolkit.data.chat import ChatRenderer
 from toolkit.data.prepare import tokenize
 from toolkit.data.schemas import BadRecord, bare, to_samples
@@ -145,3 +145,26 @@ def test_prepare_data_reads_reasoning_from_a_regenerated_file(qwen2_tokenizer, t
     ds = datasets.load_from_disk(str(tmp_path / "p"))
     masked = [tok.decode([t for t, m in zip(i, lm) if m]) for i, lm in zip(ds["input_ids"], ds["loss_mask"])]
     assert ["One more six" in t for t in masked] == [False, True] and "Six sevens: 42.<|end|>" in masked[0]
+
+
+def test_prepare_data_renders_with_the_template_variables_it_is_given(qwen2_tokenizer, tmp_path, capsys):
+    """gpt-oss's reasoning effort is in the system message the target read: --chat-template-kwargs puts it in the
+    rows as regenerate and serve had it, and toolkit_prepare.json records it; a bad value is refused by name."""
+    import datasets
+
+    from toolkit.cli import main
+
+    tok = with_template(qwen2_tokenizer, HARMONY_LIKE, HARMONY_SPECIALS)
+    tok.save_pretrained(tmp_path / "tok")
+    src = tmp_path / "regen.jsonl"
+    src.write_text(json.dumps({"messages": APART[:2]}) + "\n")
+    base = ["prepare-data", "--tokenizer", str(tmp_path / "tok"), "--data", str(src)]
+    for kwargs, effort in ((None, "medium"), ('{"reasoning_effort": "low"}', "low")):
+        out = tmp_path / f"p-{effort}"
+        assert main(base + ["--out", str(out)] + (["--chat-template-kwargs", kwargs] if kwargs else [])) == 0
+        row = datasets.load_from_disk(str(out))[0]
+        assert tok.decode(row["input_ids"]).startswith(f"<|start|>system<|message|>Reasoning: {effort}<|end|>")
+        meta = json.loads((out / "toolkit_prepare.json").read_text())
+        assert meta["chat_template_kwargs"] == ({"reasoning_effort": "low"} if kwargs else {})
+    assert main(base + ["--out", str(tmp_path / "bad"), "--chat-template-kwargs", '{"tools": []}']) == 2
+    assert "tools set how the template is applied" in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -188,13 +188,14 @@ class TemplateRenderer:
 class ChatRenderer:
     """Renders conversations with a tokenizer's chat template and finds assistant character spans."""
 
-    def __init__(self, tok):
+    def __init__(self, tok, variables: dict | None = None):
+        """`variables`: extra template variables (template_kwargs), as the target was served with them."""
         if not tok.chat_template:
             raise TokenizerError(f"{tok.name_or_path}: the tokenizer has no chat template; pass "
                                  f"--chat-template {'|'.join(BUILTIN_TEMPLATES)} or a .jinja file")
         self.tok = tok
         self.special = special_ids(tok)
-        self.render = TemplateRenderer(tok.chat_template, dict(tok.special_tokens_map))
+        self.render = TemplateRenderer(tok.chat_template, {**tok.special_tokens_map, **(variables or {})})
 
     def render_samples(self, conv: Conversation) -> list[tuple[str, list[tuple[int, int]]]]:
         """The training samples of a conversation, each (text, assistant spans): the whole conversation, or one

@@ -27,6 +27,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                                                  f"{DEFAULT_MODEL})")
     p.add_argument("--tokenizer", default=None, help="a tokenizer.json or folder instead of the model's")
     p.add_argument("--chat-template", default=None, help="built-in name (llama3|qwen2|chatml) or a .jinja file")
+    p.add_argument("--chat-template-kwargs", default=None,
+                   help='extra template variables, as regenerate and serve were given them, e.g. '
+                        '\'{"reasoning_effort": "low"}\' (gpt-oss: the system message the target read)')
     p.add_argument("--data", nargs="+", required=True, help="conversation files (any corpus schema)")
     p.add_argument("--out", required=True, help="output datasets folder")
     p.add_argument("--max-len", type=int, default=2048, help="tokens per sample; longer ones are truncated")
@@ -69,11 +72,12 @@ def main(args: argparse.Namespace) -> int:
     import datasets
 
     from toolkit.atomic import check_out_path, write_text
-    from toolkit.data.chat import ChatRenderer, load_tokenizer
+    from toolkit.data.chat import ChatRenderer, load_tokenizer, template_kwargs
     from toolkit.models import fingerprint, resolve_target
 
     if args.max_len < 2:
         raise ValueError(f"--max-len {args.max_len}: give at least 2 tokens")
+    variables = template_kwargs(args.chat_template_kwargs)
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise ValueError(f"--out {out} exists; pass --overwrite to replace it")
@@ -81,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
     folder = None if args.tokenizer else resolve_target(args.model or DEFAULT_MODEL)
     tok = load_tokenizer(model=str(folder) if folder else None, tokenizer=args.tokenizer,
                          chat_template=args.chat_template)
-    renderer = ChatRenderer(tok)
+    renderer = ChatRenderer(tok, variables)
     totals = {"samples": 0, "kept": 0, "tokens": 0, "assistant_tokens": 0, "truncated": 0, "no_assistant": 0,
               "bad": 0, "plain_text": 0, "per_turn": 0}
 
@@ -140,7 +144,8 @@ def main(args: argparse.Namespace) -> int:
         ds.save_to_disk(str(tmp))
     meta = {"format_version": 1, "target": None if args.tokenizer else args.model or DEFAULT_MODEL,
             "tokenizer": args.tokenizer, "target_fingerprint": fingerprint(folder) if folder else None,
-            "chat_template": tok.chat_template, "max_len": args.max_len, "data": args.data, **totals}
+            "chat_template": tok.chat_template, "chat_template_kwargs": variables, "max_len": args.max_len,
+            "data": args.data, **totals}
     write_text(tmp / "toolkit_prepare.json", json.dumps(meta, indent=2) + "\n")
     if out.exists():
         shutil.rmtree(out)
