@@ -47,7 +47,7 @@ HARMONY = {  # gpt-oss's reply after its generation prompt `<|start|>assistant` 
     "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": 1}": ("", '{"x": 1}'),
     "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}": ("", "{}"),
     "No header at all, <|end|> or not.": ("", "No header at all,  or not."),  # a stray end tag dropped
-    "<": ("", ""),
+    "<": ("", "<"),  # a reply that only looked like a header's start
     "": ("", ""),
 }
 

@@ -397,6 +397,7 @@ def test_a_negative_lookup_is_refused(tiny_draft, capsys):
     (["--reasoning-parser", "granite"], "--reasoning-parser granite: accepted qwen3, deepseek_r1"),
     (["--tool-call-parser", "granite"], "--tool-call-parser granite: accepted hermes, llama3_json, pythonic, mistral"),
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    (["--enable-auto-tool-choice", "--tool-call-parser", "gpt-oss"], "--tool-call-parser openai reads gpt-oss's"),
     (["--chat-template", "nowhere.jinja"], "--chat-template nowhere.jinja: not a file and not one of the built-in")])
 def test_bad_flags_are_refused_before_loading(capsys, extra, message):
     """--num-draft-tokens 0 served as the default and --log-every -1 was taken; a host name that does not resolve

@@ -41,12 +41,23 @@ def reply_parts(tok, tokens: list[int]) -> tuple[str, str]:
 
 
 class HarmonySplit:
-    """gpt-oss's harmony messages: analysis bodies -> reasoning, the other channels' -> content, headers dropped."""
+    """gpt-oss's harmony messages: analysis bodies -> reasoning, the other channels' -> content, headers dropped.
+    With `calls`, a message addressed to a function (`to=functions.NAME`, in its header before or after the
+    channel) is a tool call: (NAME, its body: the arguments' JSON) goes to `found` once the message ends, and
+    nothing of it to the content."""
 
-    def __init__(self):
+    OPENS = ("<|", "to=")  # how a header starts (the reply's first one may name its recipient before its channel)
+
+    def __init__(self, calls: bool = False):
         self.phase = "header"  # header (up to <|message|>) or body (up to an end tag)
         self.channel = "final"
         self.pending = ""
+        self.calls, self.to, self.args = calls, None, ""  # the function the body in hand is addressed to
+        self.found: list[tuple[str, str]] = []             # tool calls read, not yet taken (take_calls)
+
+    def take_calls(self) -> list[tuple[str, str]]:
+        found, self.found = self.found, []
+        return found
 
     def feed(self, text: str, done: bool = False) -> tuple[str, str]:
         self.pending += text
@@ -54,10 +65,11 @@ class HarmonySplit:
         while self.pending:
             if self.phase == "header":
                 head = self.pending.lstrip()
-                if head and not head.startswith("<|") and not "<|".startswith(head):  # no header: plain content
-                    self.phase, self.channel = "body", "final"
-                    continue
                 at = self.pending.find(MESSAGE)
+                opened = head.startswith(self.OPENS) or (not done and any(o.startswith(head) for o in self.OPENS))
+                if head and not opened:  # no header: plain content
+                    self.phase, self.channel, self.to = "body", "final", None
+                    continue
                 if at < 0:
                     if done:
                         self.pending = ""  # a header cut off by max_tokens: nothing of the answer
@@ -65,15 +77,27 @@ class HarmonySplit:
                 header = self.pending[:at]
                 named = header.rsplit(CHANNEL, 1)[1].split() if CHANNEL in header else []
                 self.channel = named[0].split("<|")[0] if named else "final"
+                to = next((w[3:].split("<|")[0] for w in header.replace("<|", " <|").split() if w.startswith("to=")),
+                          "")
+                self.to = to.removeprefix("functions.") if self.calls and to.startswith("functions.") else None
                 self.pending, self.phase = self.pending[at + len(MESSAGE):], "body"
                 continue
             ends = [(i, tag) for tag in ENDS if (i := self.pending.find(tag)) >= 0]
             cut, tag = min(ends) if ends else (len(self.pending), "")
             if not ends and not done:  # a tail that may still become an end tag waits
                 cut -= max(held(self.pending, t) for t in ENDS)
-            parts["reasoning" if self.channel == "analysis" else "content"] += self.pending[:cut]
+            if self.to is not None:  # a call's arguments: given whole once the message ends
+                self.args += self.pending[:cut]
+                if tag:
+                    self.found.append((self.to, self.args.strip()))
+                    self.to, self.args = None, ""
+            else:
+                parts["reasoning" if self.channel == "analysis" else "content"] += self.pending[:cut]
             self.pending = self.pending[cut + len(tag):]
             if not tag:
                 break
             self.phase = "header"
+        if done and self.to is not None:  # the reply ended in a call (at <|call|>, a stop token the text lacks)
+            self.found.append((self.to, self.args.strip()))
+            self.to, self.args = None, ""
         return parts["reasoning"], parts["content"]

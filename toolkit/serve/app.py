@@ -54,6 +54,10 @@ class Served:
     reasoning_parser: str | None = None  # --reasoning-parser: chat replies' thinking split out (reasoning.py)
     tool_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: tool_choice auto read with it
 
+    def __post_init__(self):
+        if self.tool_parser == "openai" and self.reasoning_parser != "gpt_oss":  # its calls are read by that split
+            raise ValueError("tool parser openai (gpt-oss's harmony calls) needs reasoning parser gpt_oss")
+
 
 def build_app(served: Served) -> FastAPI:
     app = FastAPI(title="toolkit serve", docs_url=None, redoc_url=None)

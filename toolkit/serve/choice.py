@@ -50,7 +50,8 @@ class Choice:
         self.prompt_top = prompt_top    # vLLM's prompt_logprobs: the likeliest tokens beside each prompt token
         self.stop_token_ids = stop_token_ids  # the request's own (not end-of-turn): vLLM's stop_reason names them
         self.silent = silent            # max_tokens 0: the generated token is dropped
-        self.split = reasoning_split(reasoning) if reasoning else None  # chat: thinking apart from the answer
+        harmony_calls = bool(tools) and tools[0] == "openai"  # gpt-oss's calls are read by its reasoning split
+        self.split = reasoning_split(reasoning, harmony_calls) if reasoning else None  # chat: thinking apart
         self.calls = ToolCallReader(*tools) if tools else None  # chat: (mode, name, parallel) tool calls read
         self.called = False             # tool calls were read: finish_reason tool_calls (but for a named one)
         self.generated: list[int] = []  # the updates carry new tokens only
@@ -164,7 +165,8 @@ class Choice:
         thought, answer = self.split.feed(text or "", done) if self.split is not None else ("", text or "")
         calls = []
         if self.calls is not None:
-            answer, calls = self.calls.feed(answer, done)
+            found = self.split.take_calls() if self.calls.mode == "openai" else ()
+            answer, calls = self.calls.feed(answer, done, found)
             self.called |= bool(calls)
         if not delta:
             msg = {"role": "assistant", "content": answer or None}

@@ -45,7 +45,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-call-parser", default=None, metavar="|".join(TOOL_PARSERS),
                    help="how the model writes tool calls: hermes (<tool_call> blocks: Hermes, Qwen2.5, Qwen3), "
                         "llama3_json (Llama 3.1/3.2 JSON calls), pythonic (Llama 3.2/4: [f(x=1)]) or mistral "
-                        "([TOOL_CALLS]); SGLang's names qwen25, qwen, llama3 are taken too")
+                        "([TOOL_CALLS]), openai (gpt-oss's harmony calls, with --reasoning-parser gpt_oss); "
+                        "SGLang's names qwen25, qwen, llama3, gpt-oss are taken too")
     p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
                    help="the chat template over the target's: a .jinja file or a built-in one (llama3, qwen2, chatml, "
                         "chatml-tools: ChatML with tools in the layout --tool-call-parser hermes reads)")
@@ -89,6 +90,9 @@ def check(args: argparse.Namespace, command: str):
     if args.tool_call_parser not in (None, *TOOL_PARSERS):
         raise ValueError(f"--tool-call-parser {args.tool_call_parser}: accepted {', '.join(TOOL_PARSERS)} (or SGLang's "
                          f"{', '.join(TOOL_ALIASES)})")
+    if args.tool_call_parser == "openai" and args.reasoning_parser != "gpt_oss":
+        raise ValueError("--tool-call-parser openai reads gpt-oss's harmony replies, whose channels --reasoning-parser "
+                         "gpt_oss splits: give both")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:  # as vLLM refuses it
         raise ValueError(f"--enable-auto-tool-choice needs --tool-call-parser ({'|'.join(TOOL_PARSERS)}): how the "
                          "model writes its calls")

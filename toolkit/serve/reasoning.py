@@ -12,7 +12,8 @@ tail that could still become a tag is held back until the next text or the end.
                ended by <|return|> or <|call|> (stop tokens); the analysis channel's bodies are the thinking, the
                others' (final, commentary) the content, and the headers go. A reply with no header is all content.
                Its tags are special tokens: the text it reads keeps them (TAGS), the client's does not.
-               Tool calls addressed `to=functions.NAME` are not read as tool_calls here: their JSON is content.
+               Messages addressed `to=functions.NAME` are tool calls with `--tool-call-parser openai` (their
+               bodies the arguments), else their JSON is content.
 """
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ PARSERS = ("qwen3", "deepseek_r1", "gpt_oss")
 TAGS = {"gpt_oss": HARMONY_TAGS}  # special tokens the parser reads: kept in its text
 
 
-def reasoning_split(parser: str):
-    """The splitter of --reasoning-parser `parser`: feed(text, done) -> (reasoning, content) deltas."""
-    return HarmonySplit() if parser == "gpt_oss" else ReasoningSplit(parser)
+def reasoning_split(parser: str, calls: bool = False):
+    """The splitter of --reasoning-parser `parser`: feed(text, done) -> (reasoning, content) deltas; gpt_oss with
+    `calls` also reads harmony's tool calls (HarmonySplit.take_calls)."""
+    return HarmonySplit(calls) if parser == "gpt_oss" else ReasoningSplit(parser)
 
 
 class ReasoningSplit:

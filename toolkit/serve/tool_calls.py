@@ -7,12 +7,14 @@ How the calls are written depends on the request's `tool_choice` and, for `auto`
                call, text around them is content (whitespace between calls dropped).
   llama3_json, pythonic, mistral
                calls that end the reply, after a marker (tool_formats.py)
+  openai       gpt-oss (harmony): a message addressed `to=functions.NAME` is a call, its body the arguments; read
+               by the gpt_oss reasoning parser's split (toolkit/data/harmony.py), which the server pairs it with
   required     (tool_choice "required") the reply is a JSON array of {"name", "parameters"}: the grammar the
                request was served with makes it one (toolkit/serve/tools.py).
   named        (tool_choice naming a function) the reply is that function's arguments, streamed as written.
 
-SGLang's names are taken too (qwen25 and qwen = hermes, llama3 = llama3_json). A block or reply that does not
-parse as a call is content, so nothing the model wrote is lost. Streamed, content goes out as it comes except a
+SGLang's names are taken too (qwen25 and qwen = hermes, llama3 = llama3_json, gpt-oss = openai). A block or reply
+that does not parse as a call is content, so nothing the model wrote is lost. Streamed, content goes out as it comes except a
 tail that could still open a call; a call goes out whole once its block closes or the reply ends (the named
 function's arguments piece by piece). The deltas of any chunking join to the whole reading (a test checks).
 """
@@ -24,10 +26,12 @@ import uuid
 from toolkit.held import held
 from toolkit.serve.tool_formats import FORMATS, call
 
-PARSERS = ("hermes", *FORMATS)
-ALIASES = {"qwen25": "hermes", "qwen": "hermes", "llama3": "llama3_json"}  # SGLang's names for the same formats
+PARSERS = ("hermes", *FORMATS, "openai")
+# SGLang's names for the same formats
+ALIASES = {"qwen25": "hermes", "qwen": "hermes", "llama3": "llama3_json", "gpt-oss": "openai", "gpt_oss": "openai"}
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-TAGS = {"hermes": (OPEN, CLOSE), **{name: f.tags for name, f in FORMATS.items()}}  # kept in the parser's text
+# kept in the parser's text (harmony's headers are kept for the reasoning parser that reads openai's calls)
+TAGS = {"hermes": (OPEN, CLOSE), **{name: f.tags for name, f in FORMATS.items()}, "openai": ()}
 
 
 class ToolCallReader:
@@ -52,8 +56,11 @@ class ToolCallReader:
         """New calls, at most one in all without parallel tool calls."""
         return [self._new(*p) for p in pairs if self.parallel or self.calls == 0]
 
-    def feed(self, text: str, done: bool = False) -> tuple[str, list[dict]]:
-        """The reply's next piece -> (content delta, tool-call deltas); done: the reply is whole, flush all."""
+    def feed(self, text: str, done: bool = False, found=()) -> tuple[str, list[dict]]:
+        """The reply's next piece -> (content delta, tool-call deltas); done: the reply is whole, flush all.
+        openai: `text` is content as it is, `found` the (name, arguments) calls harmony's split read."""
+        if self.mode == "openai":
+            return text, self._take(found)
         self.pending += text
         if self.mode == "named":
             return self._named(done)
