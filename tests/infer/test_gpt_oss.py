@@ -74,6 +74,15 @@ def test_sink_attention_equals_the_reference_masked_and_causal():
     q9 = torch.randn(2, 4, 9, 8, generator=g)
     assert (sink_attention(q9, k, v, None, sinks) - reference_attention(q9, k, v, causal, sinks=sinks)).abs().max() \
         < 1e-5
+    # in chunks of queries (a long prefill's scores bounded): the same, causal (keys cut per chunk) and masked
+    for block in (2 * 4 * 9, 3 * 2 * 4 * 9, 4 * 2 * 4 * 9):  # 1, 3 and 4 query rows a chunk
+        assert (sink_attention(q9, k, v, None, sinks, block) - sink_attention(q9, k, v, None, sinks)).abs().max() \
+            < 1e-6
+        assert (sink_attention(q, k, v, bias, sinks, block) - got).abs().max() < 1e-6
+    # queries at the last slots of a longer cache (a chunked prefill after a cached prefix)
+    late = torch.ones(9, 9).tril().bool()[-4:][None].expand(2, 4, 9)
+    assert (sink_attention(q9[:, :, -4:], k, v, None, sinks, 2 * 4 * 9)
+            - reference_attention(q9[:, :, -4:], k, v, late, sinks=sinks)).abs().max() < 1e-5
 
 
 def test_the_config_reads_gpt_oss_defaults_as_transformers_does():

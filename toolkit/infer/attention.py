@@ -56,12 +56,20 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-def sink_attention(q, k, v, bias, sinks) -> torch.Tensor:
+def sink_attention(q, k, v, bias, sinks, block: int = 1 << 26) -> torch.Tensor:
     """Attention with sinks, as transformers' GPT-OSS attends: softmax over [scores, sinks[h]], the sink's share
     dropped. q [B, Hq, T, D], k/v [B, Hkv, S, D], bias additive [B, 1, T, S] (None: causal, the T queries at the
-    last T slots), sinks [Hq] -> [B, Hq, T, D]. Scores in the inputs' dtype, the softmax in float32."""
+    last T slots), sinks [Hq] -> [B, Hq, T, D]. Scores in the inputs' dtype, the softmax in float32. The queries go
+    in chunks of at most `block` scores (256 MiB in float32): a long prefill's B x Hq x T x S at once was 17 GB for
+    gpt-oss-20b's 64 heads at 8k tokens."""
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
+    rows = max(1, block // (B * Hq * S))
+    if T > rows:  # causal: a chunk's queries see no key past its last one's slot (a bias may say otherwise)
+        ends = [S if bias is not None else S - T + min(t + rows, T) for t in range(0, T, rows)]
+        return torch.cat([sink_attention(q[:, :, t:t + rows], k[:, :, :end], v[:, :, :end],
+                                         None if bias is None else bias[:, :, t:t + rows], sinks, block)
+                          for t, end in zip(range(0, T, rows), ends)], 2)
     scores = (q.reshape(B, Hkv, -1, D) @ k.transpose(-1, -2)).view(B, Hq, T, S).float() * D ** -0.5
     if bias is not None:
         scores = scores + bias
