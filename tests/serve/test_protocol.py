@@ -108,3 +108,16 @@ def test_extras_at_their_defaults_are_accepted():
                                     "max_tokens": 9})
     assert r.max_tokens == 9
     assert CompletionRequest.model_validate({"prompt": "a", "add_generation_prompt": False}).prompt == "a"  # chat's
+
+
+def test_reasoning_effort_is_the_templates_variable():
+    """OpenAI's reasoning_effort (gpt-oss's template writes it into its system message), as vLLM and SGLang pass
+    it; a chat_template_kwargs value of its own wins; a value outside low / medium / high is refused by name."""
+    r = ChatRequest.model_validate({"messages": USER, "reasoning_effort": "low"})
+    assert r.chat_template_kwargs == {"reasoning_effort": "low"}
+    r = ChatRequest.model_validate({"messages": USER, "reasoning_effort": "low",
+                                    "chat_template_kwargs": {"reasoning_effort": "high", "enable_thinking": True}})
+    assert r.chat_template_kwargs == {"reasoning_effort": "high", "enable_thinking": True}
+    assert ChatRequest.model_validate({"messages": USER}).chat_template_kwargs == {}
+    err = refusal(ChatRequest, {"messages": USER, "reasoning_effort": "max"})
+    assert err.param == "reasoning_effort" and "give one of low, medium, high" in err.message

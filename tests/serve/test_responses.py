@@ -180,7 +180,7 @@ def test_input_items_lists_a_stored_responses_input_in_pages(client):
 @pytest.mark.parametrize("extra, param, message", [
     ({"tools": [{"type": "web_search"}]}, "tools.0", "only function tools"),
     ({"background": True}, "background", "not supported"),
-    ({"reasoning": {"effort": "high"}}, "reasoning.effort", "not supported"),
+    ({"reasoning": {"effort": "max"}}, "reasoning.effort", "reasoning.effort 'max': give one of low, medium, high"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0",
      "only text parts"),
     ({"input": [{"type": "file_search_call"}]}, "input.0", "not served"),
@@ -219,3 +219,14 @@ def test_the_openai_client_gets_the_same_answer_with_a_draft(tiny_target, tiny_d
     spec = answers("--draft", str(tiny_draft), "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5")
     plain = answers("--model", str(tiny_target), "--no-speculation")
     assert spec[:2] == plain[:2] and spec[0] == spec[1] and spec[2] >= 1
+
+
+def test_reasoning_effort_is_served_as_chats_and_echoed(client):
+    """reasoning.effort is chat's reasoning_effort (the template's variable; this target's template reads none, so
+    the text is the same) and the response says the effort it was asked with."""
+    from toolkit.serve.responses import ResponsesRequest
+
+    assert ResponsesRequest(input=Q, reasoning={"effort": "low"}).chat([])["reasoning_effort"] == "low"
+    low, plain = respond(client, reasoning={"effort": "low"}), respond(client)
+    assert low["reasoning"]["effort"] == "low" and plain["reasoning"]["effort"] is None
+    assert output_text(low) == output_text(plain)

@@ -14,6 +14,7 @@ from toolkit.serve.logprobs import MAX_LOGPROBS
 from toolkit.serve.messages import Message
 
 MAX_STOP_CHARS = 1024  # per stop string
+REASONING_EFFORTS = ("low", "medium", "high")  # vLLM's; gpt-oss's template writes it into its system message
 # vLLM's / SGLang's extra fields that change the output (constrained decoding, stop text kept, special tokens shown,
 # beam search, token filters), with the value that leaves it alone: refused when set, not silently ignored as
 # unknown fields are; a reply that ignored its constraint looks like an answer and is not the one asked for
@@ -156,6 +157,7 @@ class ChatRequest(Sampling):
     tool_choice: str | dict | None = None  # none, auto, required, or a named function; absent: auto with tools
     parallel_tool_calls: StrictBool | None = None  # false: one call at most
     chat_template_kwargs: dict | None = None  # vLLM's / SGLang's extra template variables (Qwen3: enable_thinking)
+    reasoning_effort: str | None = None     # OpenAI's: the template's reasoning_effort (gpt-oss's system message)
     add_special_tokens: StrictBool = False  # vLLM's: a BOS on top of the template's own (the template has one)
     # vLLM's: end on the assistant turn's opening (default), or continue the last (assistant) message as written
     add_generation_prompt: StrictBool = True
@@ -183,6 +185,11 @@ class ChatRequest(Sampling):
             self.chat_template_kwargs = template_kwargs(self.chat_template_kwargs, "chat_template_kwargs")
         except ValueError as e:
             raise ApiError(400, str(e), "chat_template_kwargs") from None
+        if self.reasoning_effort is not None:  # as vLLM and SGLang pass it; a chat_template_kwargs value wins
+            if self.reasoning_effort not in REASONING_EFFORTS:
+                raise ApiError(400, f"reasoning_effort {self.reasoning_effort!r}: give one of "
+                                    f"{', '.join(REASONING_EFFORTS)}", "reasoning_effort")
+            self.chat_template_kwargs.setdefault("reasoning_effort", self.reasoning_effort)
         if self.top_logprobs and not self.logprobs:  # as OpenAI and vLLM refuse it
             raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         from toolkit.serve.tools import check_tools, read_choice

@@ -14,7 +14,8 @@ engine sequence and tool-call reading; response_items.py writes the reply as Res
   max_output_tokens, temperature, top_p, tool_choice, parallel_tool_calls, store, metadata, user; vLLM's top_k
 
 Anything that would change the output and is not served (built-in tools, background, a conversation object,
-reasoning effort, prompt templates, images and files) is refused with a 400 naming the field.
+prompt templates, images and files) is refused with a 400 naming the field. `reasoning.effort` is chat's
+`reasoning_effort`: the template's variable (gpt-oss's reasoning level).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from toolkit.serve.messages import json_object
 from toolkit.serve.protocol import ApiError
 
 # Responses fields -> the chat fields they become (a chat refusal names the Responses field)
-PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input"}
+PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",
+          "reasoning_effort": "reasoning.effort"}
 
 
 class ResponsesRequest(BaseModel):
@@ -60,9 +62,6 @@ class ResponsesRequest(BaseModel):
             value = getattr(self, name)
             if value not in (None, False, 0):
                 raise ApiError(400, f"{name} is not supported by this server; leave it out", name)
-        if (self.reasoning or {}).get("effort") is not None:
-            raise ApiError(400, "reasoning.effort is not supported: whether the served target thinks is up to its chat "
-                                "template", "reasoning.effort")
         if self.truncation not in (None, "disabled", "auto"):
             raise ApiError(400, f"truncation {self.truncation!r}: give disabled or auto", "truncation")
         return self
@@ -76,7 +75,8 @@ class ResponsesRequest(BaseModel):
                 "max_tokens": self.max_output_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": self.top_k, "seed": self.seed, "stream": self.stream, "user": self.user,
                 "tools": chat_tools(self.tools), "tool_choice": chat_tool_choice(self.tool_choice),
-                "parallel_tool_calls": self.parallel_tool_calls, "response_format": chat_format(fmt)}
+                "parallel_tool_calls": self.parallel_tool_calls, "response_format": chat_format(fmt),
+                "reasoning_effort": (self.reasoning or {}).get("effort")}
         if self.stream:  # the counts come with the last chunk, for response.completed
             body["stream_options"] = {"include_usage": True}
         return {k: v for k, v in body.items() if v is not None}
