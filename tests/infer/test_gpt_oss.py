@@ -85,6 +85,27 @@ def test_sink_attention_equals_the_reference_masked_and_causal():
             - reference_attention(q9[:, :, -4:], k, v, late, sinks=sinks)).abs().max() < 1e-5
 
 
+def test_norms_round_as_transformers_gpt_oss_does_in_bf16():
+    """GptOssRMSNorm scales by its weight in fp32 and rounds once; Llama's rounds, then scales: a gpt-oss config
+    gives every target norm GPT-OSS's rounding, bit for bit, and the Llama one parts from it."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
+
+    from toolkit.infer.config import ModelConfig
+    from toolkit.infer.norm import RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(4, 7, 64, generator=g).bfloat16(), (torch.randn(64, generator=g) * 0.5 + 1).bfloat16()
+    ref = GptOssRMSNorm(64, eps=1e-5).bfloat16()
+    ours, llama = RMSNorm(64, 1e-5, fp32_product=True).bfloat16(), RMSNorm(64, 1e-5).bfloat16()
+    for m in (ref, ours, llama):
+        m.weight.data.copy_(w)
+    with torch.no_grad():
+        assert torch.equal(ours(x), ref(x)) and not torch.equal(llama(x), ref(x))
+    given = dict(vocab_size=V, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=8)
+    assert ModelConfig.from_hf({**given, "model_type": "gpt_oss", "num_local_experts": 4}).norm_fp32_product
+    assert not ModelConfig.from_hf({**given, "model_type": "llama"}).norm_fp32_product
+
+
 def test_the_config_reads_gpt_oss_defaults_as_transformers_does():
     import transformers
 

@@ -91,6 +91,7 @@ class ModelConfig:
     full_layers: tuple[int, ...] = ()  # with a window: the layers that still attend over the whole context
     rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of each head (GLM-4.5); None: all head_dim
     attention_sinks: bool = False  # a learned logit per query head joins each softmax, its value zero (GPT-OSS)
+    norm_fp32_product: bool = False  # RMSNorm scaled in fp32 then rounded (GPT-OSS), not rounded then scaled
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:
@@ -179,6 +180,7 @@ class ModelConfig:
             qkv_bias=qkv_bias or attention_bias,
             qk_norm=bool(cfg.get("use_qk_norm", False)) if kind == "glm4_moe" else family.qk_norm,
             attention_bias=attention_bias, mla=mla, moe=moe, attention_sinks=kind == "gpt_oss",
+            norm_fp32_product=kind == "gpt_oss",
             **family_keys.sliding_window(kind, cfg))
 
     @classmethod

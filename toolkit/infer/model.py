@@ -60,8 +60,8 @@ class Block(nn.Module):
             self.mlp = GptOssMoE(c) if c.moe.scoring == "topk_softmax" else MoE(c)
         else:
             self.mlp = MLP(c)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_fp32_product)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_fp32_product)
 
     def forward(self, h, cos, sin, mask, cache, layer, slots, kv_len):
         if row_step_ok(self.self_attn, self.mlp, h, cache, slots):
@@ -82,7 +82,7 @@ class Transformer(Fp32Readout):
         self.config = c
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(Block(c, i) for i in range(c.num_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_fp32_product)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -159,8 +159,9 @@ class Transformer(Fp32Readout):
             h = layer(h, cos, sin, near if c.slides(i) else bias, cache, i, slots, kv_len)
             if i in aux_layers:
                 kept[i] = h
-        if logits_at is None and -1 not in aux_layers and few_rows(h, self.kernels) and not self.logits_fp32:
-            from toolkit.infer.kernels.gemv import gemv  # the norm in the GEMV
+        if logits_at is None and -1 not in aux_layers and few_rows(h, self.kernels) and not self.logits_fp32 \
+                and not self.norm.fp32_product:
+            from toolkit.infer.kernels.gemv import gemv  # the norm in the GEMV (rounded as Llama's)
 
             return gemv(h, self.lm_head.weight, "norm", self.norm.weight, self.norm.eps), [kept[i] for i in aux_layers]
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)

@@ -1,6 +1,8 @@
 """RMSNorm, the Llama family's norm (the target's layers and final norm, the draft heads', q/k norms): normalised in
 fp32 and rounded as transformers' LlamaRMSNorm rounds it, optionally after a residual add (h = residual + x, and
-its norm); with kernels "triton" one fused kernel (kernels/layer_ops.py). Shapes: x [..., H] -> [..., H]."""
+its norm); with kernels "triton" one fused kernel (kernels/layer_ops.py). `fp32_product`: scaled by the weight in
+fp32 and then rounded, as GptOssRMSNorm does (the same in fp32; in bf16 a rounding step apart from Llama's).
+Shapes: x [..., H] -> [..., H]."""
 from __future__ import annotations
 
 import torch
@@ -11,16 +13,16 @@ from torch import nn
 class RMSNorm(nn.Module):
     kernels = "torch"  # per instance: Transformer.set_kernels
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, fp32_product: bool = False):
         super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+        self.eps, self.weight, self.fp32_product = eps, nn.Parameter(torch.ones(dim)), fp32_product
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """RMSNorm(x), or with a residual (h = residual + x, RMSNorm(h)) in one fused kernel when asked."""
         if self.kernels == "triton":
             from toolkit.infer.kernels.layer_ops import rms_norm
 
-            return rms_norm(x, self.weight, self.eps, residual)
+            return rms_norm(x, self.weight, self.eps, residual, fp32_product=self.fp32_product)
         if residual is not None:
             x = residual + x
             return x, self(x)
@@ -28,4 +30,4 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return (self.weight.float() * h).to(x.dtype) if self.fp32_product else self.weight * h.to(x.dtype)

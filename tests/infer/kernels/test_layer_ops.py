@@ -176,3 +176,16 @@ def test_rms_norm_pair_is_both_norms_and_their_concatenation(dtype, n1, n2):
         assert torch.equal(got, halves)
     with pytest.raises(ValueError, match="same leading shape"):
         rms_norm_pair(x, w1, y[:1], w2, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES[1:])  # a half dtype: the two roundings part there (in fp32 they agree)
+def test_rms_norm_rounded_as_gpt_oss(dtype):
+    """fp32_product: the weight's product in fp32, then rounded (GptOssRMSNorm), not rounded then scaled."""
+    x, r, w = rand(2, 5, 96, dtype=dtype), rand(2, 5, 96, dtype=dtype, seed=1), rand(96, dtype=dtype, seed=2)
+    for residual in (None, r):
+        got = rms_norm(x, w, 1e-5, residual=residual, fp32_product=True)
+        want = reference_rms_norm(x, w, 1e-5, residual=residual, fp32_product=True)
+        llama = reference_rms_norm(x, w, 1e-5, residual=residual)
+        got, want, llama = (t if residual is None else t[1] for t in (got, want, llama))
+        assert (got == want).float().mean() > 0.99 and (got.float() - want.float()).abs().max() <= TOL[dtype]
+        assert (want != llama).float().mean() > 0.05  # the flag reaches the kernel: not Llama's rounding
