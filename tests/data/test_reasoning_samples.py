@@ -168,3 +168,19 @@ def test_prepare_data_renders_with_the_template_variables_it_is_given(qwen2_toke
         assert meta["chat_template_kwargs"] == ({"reasoning_effort": "low"} if kwargs else {})
     assert main(base + ["--out", str(tmp_path / "bad"), "--chat-template-kwargs", '{"tools": []}']) == 2
     assert "tools set how the template is applied" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_gpt_oss_answers_without_reasoning_are_trained_as_written_too(qwen2_tokenizer):
+    """A harmony template renders a past answer as the next prompt holds it (final channel, <|end|>): every gpt-oss
+    conversation gives one row per answer, masked from the generation prompt on as the target wrote it (the final
+    channel's header, the answer, <|return|>), not <|end|> after the answer alone; no empty analysis is made up."""
+    tok = with_template(qwen2_tokenizer, HARMONY_LIKE, HARMONY_SPECIALS)
+    plain = [{k: v for k, v in m.items() if k != "reasoning_content"} for m in APART]
+    rows, counts = tokenize(ChatRenderer(tok), [plain], 4096)
+    assert counts["bad"] == 0 and counts["per_turn"] == 1 and len(rows) == 2
+    for row, k in zip(rows, (1, 3)):
+        (a, b), = runs(row["loss_mask"])
+        assert tok.decode(row["input_ids"][a:b]) == f"<|channel|>final<|message|>{plain[k]['content']}<|return|>"
+        assert "analysis" not in tok.decode(row["input_ids"])
+    # a ChatML tokenizer's plain conversation stays one row
+    assert tokenize(ChatRenderer(qwen2_tokenizer), [plain], 4096)[1]["per_turn"] == 0

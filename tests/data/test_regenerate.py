@@ -197,13 +197,16 @@ def test_template_variables_reach_the_engines_prompts_and_the_endpoints_requests
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-        for flag, out in (([], "a.jsonl"), (["--chat-template-kwargs", '{"enable_thinking": false}'], "b.jsonl")):
+        for flag, out in (([], "a.jsonl"), (["--chat-template-kwargs", '{"enable_thinking": false}'], "b.jsonl"),
+                          (["--chat-template-kwargs", '{"reasoning_effort": "low"}'], "c.jsonl")):
             assert main(["regenerate", "--endpoint", url, "--data", str(data), "--out", str(tmp_path / out),
                          "--limit", "1", *flag]) == 0
     finally:
         server.shutdown()
-    off = {"enable_thinking": False}
-    assert [b.get("chat_template_kwargs") for b in FakeServer.seen] == [None, None, off, off]  # two turns each
+    off, low = {"enable_thinking": False}, {"reasoning_effort": "low"}
+    assert [b.get("chat_template_kwargs") for b in FakeServer.seen] == [None, None, off, off, low, low]  # 2 turns
+    # gpt-oss's effort also as the request's own field: vLLM's harmony prompt reads it there, not in the kwargs
+    assert [b.get("reasoning_effort") for b in FakeServer.seen] == [None] * 4 + ["low"] * 2
 
 
 def test_data_files_of_one_name_are_refused(data, tmp_path, capsys):

@@ -247,7 +247,8 @@ def test_messages_become_chat_turns_in_order():
         {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
         {"role": "assistant", "content": [{"type": "text", "text": "Checking."}], "tool_calls": [
             {"id": "t1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
-            {"id": "t2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+            {"id": "t2", "type": "function", "function": {"name": "g", "arguments": "{}"}}],
+         "reasoning_content": "hm"},  # the thinking kept for the template (redacted thinking is not)
         {"role": "tool", "tool_call_id": "t1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "t2", "content": "Error: no such city"},
         {"role": "user", "content": [{"type": "text", "text": "Thanks."}]},

@@ -12,7 +12,9 @@ from toolkit.serve.app import Served
 from toolkit.serve.choice import Choice
 
 GET = '{"city": "Paris"}'
-CASES = {  # reply after `<|start|>assistant` (its stop token <|call|> not in the text) -> (reasoning, content, calls)
+# reply after `<|start|>assistant` (its stop token <|call|> not in the text) -> (reasoning, content, calls); served,
+# a reply holds one call at most (<|call|> ends it), but the reading takes any number
+CASES = {
     "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
     f"to=functions.get_weather <|constrain|>json<|message|>{GET}":
         ("Need the weather.", None, [("get_weather", GET)]),
@@ -27,6 +29,13 @@ CASES = {  # reply after `<|start|>assistant` (its stop token <|call|> not in th
         ("Easy.", "It is 4.", []),
     "to be or not": (None, "to be or not", []),
     "to": (None, "to", []),
+    "to=x": (None, "to=x", []),  # no header after all: plain text
+    # a commentary preamble, then the answer: two messages of the content, a line apart (vLLM's join)
+    "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>final<|message|>It is 4.":
+        (None, "Checking.\nIt is 4.", []),
+    # arguments re-written compactly, as the other parsers write theirs
+    ' to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{ "city" :"Paris" }':
+        (None, None, [("get_weather", GET)]),
     # cut by max_tokens: the call as far as it was written (OpenAI's truncated arguments, finish_reason length)
     '<|channel|>commentary to=functions.get_weather<|message|>{"city": ': (None, None, [("get_weather", '{"city":')]),
 }
@@ -79,3 +88,35 @@ def test_the_openai_parser_needs_the_gpt_oss_split(qwen2_tokenizer):
     with pytest.raises(ValueError, match="tool parser openai .* needs reasoning parser gpt_oss"):
         Served("m", qwen2_tokenizer, frozenset(), None, reasoning_parser="qwen3", tool_parser="openai")
     assert Served("m", qwen2_tokenizer, frozenset(), None, reasoning_parser="gpt_oss", tool_parser="openai")
+
+
+def test_an_assistant_turns_reasoning_reaches_the_template_by_both_names():
+    """History sent back with an assistant turn's reasoning (chat's reasoning_content or vLLM's reasoning, a
+    Responses reasoning item, an Anthropic thinking block) reaches the template as Qwen3's reasoning_content and
+    gpt-oss's thinking: gpt-oss's keeps the analysis before a tool call that no answer follows yet, as vLLM's
+    harmony prompt does, and Qwen3's the thinking of the turns after the last user turn."""
+    from toolkit.serve.anthropic import chat_messages
+    from toolkit.serve.messages import Message
+    from toolkit.serve.responses import input_messages
+    from toolkit.serve.tools import template_turn
+
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": GET}}
+    turn = template_turn(Message(role="assistant", content=None, reasoning="Need the weather.", tool_calls=[call]))
+    assert turn["thinking"] == turn["reasoning_content"] == "Need the weather."
+    assert turn["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    assert {"thinking", "reasoning_content"}.isdisjoint(template_turn(Message(role="assistant", content="Hi.")))
+    with pytest.raises(ValueError, match="a user message has no reasoning"):
+        Message(role="user", content="x", reasoning_content="y")
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "reasoning", "id": "rs_1", "summary": [],
+              "content": [{"type": "reasoning_text", "text": "Need the weather."}]},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": GET},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+    msgs = input_messages(items)
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
+    assert msgs[1]["reasoning_content"] == "Need the weather." and "reasoning_content" not in msgs[2]
+    anthropic = chat_messages([{"role": "user", "content": "Weather in Paris?"},
+                               {"role": "assistant", "content": [
+                                   {"type": "thinking", "thinking": "Need the weather.", "signature": ""},
+                                   {"type": "tool_use", "id": "c1", "name": "get_weather", "input": {"city": "Paris"}}]}])
+    assert anthropic[1]["reasoning_content"] == "Need the weather." and anthropic[1]["tool_calls"]

@@ -41,7 +41,7 @@ HARMONY = {  # gpt-oss's reply after its generation prompt `<|start|>assistant` 
     "<|channel|>analysis<|message|>User asks 2+2.<|end|><|start|>assistant<|channel|>final<|message|>4.":
         ("User asks 2+2.", "4."),
     "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>"
-    "<|start|>assistant<|channel|>final<|message|>c <|d|>": ("ab", "c <|d|>"),
+    "<|start|>assistant<|channel|>final<|message|>c <|d|>": ("a\nb", "c <|d|>"),  # two messages: a line apart
     "<|channel|>analysis<|message|>cut off by max_tokens": ("cut off by max_tokens", ""),
     "<|channel|>analysis<|message|>done<|end|><|start|>assistant<|chan": ("done", ""),  # a header cut off
     "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"x\": 1}": ("", '{"x": 1}'),

@@ -193,8 +193,11 @@ class ChatRenderer:
         if not tok.chat_template:
             raise TokenizerError(f"{tok.name_or_path}: the tokenizer has no chat template; pass "
                                  f"--chat-template {'|'.join(BUILTIN_TEMPLATES)} or a .jinja file")
+        from toolkit.data.harmony import is_harmony
+
         self.tok = tok
         self.special = special_ids(tok)
+        self.harmony = is_harmony(tok)  # gpt-oss: each answer a sample of what the target wrote (samples.py)
         self.render = TemplateRenderer(tok.chat_template, {**tok.special_tokens_map, **(variables or {})})
 
     def render_samples(self, conv: Conversation) -> list[tuple[str, list[tuple[int, int]]]]:

@@ -88,6 +88,8 @@ def endpoint_runner(args):
             options["seed"] = request_seed(args.seed, cid, sum(m["role"] == "user" for m in messages))
         if extra_body:
             options["extra_body"] = extra_body
+        if "reasoning_effort" in args.variables:  # vLLM's gpt-oss prompt takes it from this field, not the kwargs
+            options["reasoning_effort"] = args.variables["reasoning_effort"]
         try:
             r = server.client.chat.completions.create(model=server.model, messages=messages, **options)
         except BadRequestError as e:

@@ -10,6 +10,8 @@ of bench's multi-turn prompts (reply_text) and in-process regeneration (reply_pa
 """
 from __future__ import annotations
 
+import json
+
 from toolkit.held import held
 
 CHANNEL, MESSAGE, ENDS = "<|channel|>", "<|message|>", ("<|end|>", "<|call|>", "<|return|>")
@@ -41,10 +43,11 @@ def reply_parts(tok, tokens: list[int]) -> tuple[str, str]:
 
 
 class HarmonySplit:
-    """gpt-oss's harmony messages: analysis bodies -> reasoning, the other channels' -> content, headers dropped.
-    With `calls`, a message addressed to a function (`to=functions.NAME`, in its header before or after the
-    channel) is a tool call: (NAME, its body: the arguments' JSON) goes to `found` once the message ends, and
-    nothing of it to the content."""
+    """gpt-oss's harmony messages: analysis bodies -> reasoning, the other channels' -> content, headers dropped;
+    two messages of one part are joined by a line break (as vLLM joins them). With `calls`, a message addressed to
+    a function (`to=functions.NAME`, in its header before or after the channel) is a tool call: (NAME, its body,
+    the arguments: JSON re-written compactly as the other parsers write it, else as written) goes to `found` once
+    the message ends, and nothing of it to the content."""
 
     OPENS = ("<|", "to=")  # how a header starts (the reply's first one may name its recipient before its channel)
 
@@ -54,6 +57,8 @@ class HarmonySplit:
         self.pending = ""
         self.calls, self.to, self.args = calls, None, ""  # the function the body in hand is addressed to
         self.found: list[tuple[str, str]] = []             # tool calls read, not yet taken (take_calls)
+        self.said = {"reasoning": False, "content": False}  # a part's text given out: the next message's starts
+        self.fresh = False                                  # with a line break (the body in hand has none yet)
 
     def take_calls(self) -> list[tuple[str, str]]:
         found, self.found = self.found, []
@@ -67,8 +72,8 @@ class HarmonySplit:
                 head = self.pending.lstrip()
                 at = self.pending.find(MESSAGE)
                 opened = head.startswith(self.OPENS) or (not done and any(o.startswith(head) for o in self.OPENS))
-                if head and not opened:  # no header: plain content
-                    self.phase, self.channel, self.to = "body", "final", None
+                if head and not opened or (done and at < 0 and "<|" not in head):  # no header: plain content
+                    self.phase, self.channel, self.to, self.fresh = "body", "final", None, False
                     continue
                 if at < 0:
                     if done:
@@ -80,7 +85,7 @@ class HarmonySplit:
                 to = next((w[3:].split("<|")[0] for w in header.replace("<|", " <|").split() if w.startswith("to=")),
                           "")
                 self.to = to.removeprefix("functions.") if self.calls and to.startswith("functions.") else None
-                self.pending, self.phase = self.pending[at + len(MESSAGE):], "body"
+                self.pending, self.phase, self.fresh = self.pending[at + len(MESSAGE):], "body", True
                 continue
             ends = [(i, tag) for tag in ENDS if (i := self.pending.find(tag)) >= 0]
             cut, tag = min(ends) if ends else (len(self.pending), "")
@@ -89,15 +94,24 @@ class HarmonySplit:
             if self.to is not None:  # a call's arguments: given whole once the message ends
                 self.args += self.pending[:cut]
                 if tag:
-                    self.found.append((self.to, self.args.strip()))
-                    self.to, self.args = None, ""
-            else:
-                parts["reasoning" if self.channel == "analysis" else "content"] += self.pending[:cut]
+                    self._call()
+            elif cut > 0:
+                part = "reasoning" if self.channel == "analysis" else "content"
+                parts[part] += ("\n" if self.fresh and self.said[part] else "") + self.pending[:cut]
+                self.said[part], self.fresh = True, False
             self.pending = self.pending[cut + len(tag):]
             if not tag:
                 break
             self.phase = "header"
         if done and self.to is not None:  # the reply ended in a call (at <|call|>, a stop token the text lacks)
-            self.found.append((self.to, self.args.strip()))
-            self.to, self.args = None, ""
+            self._call()
         return parts["reasoning"], parts["content"]
+
+    def _call(self) -> None:
+        args = self.args.strip()
+        try:
+            args = json.dumps(json.loads(args), ensure_ascii=False)
+        except json.JSONDecodeError:
+            pass  # not JSON (cut by max_tokens, or the model's slip): as written, as vLLM passes it on
+        self.found.append((self.to, args))
+        self.to, self.args = None, ""

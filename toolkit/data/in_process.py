@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterator
 
-from toolkit.data.harmony import reply_parts
+from toolkit.data.harmony import is_harmony, reply_parts
 from toolkit.data.turns import Answer, Turns
 
 
@@ -26,6 +26,7 @@ def engine_runner(args):
     params = SamplingParams(args.temperature, 1.0 if args.top_p is None else args.top_p, 0, args.max_new_tokens)
     gen = seeded_generator(engine.device, args.seed or 0)  # the target's device: CUDA sampling refuses a CPU one
     stop = frozenset(stop_ids(tok, loaded.folder))
+    harmony = is_harmony(tok)  # gpt-oss: the channels kept as written (its template renders them verbatim)
 
     def encode(messages: list[dict]) -> list[int] | Answer:
         try:
@@ -37,11 +38,11 @@ def engine_runner(args):
 
     def answered(seq: Sequence) -> Answer:
         reasoning, text = reply_parts(tok, seq.result.tokens)  # gpt-oss (harmony): analysis apart from the answer
-        text, cut = text.strip(), seq.result.finish == "length"
-        if not text:
+        cut = seq.result.finish == "length"
+        if not text.strip():
             return Answer(cut=cut, error="no answer after the reasoning (it used up --max-new-tokens)"
                           if reasoning.strip() else "an empty answer")
-        return Answer(text, reasoning=reasoning.strip("\n"), cut=cut)
+        return Answer(text if harmony else text.strip(), reasoning=reasoning, cut=cut)
 
     def run(todo: list) -> Iterator:
         items, ready, live, more = iter(todo), deque(), {}, True

@@ -13,7 +13,9 @@ channel) is rendered by the template where it takes one (Qwen3's `reasoning_cont
 it renders for a conversation's last answer only): its sample is the conversation up to it, the span all the target
 wrote after the generation prompt up to the content's end (gpt-oss: the analysis message, the final channel's
 header, the answer). A template that takes none renders it as think-tag models write it, `<think>\n{reasoning}
-\n</think>\n\n{content}`, through the rules above. Conversations with such answers give one sample per answer.
+\n</think>\n\n{content}`, through the rules above. Conversations with such answers give one sample per answer,
+and so does every conversation of a harmony tokenizer (gpt-oss), reasoning or not: its template renders a past
+answer as the prompt holds it (`<|end|>`), not as the target wrote it (its channel's header, `<|return|>`).
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ MARK = "\u2063toolkit-answer\u2063"  # an answer the template cannot rewrite: wh
 
 def training_samples(renderer, conv: list[dict]) -> list[tuple[str, list[tuple[int, int]]]]:
     """[(text, [(start, end) of each answer span])] for `conv` (see the module docstring)."""
-    if any(REASONING in m for m in conv):
-        return [reasoned_sample(renderer, conv[:i + 1]) if REASONING in m else
+    if renderer.harmony or any(REASONING in m for m in conv):
+        return [written_sample(renderer, conv[:i + 1]) if REASONING in m or renderer.harmony else
                 answer_sample(renderer, [bare(m) for m in conv[:i + 1]])
                 for i, m in enumerate(conv) if m["role"] == "assistant"]
     try:
@@ -53,16 +55,19 @@ def answer_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int]
         return prompt + answer + end, [(len(prompt), len(prompt) + len(answer))]
 
 
-def reasoned_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """The sample of the last answer of `conv`, which carries its reasoning apart (see the module docstring)."""
+def written_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The sample of the last answer of `conv` as the target wrote it after the generation prompt, its reasoning
+    (kept apart) included (see the module docstring)."""
     past, last = [bare(m) for m in conv[:-1]], conv[-1]
-    thought, content = last[REASONING], last["content"]
+    thought, content = last.get(REASONING, ""), last["content"]
     prompt = renderer.render(past, add_generation_prompt=True)
-    text = renderer.render(past + [{**last, "thinking": thought}])  # the field's name in gpt-oss's template
+    text = renderer.render(past + [{**last, "thinking": thought} if thought else last])  # gpt-oss's name for it
     written = text[len(prompt):] if text.startswith(prompt) else ""
     for candidate in (content, content.strip()):  # some templates (Llama-3) trim message content
         at = written.rfind(candidate) if candidate else -1
         if at >= 0 and thought.strip() in written[:at]:
             return text, [(len(prompt), len(prompt) + at + len(candidate))]
+    if not thought:  # nothing to fold in
+        return answer_sample(renderer, past + [bare(last)])
     folded = f"<think>\n{thought.strip(chr(10))}\n</think>\n\n{content.lstrip(chr(10))}"
     return answer_sample(renderer, past + [{**bare(last), "content": folded}])

@@ -7,8 +7,8 @@ engine sequence and tool-call reading; anthropic_reply.py writes the reply as a 
 
   system          a string or text blocks: a system turn first
   messages        user / assistant turns; content a string or blocks: text, an assistant's tool_use (chat's tool
-                  calls), a user's tool_result (chat's tool turns, before the turn's text), thinking (dropped: the
-                  template drops past thinking too)
+                  calls), a user's tool_result (chat's tool turns, before the turn's text), thinking (the turn's
+                  reasoning, kept where the template keeps past thinking; redacted_thinking dropped)
   max_tokens      required, as Anthropic has it (count_tokens needs none)
   stop_sequences, temperature, top_p, top_k, stream, metadata.user_id
   tools           custom tools {"name", "description", "input_schema"}: chat's function tools
@@ -140,7 +140,7 @@ def chat_messages(messages: list[dict]) -> list[dict]:
             continue
         if not isinstance(content, list):
             raise ApiError(400, f"{where}.content: give a string or a list of content blocks", f"{where}.content")
-        texts, calls, results = [], [], []
+        texts, calls, results, thought = [], [], [], []
         for j, block in enumerate(content):
             at, kind = f"{where}.content.{j}", block.get("type") if isinstance(block, dict) else None
             if kind == "text" and isinstance(block.get("text"), str):
@@ -153,6 +153,8 @@ def chat_messages(messages: list[dict]) -> list[dict]:
                               "function": {"name": block["name"], "arguments": json.dumps(block["input"])}})
             elif kind == "tool_result" and role == "user":
                 results.append(_result(block, at))
+            elif kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
+                thought.append(block["thinking"])
             elif kind not in ("thinking", "redacted_thinking") or role != "assistant":
                 raise ApiError(400, f"{at}: {role} content blocks of type {kind!r} are not served; accepted: text, "
                                     "tool_use (assistant), tool_result (user), thinking (assistant)", at)
@@ -161,6 +163,8 @@ def chat_messages(messages: list[dict]) -> list[dict]:
             out.append({"role": "assistant", "content": texts or None, "tool_calls": calls})
         elif texts or not results:
             out.append({"role": role, "content": texts})
+        if thought and out and out[-1]["role"] == "assistant":
+            out[-1]["reasoning_content"] = "\n".join(thought)
     if not out:
         raise ApiError(400, "messages: give at least one message", "messages")
     return out

@@ -55,6 +55,8 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] | None = None  # an assistant turn's calls (history)
     tool_call_id: str | None = None           # a tool turn: the call it answers
     name: str | None = None
+    reasoning_content: str | None = None      # an assistant turn's reasoning (vLLM's newer name: reasoning), which
+    reasoning: str | None = None              # the template keeps where it keeps past reasoning (tools.template_turn)
 
     @field_validator("role")
     @classmethod
@@ -69,6 +71,8 @@ class Message(BaseModel):
             raise ValueError(f"a {self.role} message needs content")
         if self.tool_calls and self.role != "assistant":
             raise ValueError(f"a {self.role} message has no tool_calls (an assistant turn makes the calls)")
+        if (self.reasoning_content or self.reasoning) and self.role != "assistant":
+            raise ValueError(f"a {self.role} message has no reasoning (an assistant turn's is its thinking)")
         return self
 
     def text(self) -> str:

@@ -6,8 +6,8 @@ engine sequence and tool-call reading; response_items.py writes the reply as Res
 
   input           a string (one user turn) or items: messages ({"role", "content": text or input_text /
                   output_text parts}, "developer" as system), "function_call" and "function_call_output" items
-                  (an assistant turn's tool calls and their results), "reasoning" items (dropped: the template
-                  drops past thinking too)
+                  (an assistant turn's tool calls and their results), "reasoning" items (the reasoning of the
+                  assistant turn that follows them: the template keeps it where it keeps past thinking)
   instructions    a system turn first (not carried over to a response that continues this one, as OpenAI has it)
   tools           function tools in the Responses' flat form {"type": "function", "name", "parameters", ...}
   text.format     text, json_object or json_schema {"name", "schema", "strict"}: chat's response_format
@@ -103,6 +103,14 @@ def input_messages(items: str | list[dict]) -> list[dict]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict] = []
+    thought = []  # reasoning items' text, for the assistant turn they come before
+
+    def reasoned(message: dict) -> dict:
+        if thought and message["role"] == "assistant":
+            message["reasoning_content"] = "\n".join(thought)
+            thought.clear()
+        return message
+
     for i, item in enumerate(items):
         where = f"input.{i}"
         kind = item.get("type", "message") if isinstance(item, dict) else None
@@ -111,7 +119,7 @@ def input_messages(items: str | list[dict]) -> list[dict]:
             if role not in ("user", "system", "developer", "assistant"):
                 raise ApiError(400, f"{where}.role: give user, system, developer or assistant, got {role!r}",
                                f"{where}.role")
-            messages.append({"role": role, "content": _text(item.get("content"), where)})
+            messages.append(reasoned({"role": role, "content": _text(item.get("content"), where)}))
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
                 raise ApiError(400, f"{where}: a function_call item needs call_id, name and arguments (JSON text)",
@@ -124,14 +132,17 @@ def input_messages(items: str | list[dict]) -> list[dict]:
                     "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
             if not messages or messages[-1]["role"] != "assistant":
                 messages.append({"role": "assistant", "content": None})
-            messages[-1].setdefault("tool_calls", []).append(call)
+            reasoned(messages[-1]).setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             output = item.get("output")
             if not isinstance(item.get("call_id"), str) or output is None:
                 raise ApiError(400, f"{where}: a function_call_output item needs call_id and output", where)
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": output if isinstance(output, str) else _text(output, where)})
-        elif kind != "reasoning":
+        elif kind == "reasoning":
+            parts = item.get("content") or []
+            thought += [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        else:
             raise ApiError(400, f"{where}: input items of type {kind!r} are not served; accepted: message, "
                                 "function_call, function_call_output, reasoning", where)
     if not messages:

@@ -98,11 +98,15 @@ def read_choice(tools: list | None, choice, parallel: bool | None) -> ToolChoice
 def template_turn(message) -> dict:
     """A request message as the chat template reads it: developer as system, a tool turn's call id and name, an
     assistant turn's calls with their arguments as a mapping (transformers' tool-use templates write them with
-    `tojson`; a JSON string there would come out quoted)."""
+    `tojson`; a JSON string there would come out quoted), and its reasoning under the names templates read it by
+    (Qwen3's reasoning_content, gpt-oss's thinking: each keeps it where the model wrote it and will read it, e.g.
+    gpt-oss's analysis before a tool call with no answer after it yet)."""
     turn = {"role": "system" if message.role == "developer" else message.role, "content": message.text()}
     for key in ("tool_call_id", "name"):
         if getattr(message, key) is not None:
             turn[key] = getattr(message, key)
+    if thought := message.reasoning_content or message.reasoning:
+        turn["reasoning_content"] = turn["thinking"] = thought
     if message.tool_calls:
         turn["tool_calls"] = [{"id": c.id, "type": "function",
                                "function": {"name": c.function.name, "arguments": c.function.parsed()}}
