@@ -184,3 +184,15 @@ def test_gpt_oss_answers_without_reasoning_are_trained_as_written_too(qwen2_toke
         assert "analysis" not in tok.decode(row["input_ids"])
     # a ChatML tokenizer's plain conversation stays one row
     assert tokenize(ChatRenderer(qwen2_tokenizer), [plain], 4096)[1]["per_turn"] == 0
+
+
+@pytest.mark.parametrize("content", ["a", "final", "return", "end"])
+def test_an_answer_that_is_also_a_tags_text_is_located_where_it_is_written(qwen2_tokenizer, content):
+    """The answer's place comes from the template (rendered with a marker for it), not from searching the text:
+    an answer "a" or "return" also occurs inside <|channel|> and <|return|>."""
+    tok = with_template(qwen2_tokenizer, HARMONY_LIKE, HARMONY_SPECIALS)
+    rows, _ = tokenize(ChatRenderer(tok), [[{"role": "user", "content": "Say it."},
+                                            {"role": "assistant", "content": content, "reasoning_content": "a"}]], 99)
+    (a, b), = runs(rows[0]["loss_mask"])
+    assert tok.decode(rows[0]["input_ids"][a:b]) == (f"<|channel|>analysis<|message|>a<|end|><|start|>assistant"
+                                                     f"<|channel|>final<|message|>{content}<|return|>")

@@ -61,12 +61,13 @@ def written_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int
     past, last = [bare(m) for m in conv[:-1]], conv[-1]
     thought, content = last.get(REASONING, ""), last["content"]
     prompt = renderer.render(past, add_generation_prompt=True)
-    text = renderer.render(past + [{**last, "thinking": thought} if thought else last])  # gpt-oss's name for it
-    written = text[len(prompt):] if text.startswith(prompt) else ""
-    for candidate in (content, content.strip()):  # some templates (Llama-3) trim message content
-        at = written.rfind(candidate) if candidate else -1
-        if at >= 0 and thought.strip() in written[:at]:
-            return text, [(len(prompt), len(prompt) + at + len(candidate))]
+    shown = {**last, "thinking": thought} if thought else last  # gpt-oss's name for it
+    text = renderer.render(past + [shown])
+    at = renderer.render(past + [{**shown, "content": MARK}]).find(MARK)  # where the content starts
+    if text.startswith(prompt) and at >= len(prompt) and thought.strip() in text[len(prompt):at]:
+        for candidate in (content, content.strip()):  # some templates (Llama-3) trim message content
+            if candidate and text.startswith(candidate, at):
+                return text, [(len(prompt), at + len(candidate))]
     if not thought:  # nothing to fold in
         return answer_sample(renderer, past + [bare(last)])
     folded = f"<think>\n{thought.strip(chr(10))}\n</think>\n\n{content.lstrip(chr(10))}"
