@@ -305,3 +305,15 @@ def test_compare_answers_splits_tau_by_the_cap_and_refuses_other_texts(tmp_path)
 
     assert compare_answers.repeated_share(["ab" * 20], Tok(), n=4) == (40 - 4 - 1) / 40  # all but the first 5 repeat
     assert compare_answers.repeated_share(["abcdefgh"], Tok(), n=4) == 0.0
+
+
+def test_bench_sink_attention_runs_both_settings_with_equal_outputs():
+    """--tokens 300 with 8 heads: 720,000 scores, in chunks of 2^26 none; the script's two processes report the
+    same output (its own test of the chunking is tests/infer/test_gpt_oss.py)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_sink_attention.py"), "--tokens", "300",
+                           "--heads", "8", "--kv-heads", "2", "--dim", "16"], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["tokens 300 block all", "tokens 300 block 67108864"]
+    assert len({line.split("output")[1] for line in lines}) == 1
