@@ -115,8 +115,8 @@ def test_an_assistant_turns_reasoning_reaches_the_template_by_both_names():
     msgs = input_messages(items)
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool"]
     assert msgs[1]["reasoning_content"] == "Need the weather." and "reasoning_content" not in msgs[2]
+    blocks = [{"type": "thinking", "thinking": "Need the weather.", "signature": ""},
+              {"type": "tool_use", "id": "c1", "name": "get_weather", "input": {"city": "Paris"}}]
     anthropic = chat_messages([{"role": "user", "content": "Weather in Paris?"},
-                               {"role": "assistant", "content": [
-                                   {"type": "thinking", "thinking": "Need the weather.", "signature": ""},
-                                   {"type": "tool_use", "id": "c1", "name": "get_weather", "input": {"city": "Paris"}}]}])
+                               {"role": "assistant", "content": blocks}])
     assert anthropic[1]["reasoning_content"] == "Need the weather." and anthropic[1]["tool_calls"]

@@ -16,7 +16,8 @@ How the calls are written depends on the request's `tool_choice` and, for `auto`
 SGLang's names are taken too (qwen25 and qwen = hermes, llama3 = llama3_json, gpt-oss = openai). A block or reply
 that does not parse as a call is content, so nothing the model wrote is lost (openai's recipient makes a message a
 call whatever its body). Streamed, content goes out as it comes except a tail that could still open a call; a call
-goes out whole once its block closes or the reply ends (the named function's arguments piece by piece). The deltas of any chunking join to the whole reading (a test checks).
+goes out whole once its block closes or the reply ends (the named function's arguments piece by piece). The
+deltas of any chunking join to the whole reading (a test checks).
 """
 from __future__ import annotations
 
