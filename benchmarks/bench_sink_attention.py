@@ -1,5 +1,5 @@
 """Attention with sinks (gpt-oss) over a causal prefill, on the torch path: peak memory and time of
-`sink_attention` with its queries in chunks (the default, at most 2^26 scores at once) against all B x Hq x T x S
+`eager_attention` with its queries in chunks (the default, at most 2^26 scores at once) against all B x Hq x T x S
 scores at once (`--block 0`). Each setting runs in its own process, so its peak RSS is its own.
 
     python benchmarks/bench_sink_attention.py --tokens 4096                 # gpt-oss heads: 64 q, 8 kv, dim 64
@@ -17,7 +17,7 @@ import time
 def one(tokens: int, block: int, heads: int, kv_heads: int, dim: int) -> str:
     import torch
 
-    from toolkit.infer.attention import sink_attention
+    from toolkit.infer.attention import eager_attention
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -26,7 +26,7 @@ def one(tokens: int, block: int, heads: int, kv_heads: int, dim: int) -> str:
     sinks = torch.randn(heads, generator=g)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
-    out = sink_attention(q, k, v, None, sinks, block or 1 << 62)
+    out = eager_attention(q, k, v, None, sinks, block or 1 << 62)
     seconds = time.perf_counter() - start
     peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 2 ** 20  # KiB -> GiB
     return (f"tokens {tokens} block {'all' if not block else block}: peak +{peak:.2f} GiB, {seconds:.1f} s, "

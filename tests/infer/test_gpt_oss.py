@@ -11,7 +11,7 @@ from hf_reference import assert_forward_matches, assert_greedy_matches
 from safetensors.torch import load_file, save_file
 
 from toolkit.infer import mxfp4
-from toolkit.infer.attention import sink_attention
+from toolkit.infer.attention import eager_attention
 from toolkit.infer.config import ConfigError, ModelConfig
 from toolkit.infer.gpt_oss import GptOssMoE
 from toolkit.infer.loading import load_target
@@ -59,7 +59,7 @@ def reference_attention(q, k, v, mask, sinks):
     return torch.cat([scores, sink], -1).softmax(-1)[..., :-1] @ v
 
 
-def test_sink_attention_equals_the_reference_masked_and_causal():
+def test_eager_attention_equals_the_reference_masked_and_causal():
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(2, 4, 5, 8, generator=g), torch.randn(2, 2, 9, 8, generator=g), torch.randn(2, 2, 9, 8,
                                                                                                       generator=g)
@@ -67,21 +67,21 @@ def test_sink_attention_equals_the_reference_masked_and_causal():
     mask = torch.rand(2, 5, 9, generator=g) < 0.6
     mask[1, 2] = False  # a row that sees nothing: all its weight on the sink, output zero
     bias = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))[:, None]
-    got = sink_attention(q, k, v, bias, sinks)
+    got = eager_attention(q, k, v, bias, sinks)
     assert (got - reference_attention(q, k, v, mask, sinks=sinks)).abs().max() < 1e-5
     assert got[1, :, 2].abs().max() == 0
     causal = torch.ones(9, 9).tril().bool()[None].expand(2, 9, 9)
     q9 = torch.randn(2, 4, 9, 8, generator=g)
-    assert (sink_attention(q9, k, v, None, sinks) - reference_attention(q9, k, v, causal, sinks=sinks)).abs().max() \
+    assert (eager_attention(q9, k, v, None, sinks) - reference_attention(q9, k, v, causal, sinks=sinks)).abs().max() \
         < 1e-5
     # in chunks of queries (a long prefill's scores bounded): the same, causal (keys cut per chunk) and masked
     for block in (2 * 4 * 9, 3 * 2 * 4 * 9, 4 * 2 * 4 * 9):  # 1, 3 and 4 query rows a chunk
-        assert (sink_attention(q9, k, v, None, sinks, block) - sink_attention(q9, k, v, None, sinks)).abs().max() \
+        assert (eager_attention(q9, k, v, None, sinks, block) - eager_attention(q9, k, v, None, sinks)).abs().max() \
             < 1e-6
-        assert (sink_attention(q, k, v, bias, sinks, block) - got).abs().max() < 1e-6
+        assert (eager_attention(q, k, v, bias, sinks, block) - got).abs().max() < 1e-6
     # queries at the last slots of a longer cache (a chunked prefill after a cached prefix)
     late = torch.ones(9, 9).tril().bool()[-4:][None].expand(2, 4, 9)
-    assert (sink_attention(q9[:, :, -4:], k, v, None, sinks, 2 * 4 * 9)
+    assert (eager_attention(q9[:, :, -4:], k, v, None, sinks, 2 * 4 * 9)
             - reference_attention(q9[:, :, -4:], k, v, late, sinks=sinks)).abs().max() < 1e-5
 
 

@@ -32,12 +32,12 @@ def moe_target(tiny_target, tmp_path_factory, peaked):
     return peaked(model, folder, tiny_target)
 
 
-def test_eagle3_trains_on_a_moe_target_and_bench_serves_it_losslessly(moe_target, prepared, tmp_path):
-    out = tmp_path / "run"
-    assert main(["train", "--model", str(moe_target), "--data", str(prepared), "--output-dir", str(out),
+def train_eagle3(target, prepared, out, *extra: str) -> dict:
+    """12 online EAGLE-3 steps via the CLI: the loss falls, the evaluation runs the engine on the target and its
+    replay agrees; the exported head's config.json."""
+    assert main(["train", "--model", str(target), "--data", str(prepared), "--output-dir", str(out),
                  "batch_size=2", "max_len=96", "log_every=1", "eval_samples=2", "eval_max_new_tokens=6", "threads=1",
-                 "lr=3e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=12", "save_every=12",
-                 "draft_intermediate_size=80"]) == 0  # the head's MLP width, not the target's 128
+                 "lr=3e-3", "warmup_ratio=0", "mixed_precision=no", "max_steps=12", "save_every=12", *extra]) == 0
     recs = read_metrics(out / "metrics.jsonl")
     loss = {r["step"]: r["loss"] for r in recs if "loss" in r}
     assert sorted(loss) == list(range(1, 13)) and loss[12] < 0.8 * loss[1]
@@ -45,18 +45,32 @@ def test_eagle3_trains_on_a_moe_target_and_bench_serves_it_losslessly(moe_target
     assert ev["eval_engine_tau"] >= 1 and ev["eval_replay_differing_rows"] == 0
     cfg = json.loads((out / "draft" / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 2]
-    assert cfg["intermediate_size"] == 80  # draft_intermediate_size, read back by bench below
+    return cfg
 
+
+def bench_command(draft, tmp_path, new: int) -> list[str]:
+    """`toolkit bench` of `draft` on one prompt, a tree (3, 2, 5), one thread."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["Tell me about rivers."]}) + "\n")
+    return [sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(draft), "--prompts", str(prompts),
+            "--max-new-tokens", str(new), "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5",
+            "--threads", "1"]
+
+
+def assert_bench_lossless(command: list[str], tmp_path) -> None:
+    """The bench with --baseline succeeds, its greedy texts identical to plain decoding's."""
     result = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, "-m", "toolkit.cli", "bench", "--draft", str(out / "draft"),
-                           "--prompts", str(prompts), "--max-new-tokens", "16", "--num-steps", "3", "--topk", "2",
-                           "--num-draft-tokens", "5", "--threads", "1", "--baseline", "--out", str(result)],
-                          capture_output=True, text=True)
+    done = subprocess.run(command + ["--baseline", "--out", str(result)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(result.read_text())
     assert r["greedy_identical_to_baseline"] is True and r["speculative"]["tau"] >= 1
+
+
+def test_eagle3_trains_on_a_moe_target_and_bench_serves_it_losslessly(moe_target, prepared, tmp_path):
+    out = tmp_path / "run"
+    cfg = train_eagle3(moe_target, prepared, out, "draft_intermediate_size=80")  # not the target's 128
+    assert cfg["intermediate_size"] == 80  # draft_intermediate_size, read back by bench below
+    assert_bench_lossless(bench_command(out / "draft", tmp_path, 16), tmp_path)
 
 
 def train_mtp(target, prepared, out) -> list[float]:

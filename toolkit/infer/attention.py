@@ -2,8 +2,9 @@
 once for all its layers: rope's cos / sin tables (rope_cos_sin), rotated in by `rotate`, and the masks
 (attention_masks). Each token's k / v are written to its cache slot before it attends to the slots its mask
 allows: with SDPA, or with kernels "triton" the fused RoPE + cache write and the tree-attention kernel. GPT-OSS's
-attention sinks (a learned logit per query head in every softmax, with no value) go through sink_attention, or
-the kernel's sink term.
+attention sinks (a learned logit per query head in every softmax, with no value) go through eager_attention, or
+the kernel's sink term; so do Gemma 2's soft-capped scores. Gemma scales scores by query_pre_attn_scalar^-0.5 and
+norms q / k by (1 + w) (Gemma 3).
 Shapes: B batch, T new tokens, S cache slots, H hidden, D head dim, Hq/Hkv query/key-value heads.
 """
 from __future__ import annotations
@@ -56,28 +57,40 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
-def sink_attention(q, k, v, bias, sinks, block: int = 1 << 26) -> torch.Tensor:
-    """Attention with sinks, as transformers' GPT-OSS attends: softmax over [scores, sinks[h]], the sink's share
-    dropped. q [B, Hq, T, D], k/v [B, Hkv, S, D], bias additive [B, 1, T, S] (None: causal, the T queries at the
-    last T slots), sinks [Hq] -> [B, Hq, T, D]. Scores in the inputs' dtype, the softmax in float32. The queries go
-    in chunks of at most `block` scores (256 MiB in float32): a long prefill's B x Hq x T x S at once was 17 GB for
-    gpt-oss-20b's 64 heads at 8k tokens."""
+def eager_attention(q, k, v, bias, sinks=None, block: int = 1 << 26, scale: float | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
+    """Attention as explicit scores, for what SDPA lacks: GPT-OSS's sinks (as transformers' GPT-OSS attends:
+    softmax over [scores, sinks[h]], the sink's share dropped) and Gemma 2's soft-capped scores (tanh(s / cap) *
+    cap before the mask, as transformers' Gemma 2). q [B, Hq, T, D], k/v [B, Hkv, S, D], bias additive [B, 1, T, S]
+    (None: causal, the T queries at the last T slots), sinks [Hq] or None, scale (default D^-0.5) ->
+    [B, Hq, T, D]. Scores in the inputs' dtype, the softmax in float32. The queries go in chunks of at most
+    `block` scores (256 MiB in float32): a long prefill's B x Hq x T x S at once was 17 GB for gpt-oss-20b's 64
+    heads at 8k tokens."""
     B, Hq, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     rows = max(1, block // (B * Hq * S))
     if T > rows:  # causal: a chunk's queries see no key past its last one's slot (a bias may say otherwise)
         ends = [S if bias is not None else S - T + min(t + rows, T) for t in range(0, T, rows)]
-        return torch.cat([sink_attention(q[:, :, t:t + rows], k[:, :, :end], v[:, :, :end],
-                                         None if bias is None else bias[:, :, t:t + rows], sinks, block)
+        return torch.cat([eager_attention(q[:, :, t:t + rows], k[:, :, :end], v[:, :, :end],
+                                          None if bias is None else bias[:, :, t:t + rows], sinks, block, scale,
+                                          softcap)
                           for t, end in zip(range(0, T, rows), ends)], 2)
-    scores = (q.reshape(B, Hkv, -1, D) @ k.transpose(-1, -2)).view(B, Hq, T, S).float() * D ** -0.5
+    scores = (q.reshape(B, Hkv, -1, D) @ k.transpose(-1, -2)).view(B, Hq, T, S)
+    if softcap is not None:  # transformers' Gemma 2 caps in the inputs' dtype
+        scores = torch.tanh(scores * (D ** -0.5 if scale is None else scale) / softcap) * softcap
+        scores = scores.float()
+    else:
+        scores = scores.float() * (D ** -0.5 if scale is None else scale)
     if bias is not None:
         scores = scores + bias
     elif T > 1:
         causal = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
         scores = scores.masked_fill(~causal, float("-inf"))
-    sink = sinks.float().view(1, Hq, 1, 1).expand(B, Hq, T, 1)
-    probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1].to(v.dtype)      # [B, Hq, T, S]
+    if sinks is None:
+        probs = scores.softmax(-1).to(v.dtype)
+    else:
+        sink = sinks.float().view(1, Hq, 1, 1).expand(B, Hq, T, 1)
+        probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1].to(v.dtype)      # [B, Hq, T, S]
     return (probs.view(B, Hkv, -1, S) @ v).view(B, Hq, T, D)
 
 
@@ -91,7 +104,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(d, c.num_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
         if c.qk_norm:
-            self.q_norm, self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps), RMSNorm(c.head_dim, c.rms_norm_eps)
+            self.q_norm, self.k_norm = RMSNorm.of(c, c.head_dim), RMSNorm.of(c, c.head_dim)
+        self.scale = None if c.gemma is None else c.gemma.scale                  # None: SDPA's D^-0.5
+        self.softcap = None if c.gemma is None else c.gemma.attn_softcap
         if c.attention_sinks:
             self.sinks = nn.Parameter(torch.zeros(c.num_heads))  # a logit per query head (GPT-OSS)
         self.register_buffer("qkv", None, persistent=False)       # fused [q; k; v] weight: Transformer.fuse
@@ -167,9 +182,10 @@ class Attention(nn.Module):
             from toolkit.infer.kernels.tree_attention import tree_attention
 
             return tree_attention(q, k, v, mask[1], lens=mask[2], sinks=sinks)
-        if sinks is not None:
-            return sink_attention(q, k, v, None if mask is None else mask[0], sinks)
+        if sinks is not None or self.softcap is not None:
+            return eager_attention(q, k, v, None if mask is None else mask[0], sinks, scale=self.scale,
+                                   softcap=self.softcap)
         # mask None: causal over T > 1 new tokens (the fused causal kernel), or one token seeing all
         return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[0],
-                                              is_causal=mask is None and q.shape[2] > 1,
+                                              is_causal=mask is None and q.shape[2] > 1, scale=self.scale,
                                               enable_gqa=self.c.num_heads != self.c.num_kv_heads)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from toolkit.infer.attention import attention_masks, rope_cos_sin, rotate
+from toolkit.infer.gemma import refuse as refuse_gemma
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.model import Transformer
 
@@ -77,6 +78,7 @@ class CompiledDecode:
         c = target.config
         if c.mla is not None or c.moe is not None:
             raise ValueError("the compiled decode step covers dense Llama-family targets (not MLA / MoE)")
+        refuse_gemma(c, "the compiled decode step (--compile)")
         if c.sliding_window is not None and cache.max_len > c.sliding_window:
             raise ValueError(f"the compiled decode step attends over the whole cache, and this target slides a "
                              f"window of {c.sliding_window} over a longer one ({cache.max_len} slots): run without "

@@ -1,7 +1,8 @@
 """Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, SmolLM2),
-its MoE kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS: moe_config.py, moe.py, gpt_oss.py) and
-DeepSeek-V3 / Kimi-K2 (MLA attention: deepseek.py; MoE MLPs) read from an HF config.json (transformers 4.x or
-5.x spelling; some families' own keys: family_keys.py), validated on construction."""
+its MoE kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS: moe_config.py, moe.py, gpt_oss.py), DeepSeek-V3 /
+Kimi-K2 (MLA attention: deepseek.py; MoE MLPs) and Gemma 2 / 3 (gemma_config.py, gemma.py), read from an HF
+config.json (transformers 4.x or 5.x spelling; some families' own keys: family_keys.py), validated on
+construction."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ import torch
 
 from toolkit.infer import family_keys, rope
 from toolkit.infer.config_error import ConfigError
+from toolkit.infer.gemma_config import GEMMA_KINDS, Gemma, gemma_from_hf, gemma_rope
 from toolkit.infer.moe_config import MoE, moe_from_hf
 from toolkit.infer.rope import ROPE_TYPES  # noqa: F401  (importers read the accepted types here)
 
@@ -50,6 +52,9 @@ FAMILIES = {
     # biases and a biased router (gpt_oss.py); MXFP4 experts on disk are dequantized on load (mxfp4.py)
     "gpt_oss": Family(False, False, True, 131072, head_dim=64, kv_heads=8, rms_norm_eps=1e-5,
                       attention_bias_default=True),
+    # Gemma 2 / 3: scaled embedding, (1 + w) sandwich norms, GELU, soft-caps, per-layer-type RoPE (gemma_config.py)
+    "gemma2": Family(False, False, True, 8192, head_dim=256, kv_heads=4),
+    "gemma3_text": Family(False, True, True, 131072, head_dim=256, kv_heads=4),
 }
 PARTIAL_ROPE = {"glm4_moe": 0.5, "phi3": 1.0}  # the families that rotate part of a head: their default fraction
 MLA_KINDS = ("deepseek_v3", "kimi_k2")
@@ -92,6 +97,7 @@ class ModelConfig:
     rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of each head (GLM-4.5); None: all head_dim
     attention_sinks: bool = False  # a learned logit per query head joins each softmax, its value zero (GPT-OSS)
     norm_fp32_product: bool = False  # RMSNorm scaled in fp32 then rounded (GPT-OSS), not rounded then scaled
+    gemma: Gemma | None = None    # Gemma 2 / 3's layer (gemma.py): None for every other family
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:
@@ -159,6 +165,7 @@ class ModelConfig:
             cfg = family_keys.phi3_rope(cfg)
         elif kind == "gpt_oss":
             cfg = family_keys.gpt_oss_rope(cfg)
+        cfg, local_theta = gemma_rope(kind, cfg)
         theta, rope_params = rope.resolve(cfg, max_positions, partial_ok=kind in PARTIAL_ROPE)
         mla, moe = None, moe_from_hf(kind, cfg)
         if kind in MLA_KINDS:
@@ -176,11 +183,12 @@ class ModelConfig:
             head_dim=head_dim, rotary_dim=None if rotary_dim == head_dim else rotary_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", family.rms_norm_eps), rope_theta=theta, rope_scaling=rope_params,
             max_position_embeddings=max_positions,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", kind in GEMMA_KINDS)),
             qkv_bias=qkv_bias or attention_bias,
             qk_norm=bool(cfg.get("use_qk_norm", False)) if kind == "glm4_moe" else family.qk_norm,
             attention_bias=attention_bias, mla=mla, moe=moe, attention_sinks=kind == "gpt_oss",
             norm_fp32_product=kind == "gpt_oss",
+            gemma=gemma_from_hf(kind, cfg, local_theta) if kind in GEMMA_KINDS else None,
             **family_keys.sliding_window(kind, cfg))
 
     @classmethod
@@ -200,6 +208,13 @@ class ModelConfig:
     def inv_freq(self) -> torch.Tensor:
         """RoPE inverse frequencies float32[rope_dim // 2], scaled as the rope type says (rope.py)."""
         return rope.inv_freq(self.rope_dim, self.rope_theta, self.rope_scaling_or_default,
+                             self.max_position_embeddings)
+
+    def local_inv_freq(self) -> torch.Tensor | None:
+        """Gemma 3's sliding layers' RoPE frequencies (default rope of their own base), or None: one RoPE for all."""
+        if self.gemma is None or self.gemma.local_rope_theta is None:
+            return None
+        return rope.inv_freq(self.rope_dim, self.gemma.local_rope_theta, {"rope_type": "default"},
                              self.max_position_embeddings)
 
     def rope_attention_factor(self) -> float:
@@ -225,7 +240,7 @@ def _refuse_unsupported(kind: str, cfg: dict) -> None:
                           f"{cfg['quantization_config'].get('quant_method')}) is not supported: dequantize it to "
                           "bf16 first")
     act = cfg.get("hidden_act", "silu")
-    if act not in ACTIVATIONS:
+    if kind not in GEMMA_KINDS and act not in ACTIVATIONS:  # Gemma's is `hidden_activation` (gemma_config.py)
         raise ConfigError(f"hidden_act {act!r} is not supported; accepted: {ACTIVATIONS}")
     if kind == "llama" and cfg.get("mlp_bias"):  # the one family whose MLP transformers gives biases
         raise ConfigError("mlp_bias true (biased gate/up/down projections) is not supported; accepted: false")

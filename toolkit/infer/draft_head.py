@@ -157,7 +157,7 @@ def draft_config(target: ModelConfig, num_layers: int = 1, intermediate_size: in
         partial["intermediate_size"] = intermediate_size
     return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
                    attention_bias=False, tie_word_embeddings=False, mla=None, moe=None, sliding_window=None,
-                   full_layers=(), attention_sinks=False, **partial,
+                   full_layers=(), attention_sinks=False, gemma=None, **partial,
                    head_dim=target.hidden_size // target.num_heads if target.mla else target.head_dim)
 
 
@@ -186,7 +186,10 @@ def rope_keys(target_hf_config: dict) -> dict:
     transformers 5's `rope_parameters` and 4.x's `rope_theta` / `rope_scaling`. Both are needed: SGLang's Llama
     reads `rope_theta` (10000 when absent), and vLLM under transformers 4 overwrites `rope_parameters`' theta
     with the top-level one, so a draft written with `rope_parameters` alone is served with the wrong base."""
+    from toolkit.infer.gemma_config import gemma_rope
+
     t = target_hf_config.get("text_config", target_hf_config)
+    t = gemma_rope(t.get("model_type"), t)[0]  # Gemma 3: its full-attention layers' RoPE
     scaling = dict(t.get("rope_parameters") or t.get("rope_scaling") or {})
     theta = float(scaling.pop("rope_theta", t.get("rope_theta", 10000.0)))
     kind = scaling.pop("rope_type", scaling.pop("type", "default"))

@@ -3,6 +3,8 @@ them (config.py builds the ModelConfig): which layers slide and over what window
 GPT-OSS's rope defaults."""
 from __future__ import annotations
 
+from toolkit.infer.gemma_config import GEMMA_KINDS, gemma_sliding_window
+
 
 def sliding_window(kind: str, cfg: dict) -> dict:
     """The window transformers applies ({"sliding_window": W, "full_layers": layers that do not slide}, or {}):
@@ -10,8 +12,10 @@ def sliding_window(kind: str, cfg: dict) -> dict:
     the Qwen families' only with `use_sliding_window`: Qwen3-MoE's on every layer, Qwen2/3's and Qwen2-MoE's on
     the layers `layer_types` names sliding_attention, else on layers >= max_window_layers (Qwen2/3) or the even
     layers below max_window_layers (Qwen2-MoE); GPT-OSS's (default 128) on the layers `layer_types` names, by
-    default the even ones."""
+    default the even ones; Gemma's (gemma_config.py) on the layers layer_types names."""
     layers = cfg["num_hidden_layers"]
+    if kind in GEMMA_KINDS:
+        return gemma_sliding_window(kind, cfg)
     if kind in ("qwen2", "qwen3", "mimo", "qwen2_moe", "qwen3_moe"):
         if not cfg.get("use_sliding_window"):
             return {}

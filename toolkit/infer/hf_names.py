@@ -6,7 +6,9 @@ does): most map one to one (without the `model.` prefix); two families store the
     phi3     layers.{l}.self_attn.qkv_proj.weight [(Hq + 2 Hkv) D, H] -> q_proj, k_proj, v_proj (rows in that order)
              layers.{l}.mlp.gate_up_proj.weight [2 I, H]          -> gate_proj, up_proj (halves in that order)
 
-as the hub's checkpoints and transformers 5's save_pretrained write them.
+as the hub's checkpoints and transformers 5's save_pretrained write them. Gemma 3's multimodal checkpoints hold the
+text model under `language_model.model.` (the hub's) or `model.language_model.` (transformers 5's), its lm_head as
+`language_model.lm_head.` or `lm_head.`, beside a vision tower the engine does not load (not_text).
 """
 from __future__ import annotations
 
@@ -23,10 +25,18 @@ def our_name(model_type: str, name: str) -> str:
     """A checkpoint tensor's name (with or without `model.`) as the engine's modules name it, for the tensors
     that keep their shape."""
     name = name.removeprefix("model.")
+    if model_type == "gemma3_text":  # a multimodal checkpoint's text model (its text_config is read)
+        name = name.removeprefix("language_model.").removeprefix("model.")
     if model_type == "mixtral" and ".block_sparse_moe." in name:
         name = name.replace(".block_sparse_moe.", ".mlp.")
         return re.sub(r"(\.experts\.\d+)\.(w[123])\.", lambda m: f"{m[1]}.{_MIXTRAL[m[2]]}.", name)
     return name
+
+
+def not_text(model_type: str, name: str) -> bool:
+    """A multimodal Gemma 3 checkpoint's tensors that are not the text model's (vision tower, projector)."""
+    return model_type == "gemma3_text" and name.removeprefix("model.").startswith(
+        ("vision_tower.", "multi_modal_projector."))
 
 
 def our_tensors(c: ModelConfig, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

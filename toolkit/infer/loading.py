@@ -18,7 +18,7 @@ from toolkit.infer import mxfp4
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
 from toolkit.infer.model import Transformer
-from toolkit.infer.hf_names import our_tensors
+from toolkit.infer.hf_names import not_text, our_tensors
 from toolkit.infer.weight_files import weight_files
 
 
@@ -59,7 +59,8 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
         with safe_open(str(f), "pt", device="cpu") as sf:
             for name in sf.keys():
                 short = name.removeprefix("model.")
-                if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp):
+                if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \
+                        or not_text(config.model_type, name):
                     continue
                 if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below
                     packed[short] = sf.get_tensor(name)
@@ -81,6 +82,8 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.inv_freq = config.inv_freq().to(device)
+    if config.local_inv_freq() is not None:  # Gemma 3's sliding layers' RoPE
+        model.inv_freq_local = config.local_inv_freq().to(device)
     return model.to(device).eval().fuse()
 
 

@@ -1,5 +1,6 @@
 """Target transformer (Llama family: Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, SmolLM2; with MoE MLPs
-Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS; DeepSeek-V3 / Kimi-K2), gpt-fast style.
+Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS; DeepSeek-V3 / Kimi-K2; Gemma 2 / 3 with gemma.py's layer),
+gpt-fast style.
 
 One forward serves prefill, decode and tree verification: each token has a rope position and a cache slot
 it is written to, and attends to the cache slots its mask allows. It returns logits and the hidden states
@@ -19,6 +20,7 @@ from torch import nn
 from toolkit.infer.attention import Attention, attention_masks, rope_cos_sin
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.fp32 import Fp32Readout
+from toolkit.infer.gemma import GemmaBlock, embed_scale, soft_cap
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows, row_step, row_step_ok
@@ -34,8 +36,13 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, inner, bias=False)
         self.down_proj = nn.Linear(inner, c.hidden_size, bias=False)
         self.register_buffer("gate_up", None, persistent=False)   # fused [gate; up] weight: Transformer.fuse
+        self.gelu = None if c.gemma is None else c.gemma.gelu_approximate  # Gemma's GELU, else SiLU
 
     def forward(self, x):
+        if self.gelu is not None:
+            gate, up = (self.gate_proj(x), self.up_proj(x)) if self.gate_up is None else \
+                F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.gelu(gate, approximate=self.gelu) * up)
         if self.gate_up is None:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         if self.kernels == "triton":
@@ -75,18 +82,19 @@ class Block(nn.Module):
 
 
 class Transformer(Fp32Readout):
-    keep_fp32 = ("inv_freq",)
+    keep_fp32 = ("inv_freq", "inv_freq_local")
 
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.config = c
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(Block(c, i) for i in range(c.num_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_fp32_product)
+        self.layers = nn.ModuleList((Block if c.gemma is None else GemmaBlock)(c, i) for i in range(c.num_layers))
+        self.norm = RMSNorm.of(c)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.register_buffer("inv_freq", c.inv_freq(), persistent=False)
+        self.register_buffer("inv_freq_local", c.local_inv_freq(), persistent=False)  # Gemma 3's sliding layers
 
     kernels = "torch"
 
@@ -144,7 +152,13 @@ class Transformer(Fp32Readout):
         if mask is None:  # causal by position over the slots that hold them (slot == position here)
             mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
+        if c.gemma is not None:
+            h = embed_scale(c, h)
         cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, c.rope_attention_factor(), self.kernels)
+        rope = {}  # Gemma 3's sliding layers: their own base (the full layers' cos / sin are the defaults above)
+        if self.inv_freq_local is not None:
+            local = rope_cos_sin(positions, self.inv_freq_local, h.dtype, 1.0, self.kernels)
+            rope = dict.fromkeys(c.gemma.local_layers, local)
         bias = None if unmasked else attention_masks(mask, h.dtype, self.kernels)
         # a sliding layer's mask: the last sliding_window positions only. A slot holds its position (a draft node
         # sits at or past its own, nearer, and its ancestors are within the tree's depth anyway)
@@ -156,14 +170,19 @@ class Transformer(Fp32Readout):
             slots = cache.slot_range(slots)  # one sequence's contiguous host slots -> int start (a plain copy)
         kept = {}
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, near if c.slides(i) else bias, cache, i, slots, kv_len)
+            h = layer(h, *rope.get(i, (cos, sin)), near if c.slides(i) else bias, cache, i, slots, kv_len)
             if i in aux_layers:
                 kept[i] = h
         if logits_at is None and -1 not in aux_layers and few_rows(h, self.kernels) and not self.logits_fp32 \
-                and not self.norm.fp32_product:
+                and not self.norm.fp32_product and c.gemma is None:
             from toolkit.infer.kernels.gemv import gemv  # the norm in the GEMV (rounded as Llama's)
 
             return gemv(h, self.lm_head.weight, "norm", self.norm.weight, self.norm.eps), [kept[i] for i in aux_layers]
         kept[-1] = self.norm(h)  # id -1: the final normed hidden state (EAGLE-1/2 heads take it)
         out = kept[-1] if logits_at is None else kept[-1][torch.arange(B, device=h.device), logits_at][:, None]
         return self.readout(out), [kept[i] for i in aux_layers]
+
+    def readout(self, normed: torch.Tensor) -> torch.Tensor:
+        """normed [..., H] -> logits [..., V] (Fp32Readout's), soft-capped as Gemma 2 caps them."""
+        logits = super().readout(normed)
+        return logits if self.config.gemma is None else soft_cap(logits, self.config.gemma.final_softcap)
