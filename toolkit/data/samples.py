@@ -19,7 +19,7 @@ answer as the prompt holds it (`<|end|>`), not as the target wrote it (its chann
 """
 from __future__ import annotations
 
-from toolkit.data.schemas import REASONING, BadRecord, bare
+from toolkit.data.schemas import REASONING, BadRecord, bare, template_reasoning
 
 MARK = "\u2063toolkit-answer\u2063"  # an answer the template cannot rewrite: where its end of turn begins
 
@@ -61,7 +61,7 @@ def written_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int
     past, last = [bare(m) for m in conv[:-1]], conv[-1]
     thought, content = last.get(REASONING, ""), last["content"]
     prompt = renderer.render(past, add_generation_prompt=True)
-    shown = {**last, "thinking": thought} if thought else last  # gpt-oss's name for it
+    shown = template_reasoning(last, thought)
     text = renderer.render(past + [shown])
     at = renderer.render(past + [{**shown, "content": MARK}]).find(MARK)  # where the content starts
     if text.startswith(prompt) and at >= len(prompt) and thought.strip() in text[len(prompt):at]:

@@ -70,6 +70,12 @@ def _text(value: Any, what: str) -> str:
     return value
 
 
+def template_reasoning(turn: dict, thought: str) -> dict:
+    """`turn` with its reasoning under both names chat templates read it by (Qwen3's reasoning_content, gpt-oss's
+    thinking), each template taking the one it knows; `turn` unchanged when there is none."""
+    return {**turn, REASONING: thought, "thinking": thought} if thought else turn
+
+
 def bare(msg: dict) -> dict:
     """A message without its reasoning: how a later turn's prompt holds an earlier answer (servers and templates
     drop the reasoning of past turns) and what a server is sent."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from toolkit.data.schemas import template_reasoning
 from toolkit.serve.protocol import ApiError
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -105,8 +106,7 @@ def template_turn(message) -> dict:
     for key in ("tool_call_id", "name"):
         if getattr(message, key) is not None:
             turn[key] = getattr(message, key)
-    if thought := message.reasoning_content or message.reasoning:
-        turn["reasoning_content"] = turn["thinking"] = thought
+    turn = template_reasoning(turn, message.reasoning_content or message.reasoning)
     if message.tool_calls:
         turn["tool_calls"] = [{"id": c.id, "type": "function",
                                "function": {"name": c.function.name, "arguments": c.function.parsed()}}
