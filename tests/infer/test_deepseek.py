@@ -56,8 +56,8 @@ def test_config_reads_mla_moe_and_refuses_what_it_cannot_run():
     d = DeepseekV3Config(**BASE, **VARIANTS["q_lora+yarn+interleaved"]).to_dict()
     c = ModelConfig.from_hf(d)
     assert c.mla.kv_lora_rank == 16 and c.moe.num_experts == 8 and c.cache_dims == (4, 24, 12)
-    with pytest.raises(ConfigError, match="dequantize"):
-        ModelConfig.from_hf({**d, "quantization_config": {"quant_method": "fp8"}})
+    with pytest.raises(ConfigError, match=r"quantization_config: awq\) is not supported; accepted: fp8"):
+        ModelConfig.from_hf({**d, "quantization_config": {"quant_method": "awq"}})
     with pytest.raises(ConfigError, match="scoring_func"):
         ModelConfig.from_hf({**d, "scoring_func": "softmax"})
     with pytest.raises(ConfigError, match="topk_group"):

@@ -121,7 +121,7 @@ def test_the_config_reads_gpt_oss_defaults_as_transformers_does():
                                                              if k != "rope_theta"}
     assert (ours.moe.top_k, ours.moe.swiglu_limit, ours.moe.swiglu_alpha) == (4, 7.0, 1.702)
     with pytest.raises(ConfigError, match="quantized checkpoint.*fp8"):
-        ModelConfig.from_hf({**given, "quantization_config": {"quant_method": "fp8"}})
+        ModelConfig.from_hf({**given, "quantization_config": {"quant_method": "bitsandbytes"}})
 
 
 def test_mxfp4_dequantizes_as_transformers():

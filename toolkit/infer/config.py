@@ -233,12 +233,12 @@ class ModelConfig:
 def _refuse_unsupported(kind: str, cfg: dict) -> None:
     """Keys transformers honours that change the math and this engine does not implement."""
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    if kind == "gpt_oss" and quant == "mxfp4":  # the experts' blocks and scales, dequantized on load (mxfp4.py)
+    if (kind == "gpt_oss" and quant == "mxfp4") or quant == "fp8":  # dequantized on load (mxfp4.py, fp8.py)
         pass
     elif cfg.get("quantization_config"):
         raise ConfigError(f"a quantized checkpoint (quantization_config: "
-                          f"{cfg['quantization_config'].get('quant_method')}) is not supported: dequantize it to "
-                          "bf16 first")
+                          f"{cfg['quantization_config'].get('quant_method')}) is not supported; accepted: fp8 "
+                          "(dequantized on load), gpt-oss's mxfp4; dequantize it to bf16 first")
     act = cfg.get("hidden_act", "silu")
     if kind not in GEMMA_KINDS and act not in ACTIVATIONS:  # Gemma's is `hidden_activation` (gemma_config.py)
         raise ConfigError(f"hidden_act {act!r} is not supported; accepted: {ACTIVATIONS}")

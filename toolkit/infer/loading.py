@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from toolkit.embedded import DEFAULT_MODEL
-from toolkit.infer import mxfp4
+from toolkit.infer import fp8, mxfp4
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
 from toolkit.infer.model import Transformer
@@ -52,23 +52,7 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     missing or unexpected tensor is an error naming it (no weight is ever left random)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
-    num_mtp = _declared_mtp_layers(json.loads((folder / "config.json").read_text()))
-    fp32 = ROUTER_FP32 if config.moe is not None and config.moe.scoring == "sigmoid" else ()
-    tensors, packed = {}, {}
-    for f in weight_files(folder):
-        with safe_open(str(f), "pt", device="cpu") as sf:
-            for name in sf.keys():
-                short = name.removeprefix("model.")
-                if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \
-                        or not_text(config.model_type, name):
-                    continue
-                if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below
-                    packed[short] = sf.get_tensor(name)
-                    continue
-                for ours, t in our_tensors(config, name, sf.get_tensor(name)):
-                    # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
-                    tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
-    tensors.update(mxfp4.join_packed(packed, dtype, device))  # GPT-OSS's MXFP4 experts, dequantized where they run
+    tensors = _read_tensors(folder, config, json.loads((folder / "config.json").read_text()), dtype, device)
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
     with torch.device("meta"):
@@ -85,6 +69,40 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     if config.local_inv_freq() is not None:  # Gemma 3's sliding layers' RoPE
         model.inv_freq_local = config.local_inv_freq().to(device)
     return model.to(device).eval().fuse()
+
+
+def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dtype, device: str) -> dict:
+    """The target's tensors under the engine's names (hf_names.py), in `dtype` (DeepSeek's router in fp32), without
+    MTP layers, a multimodal checkpoint's vision tower or cached RoPE buffers; GPT-OSS's MXFP4 experts and FP8
+    checkpoints' weights dequantized (mxfp4.py, fp8.py)."""
+    num_mtp = _declared_mtp_layers(cfg)
+    fp32 = ROUTER_FP32 if config.moe is not None and config.moe.scoring == "sigmoid" else ()
+    tensors, packed, quantized, scales = {}, {}, {}, {}
+    quantized_checkpoint = fp8.is_fp8(cfg)
+
+    def add(name: str, t: torch.Tensor) -> None:
+        for ours, t in our_tensors(config, name, t):
+            # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
+            tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
+
+    for f in weight_files(folder):
+        with safe_open(str(f), "pt", device="cpu") as sf:
+            for name in sf.keys():
+                short = name.removeprefix("model.")
+                if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \
+                        or not_text(config.model_type, name):
+                    continue
+                what = fp8.kind(sf, name) if quantized_checkpoint else None
+                if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below
+                    packed[short] = sf.get_tensor(name)
+                elif what is None:
+                    add(name, sf.get_tensor(name))
+                elif what != "skip":  # joined below: a weight's scale may sit in another shard
+                    (scales if what == "scale" else quantized)[name] = sf.get_tensor(name)
+    for name, t in fp8.join(quantized, scales, fp8.block_size(cfg), dtype, str(folder)).items():
+        add(name, t)
+    tensors.update(mxfp4.join_packed(packed, dtype, device))  # GPT-OSS's MXFP4 experts, dequantized where they run
+    return tensors
 
 
 def tie_embeddings(tensors: dict[str, torch.Tensor], folder: Path) -> bool:

@@ -27,6 +27,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from toolkit.infer import fp8
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import DraftHead, load_weights, rope_keys, vocab_rows, write_draft_folder
 from toolkit.infer.gemma import refuse as refuse_gemma
@@ -138,7 +139,8 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
         print(f"{folder}: {count} MTP layers; drafting with the first, applied once per draft step",
               file=sys.stderr)
     names = MIMO if layout == "mimo" else DEEPSEEK
-    w = {}
+    w, quantized, scales = {}, {}, {}  # an FP8 checkpoint's (DeepSeek-V3's) weights and scales, joined below
+    quantized_checkpoint = fp8.is_fp8(cfg)
     for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
@@ -151,7 +153,13 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
                     continue  # a cached buffer older transformers saved; computed from the config, as load_target does
                 special = next((ours + rest[len(theirs):] for theirs, ours in names.items()
                                 if rest.startswith(theirs + ".")), None)
-                w[special or f"block.{rest}"] = sf.get_tensor(key).float()
+                ours = special or f"block.{rest}"
+                what = fp8.kind(sf, key) if quantized_checkpoint else None
+                if what is None:
+                    w[ours] = sf.get_tensor(key).float()
+                elif what != "skip":
+                    (scales if what == "scale" else quantized)[ours] = sf.get_tensor(key)
+    w.update(fp8.join(quantized, scales, fp8.block_size(cfg), torch.float32, f"MTP draft {folder}"))
     if layout == "mimo" and "eh_proj.weight" in w:
         w["eh_proj.weight"] = _swap_halves(w["eh_proj.weight"])
     tc = target.config

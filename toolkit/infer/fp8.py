@@ -1,0 +1,85 @@
+"""FP8 checkpoints (`quantization_config.quant_method: fp8`: DeepSeek-V3 / R1 and Kimi-K2 as released, Qwen3's -FP8
+models, AutoFP8 / llm-compressor's per-tensor exports), dequantized on load to the model's dtype. A quantized
+Linear weight W [N, K] is stored as two tensors:
+
+    {name}.weight            float8_e4m3fn (or e5m2) [N, K]
+    {name}.weight_scale_inv  float32 [ceil(N / bn), ceil(K / bk)] with `weight_block_size: [bn, bk]`
+                             (DeepSeek's name: the scale the weight is multiplied by, despite "inv"), or
+    {name}.weight_scale      float32 [] / [1] per tensor, or [N] / [N, 1] per output row (AutoFP8's)
+
+    W[i, j] = weight[i, j] * scale[i // bn, j // bk]     (in float32, then rounded to the model's dtype)
+
+as transformers' Fp8Dequantize and DeepSeek's weight_dequant compute it; E8M0 scales (uint8, 2^(s - 127)) are read
+too. A static scheme's `input_scale` (the activations' FP8 scale) has no use once the weights are dequantized and is
+skipped. Tensors stored unquantized (norms, embeddings, routers, `modules_to_not_convert`) load as they are.
+"""
+from __future__ import annotations
+
+import torch
+
+SCALES = (".weight_scale_inv", ".weight_scale")
+SKIPPED = (".input_scale", ".activation_scale")
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def block_size(cfg: dict) -> tuple[int, int] | None:
+    """A config.json's FP8 `weight_block_size` ([bn, bk]), None without one (per-tensor or per-row scales)."""
+    q = cfg.get("text_config", cfg).get("quantization_config") or cfg.get("quantization_config") or {}
+    size = q.get("weight_block_size")
+    if size is None:
+        return None
+    if len(size) != 2 or any(int(s) <= 0 for s in size):
+        raise ValueError(f"quantization_config.weight_block_size {size}: expected two positive sizes [bn, bk]")
+    return int(size[0]), int(size[1])
+
+
+def is_fp8(cfg: dict) -> bool:
+    q = cfg.get("text_config", cfg).get("quantization_config") or cfg.get("quantization_config") or {}
+    return q.get("quant_method") == "fp8"
+
+
+def kind(sf, key: str) -> str | None:
+    """What tensor `key` of an open safetensors file `sf` of an FP8 checkpoint is: "scale" (a weight's), "skip" (an
+    activation scale), "fp8" (a quantized weight: read its dtype from the header, not the data), or None."""
+    if key.endswith(SCALES):
+        return "scale"
+    if key.endswith(SKIPPED):
+        return "skip"
+    return "fp8" if sf.get_slice(key).get_dtype() in ("F8_E4M3", "F8_E5M2") else None
+
+
+def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None, dtype: torch.dtype,
+               name: str = "weight") -> torch.Tensor:
+    """weight float8 [N, K] (or [..., N, K]) and its scale -> [N, K] in dtype. A scale of no shape that fits is
+    refused with both shapes named."""
+    if weight.dtype not in FP8_DTYPES:
+        raise ValueError(f"{name}: an FP8 scale beside a {weight.dtype} weight; expected float8_e4m3fn / e5m2")
+    s = (scale.float() - 127.0).exp2() if scale.dtype == torch.uint8 else scale.float()
+    w = weight.float()
+    N, K = w.shape[-2:]
+    if s.numel() == 1:
+        return (w * s.reshape(())).to(dtype)
+    if block is not None and s.dim() == w.dim() and s.shape[-2:] == (-(-N // block[0]), -(-K // block[1])):
+        s = s.repeat_interleave(block[0], -2)[..., :N, :].repeat_interleave(block[1], -1)[..., :K]
+        return (w * s).to(dtype)
+    if s.shape in ((N,), (N, 1)):  # per output row
+        return (w * s.reshape(N, 1)).to(dtype)
+    raise ValueError(f"{name}: FP8 scale {tuple(scale.shape)} fits neither the weight {tuple(weight.shape)} in "
+                     f"blocks {block} nor per tensor / per row")
+
+
+def join(weights: dict[str, torch.Tensor], scales: dict[str, torch.Tensor], block: tuple[int, int] | None,
+         dtype: torch.dtype, where: str) -> dict[str, torch.Tensor]:
+    """Every FP8 weight ({name}.weight) dequantized with its scale ({name}.weight_scale_inv or .weight_scale);
+    a weight without a scale or a scale without a weight is refused by name."""
+    out, used = {}, set()
+    for name, w in weights.items():
+        base = name.removesuffix(".weight")
+        key = next((base + s for s in SCALES if base + s in scales), None)
+        if key is None:
+            raise ValueError(f"{where}: FP8 weight {name} has no {base}.weight_scale_inv / .weight_scale beside it")
+        out[name] = dequantize(w, scales[key], block, dtype, name)
+        used.add(key)
+    if extra := sorted(scales.keys() - used):
+        raise ValueError(f"{where}: FP8 scales without their weights: {extra[:4]}")
+    return out
