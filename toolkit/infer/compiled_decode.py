@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from toolkit.infer.attention import attention_masks, rope_cos_sin, rotate
-from toolkit.infer.gemma import refuse as refuse_gemma
 from toolkit.infer.kv_cache import KVCache
-from toolkit.infer.model import Transformer
+from toolkit.infer.model import Transformer, refuse_unlike_llama
 
 
 FEW = 4  # the most tokens the small-step graph takes; longer steps go to the other (see CompiledDecode)
@@ -76,9 +75,9 @@ class CompiledDecode:
 
     def __init__(self, target: Transformer, cache: KVCache, aux_layers=(), autotune: bool = True):
         c = target.config
+        refuse_unlike_llama(c, "the compiled decode step (--compile)")
         if c.mla is not None or c.moe is not None:
             raise ValueError("the compiled decode step covers dense Llama-family targets (not MLA / MoE)")
-        refuse_gemma(c, "the compiled decode step (--compile)")
         if c.sliding_window is not None and cache.max_len > c.sliding_window:
             raise ValueError(f"the compiled decode step attends over the whole cache, and this target slides a "
                              f"window of {c.sliding_window} over a longer one ({cache.max_len} slots): run without "

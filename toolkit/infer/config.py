@@ -1,8 +1,8 @@
 """Target model configuration: the Llama family (Llama 2/3/3.1, Mistral, Qwen2/2.5, Qwen3, Phi-3/4, SmolLM2),
 its MoE kin (Mixtral, Qwen2-MoE, Qwen3-MoE, GLM-4.5, GPT-OSS: moe_config.py, moe.py, gpt_oss.py), DeepSeek-V3 /
-Kimi-K2 (MLA attention: deepseek.py; MoE MLPs) and Gemma 2 / 3 (gemma_config.py, gemma.py), read from an HF
-config.json (transformers 4.x or 5.x spelling; some families' own keys: family_keys.py), validated on
-construction."""
+Kimi-K2 (MLA attention: deepseek.py; MoE MLPs), Gemma 2 / 3 (gemma_config.py, gemma.py) and Llama 4
+(llama4_config.py, llama4.py), read from an HF config.json (transformers 4.x or 5.x spelling; some families' own
+keys: family_keys.py), validated on construction."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,7 @@ import torch
 from toolkit.infer import family_keys, rope
 from toolkit.infer.config_error import ConfigError
 from toolkit.infer.gemma_config import GEMMA_KINDS, Gemma, gemma_from_hf, gemma_rope
+from toolkit.infer.llama4_config import Llama4, llama4_from_hf
 from toolkit.infer.moe_config import MoE, moe_from_hf
 from toolkit.infer.rope import ROPE_TYPES  # noqa: F401  (importers read the accepted types here)
 
@@ -55,6 +56,8 @@ FAMILIES = {
     # Gemma 2 / 3: scaled embedding, (1 + w) sandwich norms, GELU, soft-caps, per-layer-type RoPE (gemma_config.py)
     "gemma2": Family(False, False, True, 8192, head_dim=256, kv_heads=4),
     "gemma3_text": Family(False, True, True, 131072, head_dim=256, kv_heads=4),
+    # Llama 4: NoPE / chunked layers, L2 q/k norms, MoE with a shared expert (llama4_config.py, llama4.py)
+    "llama4_text": Family(False, False, True, 131072, head_dim=128, kv_heads=8, rms_norm_eps=1e-5),
 }
 PARTIAL_ROPE = {"glm4_moe": 0.5, "phi3": 1.0}  # the families that rotate part of a head: their default fraction
 MLA_KINDS = ("deepseek_v3", "kimi_k2")
@@ -98,6 +101,7 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned logit per query head joins each softmax, its value zero (GPT-OSS)
     norm_fp32_product: bool = False  # RMSNorm scaled in fp32 then rounded (GPT-OSS), not rounded then scaled
     gemma: Gemma | None = None    # Gemma 2 / 3's layer (gemma.py): None for every other family
+    llama4: Llama4 | None = None  # Llama 4's NoPE / chunked layers (llama4.py): None for every other family
 
     def __post_init__(self):
         if self.model_type not in FAMILIES:
@@ -124,6 +128,10 @@ class ModelConfig:
     def slides(self, layer: int) -> bool:
         """Whether decoder layer `layer` attends only to the last sliding_window positions (its own included)."""
         return self.sliding_window is not None and layer not in self.full_layers
+
+    def attends_locally(self, layer: int) -> bool:
+        """Whether layer `layer` sees only part of the context: a sliding window, or Llama 4's chunk."""
+        return self.slides(layer) or (self.llama4 is not None and self.llama4.chunked(layer))
 
     def check_max_len(self, max_len: int) -> None:
         """Refuse an engine context (KV cache length) longer than context_limit."""
@@ -178,7 +186,8 @@ class ModelConfig:
         rotary_dim = int(head_dim * rope.rotary_fraction(cfg, PARTIAL_ROPE[kind])) if kind in PARTIAL_ROPE else None
         return cls(
             model_type=kind, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
+            intermediate_size=cfg.get("intermediate_size_mlp", 16384) if kind == "llama4_text" else
+            cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or family.kv_heads or heads,
             head_dim=head_dim, rotary_dim=None if rotary_dim == head_dim else rotary_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", family.rms_norm_eps), rope_theta=theta, rope_scaling=rope_params,
@@ -189,6 +198,7 @@ class ModelConfig:
             attention_bias=attention_bias, mla=mla, moe=moe, attention_sinks=kind == "gpt_oss",
             norm_fp32_product=kind == "gpt_oss",
             gemma=gemma_from_hf(kind, cfg, local_theta) if kind in GEMMA_KINDS else None,
+            llama4=llama4_from_hf(cfg) if kind == "llama4_text" else None,
             **family_keys.sliding_window(kind, cfg))
 
     @classmethod

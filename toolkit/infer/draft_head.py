@@ -157,7 +157,7 @@ def draft_config(target: ModelConfig, num_layers: int = 1, intermediate_size: in
         partial["intermediate_size"] = intermediate_size
     return replace(target, model_type="llama", num_layers=num_layers, qkv_bias=False, qk_norm=False,
                    attention_bias=False, tie_word_embeddings=False, mla=None, moe=None, sliding_window=None,
-                   full_layers=(), attention_sinks=False, gemma=None, **partial,
+                   full_layers=(), attention_sinks=False, gemma=None, llama4=None, **partial,
                    head_dim=target.hidden_size // target.num_heads if target.mla else target.head_dim)
 
 

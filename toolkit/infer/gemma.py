@@ -40,11 +40,3 @@ def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     """final_logit_softcapping: tanh(logits / cap) * cap (order-preserving: greedy picks are unchanged, sampled
     ones are not)."""
     return logits if cap is None else torch.tanh(logits / cap) * cap
-
-
-def refuse(c: ModelConfig, what: str) -> None:
-    """A path that runs Llama's layer pieces directly (the Triton kernels, the compiled CPU step, MTP's block) and
-    cannot run Gemma's: refused by name."""
-    if c.gemma is not None:
-        raise ValueError(f"{what} does not cover Gemma targets ({c.model_type}: (1 + w) sandwich norms, scaled and "
-                         "soft-capped attention, GELU); they run with the torch kernels, eagerly or in CUDA graphs")

@@ -5,10 +5,16 @@ does): most map one to one (without the `model.` prefix); two families store the
              layers.{l}.block_sparse_moe.experts.{e}.w1/w3/w2   -> ...mlp.experts.{e}.gate_proj/up_proj/down_proj
     phi3     layers.{l}.self_attn.qkv_proj.weight [(Hq + 2 Hkv) D, H] -> q_proj, k_proj, v_proj (rows in that order)
              layers.{l}.mlp.gate_up_proj.weight [2 I, H]          -> gate_proj, up_proj (halves in that order)
+    llama4_text  layers.{l}.feed_forward.*                      -> layers.{l}.mlp.*
+             layers.{l}.self_attn.{q,k}_proj.{weight,bias}      -> each head's rows de-interleaved (rows 0, 2, ...,
+                                                                   then 1, 3, ...): Llama 4 rotates pairs (x0, x1),
+                                                                   (x2, x3), ...; the engine's RoPE pairs x_i with
+                                                                   x_{i + D/2}, and q . k is the same under one
+                                                                   permutation of both
 
-as the hub's checkpoints and transformers 5's save_pretrained write them. Gemma 3's multimodal checkpoints hold the
-text model under `language_model.model.` (the hub's) or `model.language_model.` (transformers 5's), its lm_head as
-`language_model.lm_head.` or `lm_head.`, beside a vision tower the engine does not load (not_text).
+as the hub's checkpoints and transformers 5's save_pretrained write them. Multimodal checkpoints (Gemma 3, Mistral 3,
+Llama 4) hold the text model under `language_model.model.` (the hub's) or `model.language_model.` (transformers 5's),
+its lm_head as `language_model.lm_head.` or `lm_head.`, beside a vision tower the engine does not load (not_text).
 """
 from __future__ import annotations
 
@@ -25,24 +31,28 @@ def our_name(model_type: str, name: str) -> str:
     """A checkpoint tensor's name (with or without `model.`) as the engine's modules name it, for the tensors
     that keep their shape."""
     name = name.removeprefix("model.")
-    if model_type == "gemma3_text":  # a multimodal checkpoint's text model (its text_config is read)
-        name = name.removeprefix("language_model.").removeprefix("model.")
+    name = name.removeprefix("language_model.").removeprefix("model.")  # a multimodal checkpoint's text model
+    if model_type == "llama4_text":
+        name = name.replace(".feed_forward.", ".mlp.")
     if model_type == "mixtral" and ".block_sparse_moe." in name:
         name = name.replace(".block_sparse_moe.", ".mlp.")
         return re.sub(r"(\.experts\.\d+)\.(w[123])\.", lambda m: f"{m[1]}.{_MIXTRAL[m[2]]}.", name)
     return name
 
 
-def not_text(model_type: str, name: str) -> bool:
-    """A multimodal Gemma 3 checkpoint's tensors that are not the text model's (vision tower, projector)."""
-    return model_type == "gemma3_text" and name.removeprefix("model.").startswith(
-        ("vision_tower.", "multi_modal_projector."))
+def not_text(name: str) -> bool:
+    """A multimodal checkpoint's tensors that are not the text model's (Gemma 3's and Mistral 3's vision_tower,
+    Llama 4's vision_model, their projectors)."""
+    return name.removeprefix("model.").startswith(("vision_tower.", "vision_model.", "multi_modal_projector."))
 
 
 def our_tensors(c: ModelConfig, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     """The engine's (name, tensor) pairs for one checkpoint tensor: Phi-3's fused projections split, every other
     tensor renamed (our_name). A fused tensor of the wrong size is refused by name."""
     name = our_name(c.model_type, name)
+    if c.model_type == "llama4_text" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                                        "self_attn.q_proj.bias", "self_attn.k_proj.bias")):
+        return [(name, deinterleave(tensor, c.head_dim))]
     if c.model_type != "phi3" or not name.endswith(("self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight")):
         return [(name, tensor)]
     prefix = name.rsplit(".", 2)[0]
@@ -55,3 +65,11 @@ def our_tensors(c: ModelConfig, name: str, tensor: torch.Tensor) -> list[tuple[s
         raise ValueError(f"{name}: {tensor.shape[0]} rows, but the config's sizes need {sum(parts.values())} "
                          f"({' + '.join(f'{k} {v}' for k, v in parts.items())})")
     return [(f"{prefix}.{k}.weight", t) for k, t in zip(parts, tensor.split(list(parts.values())))]
+
+
+def deinterleave(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """A q / k projection's weight [h D, H] (or bias [h D]) with each head's rows reordered 0, 2, 4, ..., 1, 3, ...:
+    interleaved RoPE pairs become the half-split pairs the engine rotates."""
+    heads = w.shape[0] // head_dim
+    order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
+    return w.reshape(heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)

@@ -90,7 +90,7 @@ def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dty
             for name in sf.keys():
                 short = name.removeprefix("model.")
                 if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \
-                        or not_text(config.model_type, name):
+                        or not_text(name):
                     continue
                 what = fp8.kind(sf, name) if quantized_checkpoint else None
                 if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below

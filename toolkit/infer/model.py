@@ -21,9 +21,20 @@ from toolkit.infer.attention import Attention, attention_masks, rope_cos_sin
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.fp32 import Fp32Readout
 from toolkit.infer.gemma import GemmaBlock, embed_scale, soft_cap
+from toolkit.infer.llama4 import same_chunk, temperature
 from toolkit.infer.kv_cache import KVCache
 from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows, row_step, row_step_ok
+
+
+def refuse_unlike_llama(c: ModelConfig, what: str) -> None:
+    """A path that runs the Llama layer's pieces directly (the Triton kernels, the compiled CPU step, MTP's block)
+    refuses the families whose layers differ, by name: they run with the torch kernels, eagerly or in CUDA graphs."""
+    why = ("(1 + w) sandwich norms, scaled and soft-capped attention, GELU" if c.gemma is not None else
+           "NoPE and chunked layers, L2 q/k norms, tuned query temperature" if c.llama4 is not None else None)
+    if why:
+        raise ValueError(f"{what} does not cover {c.model_type} targets ({why}); they run with the torch kernels, "
+                         "eagerly or in CUDA graphs")
 
 
 class MLP(nn.Module):
@@ -55,16 +66,18 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, c: ModelConfig, layer: int = 0):
-        """Layer `layer` of a model of config c: DeepSeek's MLA, else Llama's attention; a MoE MLP where the
-        config's moe makes the layer sparse (moe.py; GPT-OSS's: gpt_oss.py), else Llama's."""
+        """Layer `layer` of a model of config c: DeepSeek's MLA, Llama 4's (llama4.py), else Llama's attention; a MoE
+        MLP where the config's moe makes the layer sparse (moe.py; GPT-OSS's: gpt_oss.py; Llama 4's), else Llama's."""
         super().__init__()
         from toolkit.infer.deepseek import MLAAttention
         from toolkit.infer.gpt_oss import GptOssMoE
+        from toolkit.infer.llama4 import Llama4Attention, Llama4MoE
         from toolkit.infer.moe import MoE
 
-        self.self_attn = MLAAttention(c) if c.mla is not None else Attention(c)
+        self.self_attn = MLAAttention(c) if c.mla is not None else Llama4Attention(c, layer) if c.llama4 else \
+            Attention(c)
         if c.moe is not None and c.moe.sparse(layer):
-            self.mlp = GptOssMoE(c) if c.moe.scoring == "topk_softmax" else MoE(c)
+            self.mlp = {"topk_softmax": GptOssMoE, "llama4": Llama4MoE}.get(c.moe.scoring, MoE)(c)
         else:
             self.mlp = MLP(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_fp32_product)
@@ -159,6 +172,9 @@ class Transformer(Fp32Readout):
         if self.inv_freq_local is not None:
             local = rope_cos_sin(positions, self.inv_freq_local, h.dtype, 1.0, self.kernels)
             rope = dict.fromkeys(c.gemma.local_layers, local)
+        if c.llama4 is not None:  # Llama 4's NoPE layers: no RoPE; (None, their queries' scales)
+            rope = dict.fromkeys(c.llama4.nope_layers, (None, temperature(positions, c.llama4)))
+        tensor_slots = None if cache is None else slots  # (before a host range replaces them, below)
         bias = None if unmasked else attention_masks(mask, h.dtype, self.kernels)
         # a sliding layer's mask: the last sliding_window positions only. A slot holds its position (a draft node
         # sits at or past its own, nearer, and its ancestors are within the tree's depth anyway)
@@ -166,11 +182,14 @@ class Transformer(Fp32Readout):
         if c.sliding_window is not None and kv_len > c.sliding_window:  # (no extra op for a full-attention step)
             slot = torch.arange(kv_len, device=input_ids.device)[None, None, :]
             near = attention_masks(mask & (positions[:, :, None] - slot < c.sliding_window), h.dtype, self.kernels)
+        elif c.llama4 is not None and c.llama4.chunk is not None and kv_len > c.llama4.chunk:  # Llama 4's chunks
+            near = attention_masks(mask & same_chunk(positions, tensor_slots, kv_len, c.llama4.chunk), h.dtype,
+                                   self.kernels)
         if cache is not None and self.kernels == "torch":
             slots = cache.slot_range(slots)  # one sequence's contiguous host slots -> int start (a plain copy)
         kept = {}
         for i, layer in enumerate(self.layers):
-            h = layer(h, *rope.get(i, (cos, sin)), near if c.slides(i) else bias, cache, i, slots, kv_len)
+            h = layer(h, *rope.get(i, (cos, sin)), near if c.attends_locally(i) else bias, cache, i, slots, kv_len)
             if i in aux_layers:
                 kept[i] = h
         if logits_at is None and -1 not in aux_layers and few_rows(h, self.kernels) and not self.logits_fp32 \

@@ -9,6 +9,9 @@
     qwen3_moe    softmax top-k as Qwen2-MoE, no shared expert
     gpt_oss      top-k of a biased router's logits, softmax over those k; experts with biases and a clamped SwiGLU
                  (swiglu_limit, swiglu_alpha), stored as one [E, H, 2I] gate/up and one [E, I, H] down tensor
+    llama4_text  top-k router logits, sigmoid: each chosen expert's INPUT scaled by it; a shared expert of the
+                 experts' size; experts stored as one [E, H, 2I] gate/up (halves) and one [E, I, H] down tensor;
+                 sparse on moe_layers (llama4.py)
 
 Qwen's layers are sparse unless listed in mlp_only_layers or off the decoder_sparse_step (transformers: layer l
 is sparse when l not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0); the others keep a dense MLP of
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 
 from toolkit.infer.config_error import ConfigError
 
-SCORING = ("sigmoid", "softmax", "topk_softmax")
+SCORING = ("sigmoid", "softmax", "topk_softmax", "llama4")
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,8 @@ class MoE:
     top_k: int
     intermediate_size: int           # per expert
     scoring: str = "sigmoid"         # "sigmoid": DeepSeek-V3's group-limited routing; "softmax": Mixtral / Qwen;
-                                     # "topk_softmax": GPT-OSS (softmax over the top-k logits of a biased router)
+                                     # "topk_softmax": GPT-OSS (softmax over the top-k logits of a biased router);
+                                     # "llama4": sigmoid of the top-k logits, scaling the experts' input
     n_group: int = 1
     topk_group: int = 1
     shared_size: int = 0             # the shared expert's intermediate size (0: none)
@@ -92,6 +96,13 @@ def moe_from_hf(kind: str, cfg: dict) -> MoE | None:
                    dense_layers=tuple(i for i in range(layers) if i in only or (i + 1) % step),
                    norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
                    weights_in_model_dtype=True)
+    if kind == "llama4_text":
+        from toolkit.infer.llama4_config import moe_layers
+
+        sparse = set(moe_layers(cfg))
+        size = cfg.get("intermediate_size", 8192)
+        return MoE(_experts(cfg, 16), cfg.get("num_experts_per_tok", 1), size, "llama4", shared_size=size,
+                   dense_layers=tuple(i for i in range(layers) if i not in sparse)) if sparse else None
     if kind == "gpt_oss":
         return MoE(_experts(cfg, 128), cfg.get("num_experts_per_tok", 4), cfg.get("intermediate_size", 2880),
                    "topk_softmax", weights_in_model_dtype=True, swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),

@@ -30,8 +30,7 @@ from torch import nn
 from toolkit.infer import fp8
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import DraftHead, load_weights, rope_keys, vocab_rows, write_draft_folder
-from toolkit.infer.gemma import refuse as refuse_gemma
-from toolkit.infer.model import Block
+from toolkit.infer.model import Block, refuse_unlike_llama
 from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
 from toolkit.infer.weight_files import weight_files
@@ -47,7 +46,7 @@ class MTPHead(DraftHead):
     def __init__(self, c: ModelConfig, lm_head: torch.Tensor, vocab_ids: torch.Tensor | None = None):
         """c: the target's config (the block is of its kind); lm_head: the target's [V, H]."""
         super().__init__()
-        refuse_gemma(c, "an MTP head (a block of the target's kind, run as Llama's layer pieces)")
+        refuse_unlike_llama(c, "an MTP head (a block of the target's kind, run as Llama's layer pieces)")
         rows, d2t = vocab_rows(lm_head, vocab_ids)
         self.config, self.aux_layers = replace(c, num_layers=1), [-1]
         H = c.hidden_size
