@@ -248,3 +248,29 @@ def test_deepseek_softmax_scale_follows_transformers_for_any_scaled_rope():
         cfg = DeepseekV3Config(**base, rope_parameters={**rope, "rope_theta": 1e4})
         ours = ModelConfig.from_hf(cfg.to_dict())
         assert ours.softmax_mscale() * (8 + 4) ** -0.5 == pytest.approx(DeepseekV3Attention(cfg, 0).scaling)
+
+
+@pytest.mark.parametrize("names", ["hub", "transformers5"])
+def test_a_multimodal_mistral3_checkpoint_loads_its_text_model(names, tmp_path):
+    """Mistral 3 (Mistral-Small-3.1): model_type mistral3, the Mistral text config in text_config, the text weights
+    under language_model.model. / language_model.lm_head. (the hub's) or model.language_model. / lm_head.
+    (transformers 5's), a vision tower and projector beside them that are not loaded."""
+    from safetensors.torch import load_file, save_file
+
+    hf_folder("mistral", tmp_path / "text")
+    text = json.loads((tmp_path / "text" / "config.json").read_text())
+    (tmp_path / "mm").mkdir()
+    (tmp_path / "mm" / "config.json").write_text(json.dumps({
+        "model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"], "text_config": text,
+        "vision_config": {"model_type": "pixtral"}}))
+    prefix = {"hub": ("language_model.model.", "language_model."), "transformers5": ("model.language_model.", "")}
+    inner, head = prefix[names]
+    vision = "vision_tower." if names == "hub" else "model.vision_tower."
+    w = {(head + k if k.startswith("lm_head.") else inner + k.removeprefix("model.")): v
+         for k, v in load_file(str(tmp_path / "text" / "model.safetensors")).items()}
+    w[vision + "patch_conv.weight"] = torch.zeros(4, 3, 2, 2)
+    w[vision.replace("vision_tower", "multi_modal_projector") + "linear_1.weight"] = torch.zeros(4, 4)
+    save_file(w, str(tmp_path / "mm" / "model.safetensors"))
+    ids = torch.tensor([[5, 17, 33, 8, 61, 7, 22]])
+    with torch.no_grad():
+        assert torch.equal(load_target(tmp_path / "mm")(ids)[0], load_target(tmp_path / "text")(ids)[0])
