@@ -175,3 +175,20 @@ def test_the_paths_built_from_llama_pieces_refuse_gemma(gemma):
         CompiledDecode(target, KVCache(target.config, 1, 16))
     with pytest.raises(ValueError, match="MTP head .* does not cover gemma"):
         MTPHead(target.config, target.lm_head.weight.detach())
+
+
+def test_auto_kernels_on_a_gpu_pick_torch_for_gemma_and_llama4_and_triton_for_llama():
+    """`--kernels auto` (serve's and bench's default) picks the Triton kernels on CUDA only for the layers they cover:
+    a Gemma or Llama 4 target would otherwise be refused by default on a GPU."""
+    from types import SimpleNamespace
+
+    from toolkit.infer.loading import pick_kernels
+
+    def on_cuda(cfg: dict):
+        return SimpleNamespace(config=ModelConfig.from_hf(cfg), embed_tokens=SimpleNamespace(
+            weight=SimpleNamespace(is_cuda=True)))
+
+    gemma = {**BASE, "model_type": "gemma3_text", "num_hidden_layers": 2}
+    llama4 = {**BASE, "model_type": "llama4_text", "num_hidden_layers": 2}
+    llama = {**BASE, "model_type": "llama", "num_hidden_layers": 2}
+    assert [pick_kernels("auto", on_cuda(c)) for c in (gemma, llama4, llama)] == ["torch", "torch", "triton"]

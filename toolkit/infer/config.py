@@ -129,6 +129,12 @@ class ModelConfig:
         """Whether decoder layer `layer` attends only to the last sliding_window positions (its own included)."""
         return self.sliding_window is not None and layer not in self.full_layers
 
+    @property
+    def llama_layers(self) -> bool:
+        """Whether the Llama layer's pieces run this model (the Triton kernels, the compiled CPU step, MTP blocks
+        do): not DeepSeek's MLA, Gemma's or Llama 4's layers."""
+        return self.mla is None and self.gemma is None and self.llama4 is None
+
     def attends_locally(self, layer: int) -> bool:
         """Whether layer `layer` sees only part of the context: a sliding window, or Llama 4's chunk."""
         return self.slides(layer) or (self.llama4 is not None and self.llama4.chunked(layer))

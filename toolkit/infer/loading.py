@@ -207,16 +207,18 @@ def add_args(p) -> None:
                    "verify and draft steps from graphs per batch/token bucket)")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
                    help="auto: fused Triton kernels (attention over the cache, RMSNorm + residual, RoPE + cache "
-                        "write, SiLU-mul) on a CUDA Llama-family target, torch's elsewhere")
+                        "write, SiLU-mul) on a CUDA Llama-family target, torch's elsewhere (and for DeepSeek, Gemma "
+                        "and Llama 4 targets)")
 
 
 def pick_kernels(kernels: str, target) -> str:
-    """auto: the fused Triton kernels (model.set_kernels) on a CUDA Llama-family target, where they beat
-    torch's (benchmarks/RESULTS.md), torch's elsewhere; triton where it cannot run is refused clearly."""
+    """auto: the fused Triton kernels (model.set_kernels) on a CUDA target of Llama-family layers, where they beat
+    torch's (benchmarks/RESULTS.md), torch's elsewhere (DeepSeek's MLA, Gemma's and Llama 4's layers too); triton
+    where it cannot run is refused clearly."""
     if kernels not in ("auto", "torch", "triton"):
         raise ValueError(f"--kernels {kernels}: give auto, torch or triton")
     if kernels == "auto":
-        return "triton" if target.embed_tokens.weight.is_cuda and target.config.mla is None else "torch"
+        return "triton" if target.embed_tokens.weight.is_cuda and target.config.llama_layers else "torch"
     return kernels
 
 
