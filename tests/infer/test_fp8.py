@@ -115,6 +115,49 @@ def test_dequantize_reads_each_scale_layout():
         fp8.dequantize(q, torch.ones(4, 2), (32, 32), torch.float32)
 
 
+@pytest.mark.parametrize("strategy", ["channel", "block"])
+def test_a_compressed_tensors_fp8_checkpoint_loads_as_its_dequantized_weights(llama, strategy, tmp_path):
+    """llm-compressor's FP8 export (quant_method compressed-tensors, float-quantized: every Linear's weight 8-bit
+    float, `weight_scale` per output channel [N, 1] or per [32, 32] block, `input_scale` and an FP8 KV cache's
+    `k_scale` / `v_scale` beside them): the same tensors as a dense checkpoint of the dequantized weights."""
+    from toolkit.infer.config import ConfigError, ModelConfig
+
+    (tmp_path / "ct").mkdir()
+    cfg = json.loads((llama / "config.json").read_text())
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False}
+    if strategy == "block":
+        weights["block_structure"] = [32, 32]
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "float-quantized",
+                                  "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
+                                  "ignore": ["lm_head"], "kv_cache_scheme": {"num_bits": 8, "type": "float"}}
+    (tmp_path / "ct" / "config.json").write_text(json.dumps(cfg))
+    tensors, dense = {}, {}
+    for name, w in load_file(str(llama / "model.safetensors")).items():
+        if name.endswith("proj.weight"):
+            if strategy == "block":
+                q, s = quantize(w, (32, 32))
+            else:
+                s = w.abs().amax(1, keepdim=True) / 448.0
+                q = (w / s).to(torch.float8_e4m3fn)
+            base = name.removesuffix(".weight")
+            tensors.update({name: q, base + ".weight_scale": s, base + ".input_scale": torch.ones(1)})
+            dense[name] = fp8.dequantize(q, s, (32, 32) if strategy == "block" else None, torch.float32)
+            if name.endswith("k_proj.weight"):
+                for kv in ("k_scale", "v_scale"):
+                    tensors[name.replace("k_proj.weight", kv)] = torch.ones(())
+        else:
+            tensors[name] = dense[name] = w
+    save_file(tensors, str(tmp_path / "ct" / "model.safetensors"))
+    (tmp_path / "dense").mkdir()
+    (tmp_path / "dense" / "config.json").write_text((llama / "config.json").read_text())
+    save_file(dense, str(tmp_path / "dense" / "model.safetensors"))
+    a, b = load_target(tmp_path / "ct").state_dict(), load_target(tmp_path / "dense").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    weights.update(num_bits=4, type="int")  # a W4A16 scheme: refused by name
+    with pytest.raises(ConfigError, match="quantization_config: compressed-tensors.*not supported"):
+        ModelConfig.from_hf(cfg)
+
+
 def test_a_weight_without_its_scale_or_a_scale_without_its_weight_is_refused(llama, tmp_path):
     fp8_folder(llama, tmp_path / "fp8", (32, 32))
     w = load_file(str(tmp_path / "fp8" / "model.safetensors"))

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-from toolkit.infer import family_keys, rope
+from toolkit.infer import family_keys, fp8, rope
 from toolkit.infer.config_error import ConfigError
 from toolkit.infer.gemma_config import GEMMA_KINDS, Gemma, gemma_from_hf, gemma_rope
 from toolkit.infer.llama4_config import Llama4, llama4_from_hf
@@ -249,12 +249,12 @@ class ModelConfig:
 def _refuse_unsupported(kind: str, cfg: dict) -> None:
     """Keys transformers honours that change the math and this engine does not implement."""
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    if (kind == "gpt_oss" and quant == "mxfp4") or quant == "fp8":  # dequantized on load (mxfp4.py, fp8.py)
-        pass
+    if (kind == "gpt_oss" and quant == "mxfp4") or fp8.supported(cfg.get("quantization_config") or {}):
+        pass  # dequantized on load (mxfp4.py, fp8.py)
     elif cfg.get("quantization_config"):
-        raise ConfigError(f"a quantized checkpoint (quantization_config: "
-                          f"{cfg['quantization_config'].get('quant_method')}) is not supported; accepted: fp8 "
-                          "(dequantized on load), gpt-oss's mxfp4; dequantize it to bf16 first")
+        raise ConfigError(f"a quantized checkpoint (quantization_config: {quant}) is not supported; accepted: fp8 "
+                          "and compressed-tensors with 8-bit float weights (dequantized on load), gpt-oss's mxfp4; "
+                          "dequantize it to bf16 first")
     act = cfg.get("hidden_act", "silu")
     if kind not in GEMMA_KINDS and act not in ACTIVATIONS:  # Gemma's is `hidden_activation` (gemma_config.py)
         raise ConfigError(f"hidden_act {act!r} is not supported; accepted: {ACTIVATIONS}")

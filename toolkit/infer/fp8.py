@@ -1,5 +1,6 @@
 """FP8 checkpoints (`quantization_config.quant_method: fp8`: DeepSeek-V3 / R1 and Kimi-K2 as released, Qwen3's -FP8
-models, AutoFP8 / llm-compressor's per-tensor exports), dequantized on load to the model's dtype. A quantized
+models, AutoFP8's per-tensor exports; `compressed-tensors` whose weight schemes are all 8-bit floats: llm-compressor's
+FP8 exports, per tensor, per channel or in blocks), dequantized on load to the model's dtype. A quantized
 Linear weight W [N, K] is stored as two tensors:
 
     {name}.weight            float8_e4m3fn (or e5m2) [N, K]
@@ -10,7 +11,8 @@ Linear weight W [N, K] is stored as two tensors:
     W[i, j] = weight[i, j] * scale[i // bn, j // bk]     (in float32, then rounded to the model's dtype)
 
 as transformers' Fp8Dequantize and DeepSeek's weight_dequant compute it; E8M0 scales (uint8, 2^(s - 127)) are read
-too. A static scheme's `input_scale` (the activations' FP8 scale) has no use once the weights are dequantized and is
+too. A static scheme's `input_scale` (the activations' FP8 scale) and an FP8 KV cache's `k_scale` / `v_scale` have no
+use once the weights are dequantized (the engine keeps activations and its cache in the model's dtype) and are
 skipped. Tensors stored unquantized (norms, embeddings, routers, `modules_to_not_convert`) load as they are.
 """
 from __future__ import annotations
@@ -18,24 +20,47 @@ from __future__ import annotations
 import torch
 
 SCALES = (".weight_scale_inv", ".weight_scale")
-SKIPPED = (".input_scale", ".activation_scale")
+SKIPPED = (".input_scale", ".activation_scale", ".k_scale", ".v_scale")  # activations' / an FP8 KV cache's scales
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
+def quantization(cfg: dict) -> dict:
+    """A config.json's quantization_config (its text_config's, or the top level's), {} without one."""
+    return cfg.get("text_config", cfg).get("quantization_config") or cfg.get("quantization_config") or {}
+
+
+def compressed_fp8(q: dict) -> list[dict]:
+    """compressed-tensors' weight schemes when every group quantizes weights to 8-bit floats (its float-quantized
+    format: vLLM's FP8 checkpoints, e.g. RedHat's -FP8-dynamic), else [] (int4 / int8 / FP4 schemes)."""
+    if q.get("quant_method") != "compressed-tensors":
+        return []
+    groups = [g.get("weights") or {} for g in (q.get("config_groups") or {}).values()]
+    ok = groups and all(w.get("num_bits") == 8 and w.get("type") == "float" for w in groups)
+    return groups if ok else []
+
+
+def supported(q: dict) -> bool:
+    """Whether a quantization_config is one this module dequantizes: fp8, or compressed-tensors' FP8 weights."""
+    return q.get("quant_method") == "fp8" or bool(compressed_fp8(q))
+
+
 def block_size(cfg: dict) -> tuple[int, int] | None:
-    """A config.json's FP8 `weight_block_size` ([bn, bk]), None without one (per-tensor or per-row scales)."""
-    q = cfg.get("text_config", cfg).get("quantization_config") or cfg.get("quantization_config") or {}
+    """A config.json's FP8 weight blocks ([bn, bk]: `weight_block_size`, or compressed-tensors' `block_structure`
+    under strategy block), None without (per-tensor or per-row scales)."""
+    q = quantization(cfg)
     size = q.get("weight_block_size")
+    for w in compressed_fp8(q):
+        if w.get("strategy") == "block":
+            size = w.get("block_structure")
     if size is None:
         return None
     if len(size) != 2 or any(int(s) <= 0 for s in size):
-        raise ValueError(f"quantization_config.weight_block_size {size}: expected two positive sizes [bn, bk]")
+        raise ValueError(f"quantization_config's weight block size {size}: expected two positive sizes [bn, bk]")
     return int(size[0]), int(size[1])
 
 
 def is_fp8(cfg: dict) -> bool:
-    q = cfg.get("text_config", cfg).get("quantization_config") or cfg.get("quantization_config") or {}
-    return q.get("quant_method") == "fp8"
+    return supported(quantization(cfg))
 
 
 def kind(sf, key: str) -> str | None:
