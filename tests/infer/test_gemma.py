@@ -192,3 +192,37 @@ def test_auto_kernels_on_a_gpu_pick_torch_for_gemma_and_llama4_and_triton_for_ll
     llama4 = {**BASE, "model_type": "llama4_text", "num_hidden_layers": 2}
     llama = {**BASE, "model_type": "llama", "num_hidden_layers": 2}
     assert [pick_kernels("auto", on_cuda(c)) for c in (gemma, llama4, llama)] == ["torch", "torch", "triton"]
+
+
+def test_graph_padding_leaves_no_nan_in_a_soft_capped_sliding_target(tmp_path):
+    """A graph bucket larger than the batch: its padding rows / tokens once kept a larger call's positions, past a
+    2-slot window's reach of slot 0 they attend, so Gemma 2's explicit softmax saw a row of -inf only (NaN), wrote NaN
+    k / v to the scratch slot, and the next call's logits were NaN. Now padding sits at position 0, and a row that
+    sees nothing weighs nothing."""
+    import transformers
+
+    from toolkit.infer.graphs import eager_capture, graph_target
+    from toolkit.infer.kv_cache import KVCache
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.Gemma2Config(**{
+        **BASE, "num_hidden_layers": 2, "sliding_window": 2}), dtype=torch.float32)
+    model.save_pretrained(tmp_path)
+    target = load_target(tmp_path)
+    cache = KVCache(target.config, 2, 32)
+    graphed = graph_target(target, cache, [], [2], [2], capture=eager_capture)
+
+    def call(B, pos):
+        positions = torch.tensor([[pos, pos + 1]] * B)
+        mask = torch.arange(pos + 2)[None, None, :] <= positions[:, :, None]
+        return graphed(tokens=torch.full((B, 2), 5), positions=positions, slots=positions, mask=mask)[0]
+
+    for B, pos in ((2, 20), (1, 22), (2, 24)):
+        assert torch.isfinite(call(B, pos)).all(), (B, pos)
+    assert torch.isfinite(cache.k).all() and torch.isfinite(cache.v).all()
+    q = torch.randn(1, 2, 1, 4)
+    none = torch.full((1, 1, 1, 3), float("-inf"))
+    from toolkit.infer.attention import eager_attention
+
+    assert torch.equal(eager_attention(q, torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), none, softcap=5.0),
+                       torch.zeros(1, 2, 1, 4))

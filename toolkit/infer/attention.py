@@ -86,8 +86,8 @@ def eager_attention(q, k, v, bias, sinks=None, block: int = 1 << 26, scale: floa
     elif T > 1:
         causal = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
         scores = scores.masked_fill(~causal, float("-inf"))
-    if sinks is None:
-        probs = scores.softmax(-1).to(v.dtype)
+    if sinks is None:  # a row that sees no slot (a graph's padding) weighs nothing, as SDPA's safe softmax
+        probs = scores.softmax(-1).nan_to_num_(0.0).to(v.dtype)
     else:
         sink = sinks.float().view(1, Hq, 1, 1).expand(B, Hq, T, 1)
         probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1].to(v.dtype)      # [B, Hq, T, S]

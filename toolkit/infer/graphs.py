@@ -109,6 +109,9 @@ class GraphedForward:
                 static[name][:B, :T].copy_(x)
         static["slots"][B:] = self.scratch
         static["slots"][:, T:] = self.scratch
+        if "positions" in static:  # padding at position 0 (a larger call's positions left there put its query past
+            static["positions"][B:] = 0  # a sliding window's reach of slot 0: no visible slot, NaN on eager paths)
+            static["positions"][:, T:] = 0
         mask = static["mask"]
         mask.zero_()
         mask[:B, :T, :S] = inputs["mask"]
