@@ -226,3 +226,20 @@ def test_graph_padding_leaves_no_nan_in_a_soft_capped_sliding_target(tmp_path):
 
     assert torch.equal(eager_attention(q, torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), none, softcap=5.0),
                        torch.zeros(1, 2, 1, 4))
+
+
+def test_a_multimodal_text_config_of_a_few_keys_takes_the_config_class_defaults():
+    """gemma-3-4b-it's config.json: its text_config names six keys (save_pretrained leaves out the defaults), its
+    rope_scaling in 4.x's old spelling ("type"); a quantization_config at the top level is still read."""
+    hub = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": {
+        "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "type": "linear"}, "sliding_window": 1024}}
+    c = ModelConfig.from_hf(hub)
+    assert (c.vocab_size, c.num_heads, c.num_kv_heads, c.head_dim) == (262208, 8, 4, 256)
+    assert c.rope_theta == 1e6 and c.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert c.gemma.local_rope_theta == 1e4 and c.gemma.query_pre_attn_scalar == 256 and c.tie_word_embeddings
+    assert c.sliding_window == 1024 and c.full_layers == tuple(range(5, 34, 6))
+    with pytest.raises(ConfigError, match=r"quantization_config: awq\) is not supported"):
+        ModelConfig.from_hf({**hub, "quantization_config": {"quant_method": "awq"}})
+    llama4 = ModelConfig.from_hf({"model_type": "llama4", "text_config": {"model_type": "llama4_text"}})
+    assert (llama4.vocab_size, llama4.num_layers, llama4.rope_theta) == (202048, 48, 500000.0)

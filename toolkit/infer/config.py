@@ -168,11 +168,13 @@ class ModelConfig:
     def from_hf(cls, cfg: dict) -> "ModelConfig":
         """From an HF config.json (its text_config if any), with transformers' defaults for absent keys; a key
         transformers honours and this engine cannot is refused by name."""
-        cfg = cfg.get("text_config", cfg)
+        outer, cfg = cfg, cfg.get("text_config", cfg)
         kind = cfg.get("model_type")
         if kind not in FAMILIES:
             raise ConfigError(f"model_type {kind!r} is not supported; accepted: {sorted(FAMILIES)}")
-        _refuse_unsupported(kind, cfg)
+        # a multimodal config's quantization_config sits at its top level
+        _refuse_unsupported(kind, {**cfg, "quantization_config": fp8.quantization(outer) or None})
+        cfg = {**family_keys.SIZES.get(kind, {}), **cfg}  # keys a multimodal text_config leaves at their defaults
         family, heads = FAMILIES[kind], cfg["num_attention_heads"]
         max_positions = cfg.get("max_position_embeddings") or family.max_positions
         if kind == "phi3":

@@ -6,6 +6,19 @@ from __future__ import annotations
 from toolkit.infer.gemma_config import GEMMA_KINDS, gemma_sliding_window
 
 
+# The config classes' defaults for keys the Llama families always write but these may leave out: save_pretrained
+# writes only non-default values, and Gemma 3's multimodal checkpoints hold a text_config of a few keys (gemma-3-4b-it:
+# no vocab_size, heads or rope_theta)
+SIZES = {
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8),
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                        num_attention_heads=8),
+    "llama4_text": dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192, num_hidden_layers=48,
+                        num_attention_heads=40, rope_theta=500000.0),
+}
+
+
 def sliding_window(kind: str, cfg: dict) -> dict:
     """The window transformers applies ({"sliding_window": W, "full_layers": layers that do not slide}, or {}):
     Mistral's `sliding_window` (default 4096, null = off), Mixtral's and Phi-3's (default null), on every layer;

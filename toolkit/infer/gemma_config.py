@@ -78,9 +78,10 @@ def gemma_rope(kind: str, cfg: dict) -> tuple[dict, float | None]:
     if "full_attention" in params or "sliding_attention" in params:
         full = dict(params.get("full_attention") or {"rope_type": "default"})
         local = dict(params.get("sliding_attention") or {"rope_type": "default"})
-    else:
-        full = {"rope_type": "default", **{k: v for k, v in params.items() if k != "type"}}
-        full.update(cfg.get("rope_scaling") or {})
+    else:  # one set of parameters (a 4.x rope_scaling, or rope_parameters): the full layers'
+        full = {**params, **(cfg.get("rope_scaling") or {})}
+        full["rope_type"] = full.pop("rope_type", None) or full.pop("type", None) or "default"
+        full.pop("type", None)
         local = {"rope_type": "default"}
     full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
     local.setdefault("rope_theta", cfg.get("rope_local_base_freq", 10_000.0))
