@@ -46,3 +46,61 @@ def test_eagle3_trains_on_the_target_and_bench_serves_it_losslessly(target, prep
     refused = subprocess.run(bench + ["--compile"], capture_output=True, text=True)
     assert refused.returncode != 0 and f"does not cover {kind} targets" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+@pytest.fixture(scope="module")
+def gemma2_target(tiny_target, tmp_path_factory, peaked):
+    """A random 4-layer Gemma 2 whose logits the final soft-cap (2.0, tight) bends a lot."""
+    from transformers import AutoModelForCausalLM, Gemma2Config
+
+    folder = tmp_path_factory.mktemp("gemma2-target")
+    torch.manual_seed(0)
+    cfg = Gemma2Config(**{**SHAPE, "num_hidden_layers": 4}, intermediate_size=128, query_pre_attn_scalar=16,
+                       sliding_window=16, final_logit_softcapping=2.0)
+    return peaked(AutoModelForCausalLM.from_config(cfg), folder, tiny_target)
+
+
+def test_offline_features_give_the_online_loss_with_gemma_2s_soft_capped_logits(gemma2_target, prepared, tmp_path):
+    """Offline training computes the target's logits from the dumped final state and its lm_head: capped as the
+    target's readout caps them, its losses are the online run's."""
+    import json
+
+    from test_eagle3 import COMMON, losses
+
+    from toolkit.cli import main
+
+    shards = tmp_path / "hidden"
+    assert main(["dump-hidden-states", "--model", str(gemma2_target), "--data", str(prepared), "--out", str(shards),
+                 "--max-len", "96", "--dtype", "float32"]) == 0
+    assert json.loads((shards / "index.json").read_text())["num_samples"] == 24
+    for name, extra in (("on", []), ("off", [f"hidden_states={shards}"])):
+        assert main(["train", "--model", str(gemma2_target), "--data", str(prepared), "--output-dir",
+                     str(tmp_path / name), *COMMON, "max_steps=3", "save_every=3", *extra]) == 0
+    on, off = losses(tmp_path / "on"), losses(tmp_path / "off")
+    assert all(abs(on[s] - off[s]) <= 1e-5 * abs(on[s]) for s in on), (on, off)
+
+
+def test_training_reads_a_multimodal_checkpoints_text_model(target, tmp_path):
+    """The embedding, lm_head and a layer (MTP's start) of a multimodal checkpoint's text model (language_model.*
+    names, a vision tower beside them) are the text-only checkpoint's."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from toolkit.infer.config import ModelConfig
+    from toolkit.train.head import target_layer, target_tensors
+
+    kind, _, folder = target
+    text = json.loads((folder / "config.json").read_text())
+    mm = tmp_path / "mm"
+    mm.mkdir()
+    (mm / "config.json").write_text(json.dumps({"model_type": kind.removesuffix("_text"), "text_config": text}))
+    w = {"language_model." + k: v for k, v in load_file(str(folder / "model.safetensors")).items()}
+    w["vision_tower.x.weight"] = torch.zeros(2, 2)
+    save_file(w, str(mm / "model.safetensors"))
+    names = ["embed_tokens.weight", "lm_head.weight"]
+    a, b = target_tensors(mm, names), target_tensors(folder, names)
+    assert a.keys() == b.keys() == set(names) and all(torch.equal(a[k], b[k]) for k in names)
+    c = ModelConfig.from_folder(folder)
+    a, b = target_layer(mm, 5, c), target_layer(folder, 5, c)
+    assert a.keys() == b.keys() and a and all(torch.equal(a[k], b[k]) for k in a)

@@ -21,6 +21,7 @@ from toolkit.infer.drafts import Eagle3Head
 def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
     """Only the named target weights (embedding, lm_head), read lazily from the safetensors files; a tied
     lm_head is the embedding."""
+    from toolkit.infer.hf_names import not_text, our_name
     from toolkit.infer.loading import tie_embeddings
     from toolkit.infer.weight_files import weight_files
 
@@ -30,7 +31,7 @@ def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tens
     for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
-                short = key.removeprefix("model.")
+                short = None if not_text(key) else our_name(cfg.model_type, key)  # a multimodal one's text model
                 if short in names or short in tied:  # both halves of a tie: the engine's rule needs both
                     found[short] = sf.get_tensor(key)
     if tied and tie_embeddings(found, Path(folder)):  # as load_target ties them
@@ -44,18 +45,27 @@ def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tens
 
 def target_layer(folder: str | Path, index: int, config: ModelConfig) -> dict[str, torch.Tensor]:
     """The target's decoder layer `index` as a Block state dict (MTP can start from the last one); GPT-OSS's
-    MXFP4 experts dequantized."""
-    from toolkit.infer import mxfp4
-    from toolkit.infer.hf_names import our_tensors
+    MXFP4 experts and an FP8 checkpoint's weights dequantized."""
+    from toolkit.infer import fp8, mxfp4
+    from toolkit.infer.hf_names import not_text, our_name, our_tensors
     from toolkit.infer.weight_files import weight_files
 
     prefix = f"layers.{index}."
-    found = {}
+    hf_cfg = json.loads((Path(folder) / "config.json").read_text())
+    quantized_checkpoint = fp8.is_fp8(hf_cfg)
+    found, quantized, scales = {}, {}, {}
     for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
-                if key.removeprefix("model.").startswith(prefix):
+                if not_text(key) or not our_name(config.model_type, key).startswith(prefix):
+                    continue
+                what = fp8.kind(sf, key) if quantized_checkpoint else None
+                if what is None:
                     found.update((ours[len(prefix):], t) for ours, t in our_tensors(config, key, sf.get_tensor(key)))
+                elif what != "skip":
+                    (scales if what == "scale" else quantized)[key] = sf.get_tensor(key)
+    for key, t in fp8.join(quantized, scales, fp8.block_size(hf_cfg), torch.float32, str(folder)).items():
+        found.update((ours[len(prefix):], t) for ours, t in our_tensors(config, key, t))
     if not found:
         raise ValueError(f"target {folder}: no weights for layer {index}")
     packed = {k: found.pop(k) for k in list(found) if k.endswith(mxfp4.SUFFIXES)}

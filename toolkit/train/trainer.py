@@ -21,6 +21,7 @@ from typing import Iterator
 
 import torch
 
+from toolkit.infer.gemma import soft_cap
 from toolkit.train.launch import add_args, make_accelerator  # toolkit train reads this module's add_args and main
 
 __all__ = ["add_args", "main"]
@@ -163,6 +164,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                             else "assistant-token frequency"})
     t2d = t2d.to(device)
     lm_w = parts["lm_head.weight"].to(device, dtype) if offline else None
+    final_cap = None if tcfg.gemma is None else tcfg.gemma.final_softcap  # offline logits capped as the target's
     export_args = (objective.save, target_hf, cfg.model, target_fp, {"ttt_steps": cfg.ttt_steps,
                                                                       "train_data": cfg.data})
     tracker = Tracker(acc, out, cfg)
@@ -219,6 +221,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
             with torch.no_grad():  # the frozen target's features (3 aux layers, or the final normed state)
                 if offline:
                     feats, target_logits = objective.features(batch), batch["final_hidden"].to(dtype) @ lm_w.T
+                    target_logits = soft_cap(target_logits, final_cap)
                 else:
                     target_logits, hs = target(batch["input_ids"], aux_layers=head.aux_layers)
                     feats = torch.cat(hs, -1)
