@@ -196,3 +196,7 @@ def test_a_deepseek_v3_target_and_its_nextn_layer_load_from_fp8(tmp_path):
     heads = [load_draft(str(tmp_path / d), t, None) for d, t in zip(("fp8", "dense"), targets)]
     a, b = (h.state_dict() for h in heads)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    from toolkit.train.head import target_layer  # MTP training's init_block=target_last
+
+    a, b = (target_layer(tmp_path / d, 2, targets[0].config) for d in ("fp8", "dense"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

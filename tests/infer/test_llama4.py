@@ -109,6 +109,34 @@ def test_a_multimodal_llama4_checkpoint_loads_its_text_model(llama4, tmp_path):
         assert torch.equal(load_target(tmp_path)(ids)[0], load_target(folder)(ids)[0])
 
 
+def test_experts_stored_one_by_one_load_as_the_stacked_ones(llama4, tmp_path):
+    """llm-compressor's Llama 4 exports keep each expert's Linear weights apart (feed_forward.experts.{e}.gate_proj /
+    up_proj [I, H], down_proj [H, I]): stacked on load into transformers' [E, H, 2I] / [E, I, H]; one missing is
+    refused by name."""
+    _, folder, _ = llama4
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    w, split = load_file(str(folder / "model.safetensors")), {}
+    for name, t in w.items():
+        if name.endswith("experts.gate_up_proj"):
+            gate, up = t.chunk(2, dim=-1)
+            for e in range(t.shape[0]):
+                base = name.removesuffix("gate_up_proj") + f"{e}."
+                split[base + "gate_proj.weight"], split[base + "up_proj.weight"] = gate[e].t(), up[e].t()
+        elif name.endswith("experts.down_proj"):
+            for e in range(t.shape[0]):
+                split[name.removesuffix("down_proj") + f"{e}.down_proj.weight"] = t[e].t()
+        else:
+            split[name] = t
+    assert len(split) > len(w)
+    save_file({k: v.contiguous() for k, v in split.items()}, str(tmp_path / "model.safetensors"))
+    a, b = load_target(tmp_path).state_dict(), load_target(folder).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    del split[next(k for k in split if k.endswith("experts.2.up_proj.weight"))]
+    save_file({k: v.contiguous() for k, v in split.items()}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing \['layers.\d+.mlp.experts.2.up_proj.weight'\]"):
+        load_target(tmp_path)
+
+
 def test_the_paths_built_from_llama_pieces_refuse_llama4(llama4):
     from toolkit.infer.mtp import MTPHead
 

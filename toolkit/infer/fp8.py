@@ -95,10 +95,12 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]
 
 def join(weights: dict[str, torch.Tensor], scales: dict[str, torch.Tensor], block: tuple[int, int] | None,
          dtype: torch.dtype, where: str) -> dict[str, torch.Tensor]:
-    """Every FP8 weight ({name}.weight) dequantized with its scale ({name}.weight_scale_inv or .weight_scale);
-    a weight without a scale or a scale without a weight is refused by name."""
+    """Every FP8 weight ({name}.weight) dequantized with its scale ({name}.weight_scale_inv or .weight_scale),
+    each taken out of `weights` as it is (the FP8 copy freed: the peak is the dequantized model plus one FP8
+    tensor, not both whole); a weight without a scale or a scale without a weight is refused by name."""
     out, used = {}, set()
-    for name, w in weights.items():
+    for name in list(weights):
+        w = weights.pop(name)
         base = name.removesuffix(".weight")
         key = next((base + s for s in SCALES if base + s in scales), None)
         if key is None:

@@ -6,6 +6,8 @@ does): most map one to one (without the `model.` prefix); two families store the
     phi3     layers.{l}.self_attn.qkv_proj.weight [(Hq + 2 Hkv) D, H] -> q_proj, k_proj, v_proj (rows in that order)
              layers.{l}.mlp.gate_up_proj.weight [2 I, H]          -> gate_proj, up_proj (halves in that order)
     llama4_text  layers.{l}.feed_forward.*                      -> layers.{l}.mlp.*
+             layers.{l}.feed_forward.experts.{e}.{gate,up,down}_proj.weight (experts one by one, as llm-compressor's
+                 exports store them) -> the stacked experts.gate_up_proj [E, H, 2I], experts.down_proj [E, I, H]
              layers.{l}.self_attn.{q,k}_proj.{weight,bias}      -> each head's rows de-interleaved (rows 0, 2, ...,
                                                                    then 1, 3, ...): Llama 4 rotates pairs (x0, x1),
                                                                    (x2, x3), ...; the engine's RoPE pairs x_i with
@@ -73,3 +75,28 @@ def deinterleave(w: torch.Tensor, head_dim: int) -> torch.Tensor:
     heads = w.shape[0] // head_dim
     order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
     return w.reshape(heads, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
+
+
+_EXPERT = re.compile(r"(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+
+
+def stack_experts(c: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Llama 4's experts stored one by one (Linear weights [I, H] / [H, I]) stacked as transformers stores them:
+    gate_up_proj [E, H, 2I] (gate columns, then up) and down_proj [E, I, H]; an expert missing is refused by name.
+    Other families' tensors pass unchanged."""
+    if c.model_type != "llama4_text":
+        return tensors
+    groups: dict[str, dict] = {}
+    for name in [n for n in tensors if _EXPERT.fullmatch(n)]:
+        m = _EXPERT.fullmatch(name)
+        groups.setdefault(m[1], {})[int(m[2]), m[3]] = tensors.pop(name)
+    for prefix, parts in groups.items():
+        E = c.moe.num_experts
+        missing = [f"{prefix}.{e}.{k}_proj.weight" for e in range(E) for k in ("gate", "up", "down")
+                   if (e, k) not in parts]
+        if missing:
+            raise ValueError(f"experts stored one by one, but missing {missing[:4]}")
+        tensors[prefix + ".gate_up_proj"] = torch.stack([torch.cat([parts[e, "gate"].t(), parts[e, "up"].t()], 1)
+                                                         for e in range(E)])
+        tensors[prefix + ".down_proj"] = torch.stack([parts[e, "down"].t() for e in range(E)])
+    return tensors

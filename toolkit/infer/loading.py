@@ -18,7 +18,7 @@ from toolkit.infer import fp8, mxfp4
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
 from toolkit.infer.model import Transformer
-from toolkit.infer.hf_names import not_text, our_tensors
+from toolkit.infer.hf_names import not_text, our_tensors, stack_experts
 from toolkit.infer.weight_files import weight_files
 
 
@@ -102,7 +102,7 @@ def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dty
     for name, t in fp8.join(quantized, scales, fp8.block_size(cfg), dtype, str(folder)).items():
         add(name, t)
     tensors.update(mxfp4.join_packed(packed, dtype, device))  # GPT-OSS's MXFP4 experts, dequantized where they run
-    return tensors
+    return stack_experts(config, tensors)  # Llama 4's experts stored one by one
 
 
 def tie_embeddings(tensors: dict[str, torch.Tensor], folder: Path) -> bool:
