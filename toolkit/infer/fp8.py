@@ -96,8 +96,8 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]
 def join(weights: dict[str, torch.Tensor], scales: dict[str, torch.Tensor], block: tuple[int, int] | None,
          dtype: torch.dtype, where: str) -> dict[str, torch.Tensor]:
     """Every FP8 weight ({name}.weight) dequantized with its scale ({name}.weight_scale_inv or .weight_scale),
-    each taken out of `weights` as it is (the FP8 copy freed: the peak is the dequantized model plus one FP8
-    tensor, not both whole); a weight without a scale or a scale without a weight is refused by name."""
+    each taken out of `weights` as it is (its FP8 copy freed: the FP8 and the dequantized weights are never both
+    whole in memory); a weight without a scale or a scale without a weight is refused by name."""
     out, used = {}, set()
     for name in list(weights):
         w = weights.pop(name)
