@@ -73,6 +73,30 @@ def kind(sf, key: str) -> str | None:
     return "fp8" if sf.get_slice(key).get_dtype() in ("F8_E4M3", "F8_E5M2") else None
 
 
+class Pending:
+    """An FP8 checkpoint's quantized weights and their scales, kept while its files are read (a weight's scale may
+    sit in another shard) and dequantized together once all are (loading.py, mtp.py, train/head.py read them so)."""
+
+    def __init__(self, cfg: dict):
+        self.on = is_fp8(cfg)
+        self.block = block_size(cfg) if self.on else None
+        self.weights: dict[str, torch.Tensor] = {}
+        self.scales: dict[str, torch.Tensor] = {}
+
+    def take(self, sf, key: str, name: str | None = None) -> bool:
+        """True when tensor `key` of the open file `sf` is this module's: an FP8 weight or a weight's scale, kept
+        under `name` (default the key), or an activation's scale, dropped; False for a tensor stored as it is."""
+        what = kind(sf, key) if self.on else None
+        if what is None:
+            return False
+        if what != "skip":
+            (self.scales if what == "scale" else self.weights)[name or key] = sf.get_tensor(key)
+        return True
+
+    def dequantized(self, dtype: torch.dtype, where: str) -> dict[str, torch.Tensor]:
+        return join(self.weights, self.scales, self.block, dtype, where)
+
+
 def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None, dtype: torch.dtype,
                name: str = "weight") -> torch.Tensor:
     """weight float8 [N, K] (or [..., N, K]) and its scale -> [N, K] in dtype. A scale of no shape that fits is

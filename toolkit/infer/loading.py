@@ -77,8 +77,7 @@ def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dty
     checkpoints' weights dequantized (mxfp4.py, fp8.py)."""
     num_mtp = _declared_mtp_layers(cfg)
     fp32 = ROUTER_FP32 if config.moe is not None and config.moe.scoring == "sigmoid" else ()
-    tensors, packed, quantized, scales = {}, {}, {}, {}
-    quantized_checkpoint = fp8.is_fp8(cfg)
+    tensors, packed, pending = {}, {}, fp8.Pending(cfg)
 
     def add(name: str, t: torch.Tensor) -> None:
         for ours, t in our_tensors(config, name, t):
@@ -92,14 +91,11 @@ def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dty
                 if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \
                         or not_text(name):
                     continue
-                what = fp8.kind(sf, name) if quantized_checkpoint else None
                 if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below
                     packed[short] = sf.get_tensor(name)
-                elif what is None:
+                elif not pending.take(sf, name):  # an FP8 weight or scale: dequantized below
                     add(name, sf.get_tensor(name))
-                elif what != "skip":  # joined below: a weight's scale may sit in another shard
-                    (scales if what == "scale" else quantized)[name] = sf.get_tensor(name)
-    for name, t in fp8.join(quantized, scales, fp8.block_size(cfg), dtype, str(folder)).items():
+    for name, t in pending.dequantized(dtype, str(folder)).items():
         add(name, t)
     tensors.update(mxfp4.join_packed(packed, dtype, device))  # GPT-OSS's MXFP4 experts, dequantized where they run
     return stack_experts(config, tensors)  # Llama 4's experts stored one by one

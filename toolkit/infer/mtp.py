@@ -138,8 +138,7 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
         print(f"{folder}: {count} MTP layers; drafting with the first, applied once per draft step",
               file=sys.stderr)
     names = MIMO if layout == "mimo" else DEEPSEEK
-    w, quantized, scales = {}, {}, {}  # an FP8 checkpoint's (DeepSeek-V3's) weights and scales, joined below
-    quantized_checkpoint = fp8.is_fp8(cfg)
+    w, pending = {}, fp8.Pending(cfg)  # an FP8 checkpoint's (DeepSeek-V3's) weights and scales, joined below
     for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
@@ -153,12 +152,9 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
                 special = next((ours + rest[len(theirs):] for theirs, ours in names.items()
                                 if rest.startswith(theirs + ".")), None)
                 ours = special or f"block.{rest}"
-                what = fp8.kind(sf, key) if quantized_checkpoint else None
-                if what is None:
+                if not pending.take(sf, key, ours):  # an FP8 weight or scale: dequantized below
                     w[ours] = sf.get_tensor(key).float()
-                elif what != "skip":
-                    (scales if what == "scale" else quantized)[ours] = sf.get_tensor(key)
-    w.update(fp8.join(quantized, scales, fp8.block_size(cfg), torch.float32, f"MTP draft {folder}"))
+    w.update(pending.dequantized(torch.float32, f"MTP draft {folder}"))
     if layout == "mimo" and "eh_proj.weight" in w:
         w["eh_proj.weight"] = _swap_halves(w["eh_proj.weight"])
     tc = target.config

@@ -51,20 +51,15 @@ def target_layer(folder: str | Path, index: int, config: ModelConfig) -> dict[st
     from toolkit.infer.weight_files import weight_files
 
     prefix = f"layers.{index}."
-    hf_cfg = json.loads((Path(folder) / "config.json").read_text())
-    quantized_checkpoint = fp8.is_fp8(hf_cfg)
-    found, quantized, scales = {}, {}, {}
+    found, pending = {}, fp8.Pending(json.loads((Path(folder) / "config.json").read_text()))
     for f in weight_files(folder):
         with safe_open(str(f), "pt") as sf:
             for key in sf.keys():
                 if not_text(key) or not our_name(config.model_type, key).startswith(prefix):
                     continue
-                what = fp8.kind(sf, key) if quantized_checkpoint else None
-                if what is None:
+                if not pending.take(sf, key):  # an FP8 weight or scale: dequantized below
                     found.update((ours[len(prefix):], t) for ours, t in our_tensors(config, key, sf.get_tensor(key)))
-                elif what != "skip":
-                    (scales if what == "scale" else quantized)[key] = sf.get_tensor(key)
-    for key, t in fp8.join(quantized, scales, fp8.block_size(hf_cfg), torch.float32, str(folder)).items():
+    for key, t in pending.dequantized(torch.float32, str(folder)).items():
         found.update((ours[len(prefix):], t) for ours, t in our_tensors(config, key, t))
     if not found:
         raise ValueError(f"target {folder}: no weights for layer {index}")
