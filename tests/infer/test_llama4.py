@@ -146,3 +146,33 @@ def test_the_paths_built_from_llama_pieces_refuse_llama4(llama4):
         target.set_kernels("triton")
     with pytest.raises(ValueError, match="MTP head .* does not cover llama4_text"):
         MTPHead(target.config, target.lm_head.weight.detach())
+
+
+def test_bf16_rope_rounds_once_as_transformers_complex_multiply(llama4):
+    """transformers rotates Llama 4's q / k as float32 complex numbers and rounds to bf16 once: a RoPE layer's
+    queries and keys (after the L2 norm where there is one) equal its bit for bit in bf16, de-interleaved as
+    hf_names stores them; rotating in bf16 (two roundings) would differ in many elements."""
+    from transformers import AutoModelForCausalLM
+
+    from toolkit.infer.attention import rope_cos_sin
+
+    _, folder, _ = llama4
+    ours = load_target(folder, dtype=torch.bfloat16)
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    layer = next(i for i in range(ours.config.num_layers) if i not in ours.config.llama4.nope_layers)
+    T, D = 40, ours.config.head_dim
+    torch.manual_seed(1)
+    x, positions = torch.randn(1, T, ours.config.hidden_size).to(torch.bfloat16), torch.arange(100, 100 + T)[None]
+    with torch.no_grad():
+        cos, sin = rope_cos_sin(positions, ours.inv_freq, torch.float32, ours.config.rope_attention_factor())
+        q, k, _ = ours.layers[layer].self_attn._project(x, cos, sin, None, layer, None, T)
+        att = hf.model.layers[layer].self_attn
+        hq, hk = att.q_proj(x).view(1, T, -1, D), att.k_proj(x).view(1, T, -1, D)
+        from transformers.models.llama4.modeling_llama4 import apply_rotary_emb
+
+        hq, hk = apply_rotary_emb(hq, hk, hf.model.rotary_emb(x, positions))
+        if hasattr(att, "qk_norm"):
+            hq, hk = att.qk_norm(hq), att.qk_norm(hk)
+    halves = torch.cat([torch.arange(0, D, 2), torch.arange(1, D, 2)])  # interleaved pairs -> half-split
+    for mine, theirs in ((q, hq), (k, hk)):
+        assert torch.equal(mine, theirs.transpose(1, 2)[..., halves])

@@ -38,7 +38,7 @@ class Llama4Attention(Attention):
         k = k.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)               # [B, Hkv, T, D]
         v = v.view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
         if self.rope:
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            q, k = (rotate(t.float(), cos, sin).to(t.dtype) for t in (q, k))  # fp32 cos / sin: one rounding
             if self.l2:  # transformers' Llama4TextL2Norm: RMS in fp32, no weight
                 q, k = (F.rms_norm(t.float(), (c.head_dim,), eps=c.rms_norm_eps).to(t.dtype) for t in (q, k))
         elif sin is not None:

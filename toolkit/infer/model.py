@@ -167,7 +167,9 @@ class Transformer(Fp32Readout):
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
         if c.gemma is not None:
             h = embed_scale(c, h)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, h.dtype, c.rope_attention_factor(), self.kernels)
+        # Llama 4 rotates in float32 and rounds once, as transformers' complex multiply does (llama4.py)
+        rope_dtype = torch.float32 if c.llama4 is not None else h.dtype
+        cos, sin = rope_cos_sin(positions, self.inv_freq, rope_dtype, c.rope_attention_factor(), self.kernels)
         rope = {}  # Gemma 3's sliding layers: their own base (the full layers' cos / sin are the defaults above)
         if self.inv_freq_local is not None:
             local = rope_cos_sin(positions, self.inv_freq_local, h.dtype, 1.0, self.kernels)
