@@ -169,8 +169,6 @@ def test_the_paths_built_from_llama_pieces_refuse_gemma(gemma):
 
     _, folder, _ = gemma
     target = load_target(folder)
-    with pytest.raises(ValueError, match="--kernels triton does not cover gemma"):
-        target.set_kernels("triton")
     with pytest.raises(ValueError, match="compiled decode step .* does not cover gemma"):
         CompiledDecode(target, KVCache(target.config, 1, 16))
     with pytest.raises(ValueError, match="MTP head .* does not cover gemma"):

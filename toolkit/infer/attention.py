@@ -181,7 +181,7 @@ class Attention(nn.Module):
         if mask is not None and mask[1] is not None:  # the Triton kernel (set_kernels("triton"))
             from toolkit.infer.kernels.tree_attention import tree_attention
 
-            return tree_attention(q, k, v, mask[1], lens=mask[2], sinks=sinks)
+            return tree_attention(q, k, v, mask[1], self.scale, lens=mask[2], sinks=sinks, softcap=self.softcap)
         if sinks is not None or self.softcap is not None:
             return eager_attention(q, k, v, None if mask is None else mask[0], sinks, scale=self.scale,
                                    softcap=self.softcap)

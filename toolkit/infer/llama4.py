@@ -28,6 +28,11 @@ class Llama4Attention(Attention):
         self.rope = layer not in c.llama4.nope_layers
         self.l2 = c.llama4.qk_l2_norm and self.rope
 
+    def fused_rope_ok(self, cache: KVCache | None, slots) -> bool:
+        """Never: Llama 4's RoPE (float32, NoPE layers, L2 norms) is _project's, so the Triton path keeps that and
+        the tree-attention kernel, not the fused RoPE + cache write (nor row_step, which needs it)."""
+        return False
+
     def _project(self, x, cos, sin, cache: KVCache | None, layer: int, slots, kv_len: int):
         """Attention's, with Llama 4's steps: on a RoPE layer q and k L2-normed after RoPE; a NoPE layer is given
         (None, its queries' temperature scales [B, 1, T, 1] or None) for (cos, sin) (Transformer.forward)."""

@@ -209,8 +209,8 @@ def add_args(p) -> None:
 
 def pick_kernels(kernels: str, target) -> str:
     """auto: the fused Triton kernels (model.set_kernels) on a CUDA target of Llama-family layers, where they beat
-    torch's (benchmarks/RESULTS.md), torch's elsewhere (DeepSeek's MLA, Gemma's and Llama 4's layers too); triton
-    where it cannot run is refused clearly."""
+    torch's (benchmarks/RESULTS.md), torch's elsewhere (DeepSeek's MLA; Gemma's and Llama 4's layers, which triton
+    runs when asked but which no GPU has timed yet); triton where it cannot run is refused clearly."""
     if kernels not in ("auto", "torch", "triton"):
         raise ValueError(f"--kernels {kernels}: give auto, torch or triton")
     if kernels == "auto":

@@ -28,13 +28,13 @@ from toolkit.infer.row_step import few_rows, row_step, row_step_ok
 
 
 def refuse_unlike_llama(c: ModelConfig, what: str) -> None:
-    """A path that runs the Llama layer's pieces directly (the Triton kernels, the compiled CPU step, MTP's block)
-    refuses the families whose layers differ, by name: they run with the torch kernels, eagerly or in CUDA graphs."""
+    """A path that runs the Llama layer's pieces directly (the compiled CPU step, MTP's block) refuses the families
+    whose layers differ, by name: they run eagerly or in CUDA graphs, with the torch or the Triton kernels."""
     why = ("(1 + w) sandwich norms, scaled and soft-capped attention, GELU" if c.gemma is not None else
            "NoPE and chunked layers, L2 q/k norms, tuned query temperature" if c.llama4 is not None else None)
     if why:
-        raise ValueError(f"{what} does not cover {c.model_type} targets ({why}); they run with the torch kernels, "
-                         "eagerly or in CUDA graphs")
+        raise ValueError(f"{what} does not cover {c.model_type} targets ({why}); they run eagerly or in CUDA "
+                         "graphs, with --kernels torch or triton")
 
 
 class MLP(nn.Module):

@@ -2,7 +2,7 @@
 fp32 and rounded as transformers' LlamaRMSNorm rounds it, optionally after a residual add (h = residual + x, and
 its norm); with kernels "triton" one fused kernel (kernels/layer_ops.py). `fp32_product`: scaled by the weight in
 fp32 and then rounded, as GptOssRMSNorm does (the same in fp32; in bf16 a rounding step apart from Llama's).
-`offset` 1: scaled by (1 + weight), Gemma's (its weights are stored around 0; torch path only, in fp32).
+`offset` 1: scaled by (1 + weight) in fp32, Gemma's (its weights are stored around 0).
 Shapes: x [..., H] -> [..., H]."""
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class RMSNorm(nn.Module):
         if self.kernels == "triton":
             from toolkit.infer.kernels.layer_ops import rms_norm
 
-            return rms_norm(x, self.weight, self.eps, residual, fp32_product=self.fp32_product)
+            return rms_norm(x, self.weight, self.eps, residual, fp32_product=self.fp32_product, offset=self.offset)
         if residual is not None:
             x = residual + x
             return x, self(x)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from toolkit.infer.attention import Attention
-from toolkit.infer.model import MLP, refuse_unlike_llama
+from toolkit.infer.model import MLP
 from toolkit.infer.norm import RMSNorm
 
 
@@ -23,7 +23,6 @@ def apply_kernels(module: nn.Module, kernels: str, require_device: bool = True) 
         if module.config.mla is not None:
             raise ValueError("--kernels triton covers Llama-family attention; MLA layers (DeepSeek) run with "
                              "--kernels torch")
-        refuse_unlike_llama(module.config, "--kernels triton")
         if require_device and next(module.parameters()).device.type != "cuda" \
                 and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU, for tests)")

@@ -22,19 +22,20 @@ import triton.language as tl
 from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 
-def reference_rms_norm(x, w, eps, residual=None, fp32_product=False):
-    """What the model's torch path computes: (normed) or (h, normed) with h = residual + x."""
+def reference_rms_norm(x, w, eps, residual=None, fp32_product=False, offset=0.0):
+    """What the model's torch path computes: (normed) or (h, normed) with h = residual + x; offset 1: scaled by
+    (1 + w) in fp32 (Gemma's; with fp32_product)."""
     h = x if residual is None else residual + x
     f = h.float()
     f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)
-    y = (w.float() * f).to(h.dtype) if fp32_product else w * f.to(h.dtype)
+    y = ((offset + w.float()) * f).to(h.dtype) if fp32_product else w * f.to(h.dtype)
     return y if residual is None else (h, y)
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, N, eps, sx, sr, sy, sh,
                      HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                     FP32_PRODUCT: tl.constexpr = False):
+                     FP32_PRODUCT: tl.constexpr = False, offset=0.0):
     wait_prior(PDL)
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -45,26 +46,30 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, N, eps, sx, sr, sy, sh,
         x = x.to(h_ptr.dtype.element_ty)                       # the sum rounded as torch's add rounds it
         tl.store(h_ptr + row * sh + cols, x, mask=ok)
         x = x.to(tl.float32)
-    _norm_row(x, w_ptr, y_ptr + row * sy, cols, ok, N, eps, FP32_PRODUCT)
+    _norm_row(x, w_ptr, y_ptr + row * sy, cols, ok, N, eps, FP32_PRODUCT, offset)
 
 
 @triton.jit
-def _norm_row(x, w_ptr, y_ptr, cols, ok, N, eps, FP32_PRODUCT: tl.constexpr = False):
+def _norm_row(x, w_ptr, y_ptr, cols, ok, N, eps, FP32_PRODUCT: tl.constexpr = False, offset=0.0):
     """x: one row's N values in fp32 (zeros past them) -> RMSNorm(x) * w at y_ptr (normalised in fp32, rounded,
-    then scaled, as transformers computes it; FP32_PRODUCT: scaled in fp32, then rounded, as GPT-OSS's)."""
+    then scaled, as transformers computes it; FP32_PRODUCT: scaled in fp32, then rounded, as GPT-OSS's; by
+    (offset + w) there, Gemma's (1 + w))."""
     inv = 1.0 / tl.sqrt(tl.sum(x * x, 0) / N + eps)
     y = x * inv
     if not FP32_PRODUCT:
         y = y.to(y_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
     tl.store(y_ptr + cols, (w * y).to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             out: torch.Tensor | None = None, fp32_product: bool = False):
+             out: torch.Tensor | None = None, fp32_product: bool = False, offset: float = 0.0):
     """x (and residual) [..., N] -> normed, or (residual + x, normed) with a residual. out: where the normed rows
     go (shaped like x, last dimension contiguous; e.g. one half of a concatenation, so no cat kernel follows).
-    fp32_product: GPT-OSS's rounding (the weight's product in fp32, then rounded)."""
+    fp32_product: GPT-OSS's rounding (the weight's product in fp32, then rounded); offset 1 with it: scaled by
+    (1 + w), Gemma's."""
+    if offset and not fp32_product:
+        raise ValueError("rms_norm's offset (Gemma's 1 + w) is computed in fp32: it needs fp32_product=True")
     N = x.shape[-1]
     x2 = x.reshape(-1, N)
     if out is not None and (out.shape != x.shape or out.stride(-1) != 1):
@@ -77,7 +82,8 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tenso
         raise ValueError("rms_norm needs a contiguous last dimension")
     _rms_norm_kernel[(x2.shape[0],)](x2, r2, w, y, h, N, eps, x2.stride(0), r2.stride(0), y.stride(0), h.stride(0),
                                      HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(N),
-                                     FP32_PRODUCT=fp32_product, **launch_kw(x.device, x2.shape[0]))
+                                     FP32_PRODUCT=fp32_product, offset=float(offset),
+                                     **launch_kw(x.device, x2.shape[0]))
     y = y.view(x.shape) if out is None else out
     return y if residual is None else (h.view(x.shape), y)
 

@@ -15,6 +15,8 @@ q [B, Hq, T, D], k/v [B, Hkv, S, D], mask [B, T, S] (True / nonzero = may attend
     mask ends long before it).
   * `sinks` [Hq] (GPT-OSS): a logit per query head that joins the softmax's denominator with no value; added
     once, where a row's sums are final (the one split's end, or the merge).
+  * `softcap` (Gemma 2's attn_logit_softcapping): scores become cap * tanh(scores / cap) before the mask, with
+    `scale` (Gemma's query_pre_attn_scalar ** -0.5) in place of D ** -0.5.
 On CPU it runs under TRITON_INTERPRET=1 (tests); there tl.dot is wrong for bf16, so inputs are upcast.
 Measured against SDPA on a GPU: benchmarks/bench_attention.py, benchmarks/RESULTS.md.
 """
@@ -30,14 +32,16 @@ import triton.language as tl
 from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 
-def reference_attention(q, k, v, mask, scale: float | None = None, sinks: torch.Tensor | None = None
-                        ) -> torch.Tensor:
+def reference_attention(q, k, v, mask, scale: float | None = None, sinks: torch.Tensor | None = None,
+                        softcap: float | None = None) -> torch.Tensor:
     """The torch reference: scaled dot-product attention with the same mask (and sinks: a column per head of
-    the softmax, dropped after it)."""
+    the softmax, dropped after it; softcap: the scores soft-capped)."""
     B, HQ, T, _ = q.shape
     groups = HQ // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = (q.float() @ k.float().transpose(-1, -2)) * (scale or 1 / math.sqrt(q.shape[-1]))
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask.bool()[:, None], float("-inf"))
     if sinks is not None:
         sink = sinks.float().view(1, HQ, 1, 1).expand(B, HQ, T, 1)
@@ -48,9 +52,10 @@ def reference_attention(q, k, v, mask, scale: float | None = None, sinks: torch.
 @triton.jit
 def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr, pl_ptr, sink_ptr,
                       sqb, sqh, sqt, skb, skh, sks, svb, svh, svs, smb, smt, sob, soh, sot,
-                      T, D, HQ, HKV, GROUPS, scale, NUM_SPLITS,
+                      T, D, HQ, HKV, GROUPS, scale, NUM_SPLITS, cap,
                       BLOCK_R: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                      UPCAST: tl.constexpr, PARTIAL: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr):
+                      UPCAST: tl.constexpr, PARTIAL: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr,
+                      SOFTCAP: tl.constexpr = False):
     wait_prior(PDL)
     b, kvh = tl.program_id(0) // HKV, tl.program_id(0) % HKV
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)           # packed rows: token t, query head h
@@ -81,6 +86,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr
         allowed = tl.load(m_ptr + b * smb + t[:, None] * smt + s[None, :], mask=row_ok[:, None] & s_ok[None, :],
                           other=0) != 0
         scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # [BLOCK_R, BLOCK_S]; fp32: no tf32
+        if SOFTCAP:  # cap * tanh(scores / cap), tanh(x) = 1 - 2 / (exp(2x) + 1): +-1 where exp over/underflows
+            scores = cap * (1.0 - 2.0 / (tl.exp(2.0 * scores / cap) + 1.0))
         scores = tl.where(allowed, scores, -1.0e30)
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.where(allowed, tl.exp(scores - m_new[:, None]), 0.0)   # masked slots add nothing
@@ -135,9 +142,9 @@ def _num_sms(device: torch.device) -> int:
 
 def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor | None = None,
                    splits: int | None = None, block_s: int = 32, num_warps: int = 4,
-                   sinks: torch.Tensor | None = None) -> torch.Tensor:
+                   sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
     """mask bool or int8 [B, T, S]; lens int [B] (default S): slots at or past lens[b] are not read; sinks [Hq]
-    or None.
+    or None; scale (default D ** -0.5) and softcap (a positive cap, or None) as reference_attention's.
     splits: chunks of each sequence's lens[b] slots (default: enough programs for ~2 waves on the device, at most
     one per block of block_s slots). The defaults are an H200's fastest for a batch-1 decode / verify step over
     1k slots (one 32-slot block per program: 10.3 -> 9.1 us a layer with the merge) and within 1% of it over 4k
@@ -148,6 +155,8 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
         raise ValueError(f"{HQ} query heads are not a multiple of {HKV} kv heads")
     if sinks is not None and sinks.shape != (HQ,):
         raise ValueError(f"sinks shape {tuple(sinks.shape)} != (query heads,) {(HQ,)}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be a positive number or None; got {softcap}")
     if mask.shape != (B, T, S):
         raise ValueError(f"mask shape {tuple(mask.shape)} != (batch, new tokens, slots) {(B, T, S)}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -172,8 +181,8 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
         q, k, v, m, lens, out, po, pm, pl, q if sinks is None else sinks, q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1),
         out.stride(0), out.stride(1), out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), splits,
-        BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret, PARTIAL=partial,
-        SINKS=sinks is not None, num_warps=num_warps,
+        float(softcap or 1.0), BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret,
+        PARTIAL=partial, SINKS=sinks is not None, SOFTCAP=softcap is not None, num_warps=num_warps,
         **launch_kw(q.device, B * T))
     if partial:
         _merge_kernel[(B * HQ * T,)](po, pm, pl, out, q if sinks is None else sinks, out.stride(0), out.stride(1),
