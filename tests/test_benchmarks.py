@@ -332,3 +332,20 @@ def test_bench_families_times_a_random_target_and_finds_identical_tokens(shape, 
     r = json.loads(out.read_text())
     assert r["identical_greedy_tokens"] is True and r["model_type"] == kind
     assert r["hf_tok_s"] > 0 and r["ours_tok_s"] > 0 and r["verify8_step_ms"] > 0
+
+
+def test_bench_cpu_readout_times_every_layout_and_the_step_both_ways(tmp_path):
+    """A small readout and the tiny Gemma 3 shape: every row count timed from each layout, and each step with the
+    packed readout off and on."""
+    if not __import__("torch").backends.mkldnn.is_available():
+        pytest.skip("oneDNN is not built in")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/bench_cpu_readout.py"), "--vocab", "1000",
+                           "--hidden", "64", "--shape", "tiny-gemma3", "--rows", "1", "4", "--context", "20",
+                           "--calls", "2", "--out", str(out)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert set(r["readout_ms"]) == set(r["step_ms"]) == {"1", "4"}
+    assert all(v > 0 for row in r["readout_ms"].values() for v in row.values())
+    assert all(set(row) == {"off", "on"} and min(row.values()) > 0 for row in r["step_ms"].values())
