@@ -20,7 +20,6 @@ from torch import nn
 
 from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.cpu_gemm import linear_rows
 from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
                                      draft_rope_keys, their_layer_key, write_draft_folder)
 from toolkit.infer.eagle3_config import VARIANTS, read_eagle3_config
@@ -112,7 +111,7 @@ class Eagle3Head(DraftHead):
             from toolkit.infer.kernels.gemv import gemv
 
             return gemv(h, self.lm_head.weight, "norm", self.norm.weight, self.norm.eps)
-        return linear_rows(self.lm_head, self.norm(h))  # packed for several rows on a CPU (cpu_gemm.py)
+        return self.lm_head(self.norm(h))
 
 
 def random_head(target: ModelConfig, vocab_ids: list[int] | None = None, seed: int = 0,

@@ -17,7 +17,6 @@ from torch import nn
 
 from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.cpu_gemm import linear_rows
 from toolkit.infer.draft_head import (DraftHead, load_weights, our_layer_key, read_weights, draft_rope_keys,
                                      their_layer_key, vocab_rows, write_draft_folder)
 from toolkit.infer.model import MLP, Block
@@ -70,7 +69,7 @@ class Eagle2Head(DraftHead):
             from toolkit.infer.kernels.gemv import gemv
 
             return gemv(h, self.lm_head.weight)
-        return linear_rows(self.lm_head, h)  # packed for several rows on a CPU (cpu_gemm.py)
+        return self.lm_head(h)
 
 
 def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None, dtype=torch.float32) -> Eagle2Head:

@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from toolkit.infer.cpu_gemm import linear_rows
-
 
 class KeepsFp32(nn.Module):
     keep_fp32: tuple[str, ...] = ()
@@ -62,7 +60,7 @@ class Fp32Readout(KeepsFp32):
         """normed [..., H] (after the final norm) -> logits [..., V]: in the model's dtype, or fp32 (fp32_readout)."""
         if self.logits_fp32:
             return fp32_logits(normed, self.lm_head.weight, self.lm_head_fp32)
-        return linear_rows(self.lm_head, normed)  # packed for several rows on a CPU (cpu_gemm.py)
+        return self.lm_head(normed)  # several rows on a CPU: from a packed copy (cpu_gemm.py)
 
     def _fp32_again(self) -> None:
         if self.fp32_wanted:

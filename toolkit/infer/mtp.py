@@ -29,7 +29,6 @@ from torch import nn
 
 from toolkit.infer import fp8
 from toolkit.infer.config import ModelConfig
-from toolkit.infer.cpu_gemm import linear_rows
 from toolkit.infer.draft_head import DraftHead, load_weights, rope_keys, vocab_rows, write_draft_folder
 from toolkit.infer.model import Block, refuse_unlike_llama
 from toolkit.infer.norm import RMSNorm
@@ -88,7 +87,7 @@ class MTPHead(DraftHead):
             from toolkit.infer.kernels.gemv import gemv
 
             return gemv(h, self.lm_head.weight)
-        return linear_rows(self.lm_head, h)  # packed for several rows on a CPU (cpu_gemm.py)
+        return self.lm_head(h)
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """The weights a checkpoint holds (not the target's lm_head)."""

@@ -1,7 +1,8 @@
 """Preparing a model (a target or a draft head) for inference: the kernels it runs (apply_kernels), one fused
 weight for q/k/v and for gate/up (fuse_projections), and the CPU weight layout (in_out_storage, readout_layout: with
 a packed copy of the readout for several rows, cpu_gemm.py).
-Transformer.set_kernels / .fuse and draft_folder.load_draft call these; training never does."""
+Transformer.set_kernels / .fuse (load_target: the frozen target of training too) and draft_folder.load_draft call
+these; a head in training never meets them."""
 from __future__ import annotations
 
 import os
@@ -68,7 +69,7 @@ def in_out_storage(w: torch.Tensor) -> torch.Tensor:
 
 def readout_layout(linear: nn.Linear) -> None:
     """A vocabulary projection in in_out_storage (its fp32 decode GEMV ~2x faster on CPU: 8-10 -> 20 GB/s
-    measured), with oneDNN's packed copy for steps of several rows (cpu_gemm.py; callers read out through
-    cpu_gemm.linear_rows). Inference only: the weight is frozen."""
+    measured), and a PackedReadout: oneDNN's packed copy for steps of several rows (cpu_gemm.py). Inference only:
+    the weight is frozen."""
     linear.weight = nn.Parameter(in_out_storage(linear.weight.detach()), requires_grad=False)
     pack(linear)  # and for steps of several rows, oneDNN's packed copy (cpu_gemm.py)
