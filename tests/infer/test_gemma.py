@@ -33,12 +33,11 @@ VARIANTS = {
 PROMPTS = [[5, 17, 33, 8, 61, 7, 22, 40, 11, 3, 9, 70], [9, 4, 30]]
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def gemma(request, tmp_path_factory):
-    """(case, folder, transformers model) with norms away from 0 and a peaked readout."""
+def tiny_gemma(case: str):
+    """A random transformers model of VARIANTS[case] (seed 0) with norms away from 0 and a peaked readout."""
     import transformers
 
-    cls, extra = VARIANTS[request.param]
+    cls, extra = VARIANTS[case]
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**BASE, **extra),
                                                           dtype=torch.float32).eval()
@@ -47,6 +46,13 @@ def gemma(request, tmp_path_factory):
             if "norm" in name:
                 p.normal_(0.0, 0.3)  # Gemma's norms scale by (1 + w)
         model.model.embed_tokens.weight.normal_(0.0, 0.2)  # tied: the readout too
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def gemma(request, tmp_path_factory):
+    """(case, folder, transformers model): tiny_gemma(case), saved."""
+    model = tiny_gemma(request.param)
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder)
     return request.param, folder, model

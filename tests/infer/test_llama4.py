@@ -29,18 +29,23 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def llama4(request, tmp_path_factory):
+def tiny_llama4(case: str):
+    """A random transformers Llama 4 of VARIANTS[case] (seed 0): routing that varies by token, a peaked readout."""
     from transformers import AutoModelForCausalLM, Llama4TextConfig
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Llama4TextConfig(**BASE, **VARIANTS[request.param]),
-                                             dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_config(Llama4TextConfig(**BASE, **VARIANTS[case]), dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "router" in name or "experts" in name:
                 p.normal_(0.0, 0.3)  # routing that varies by token; experts that matter
         model.lm_head.weight.normal_(0.0, 1.0)
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def llama4(request, tmp_path_factory):
+    model = tiny_llama4(request.param)
     folder = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(folder)
     return request.param, folder, model

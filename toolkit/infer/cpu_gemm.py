@@ -36,6 +36,11 @@ def source(w: torch.Tensor) -> tuple:
             None if w.is_inference() else w._version)
 
 
+def packed_copy(w: torch.Tensor) -> tuple:
+    """(source(w), w reordered into oneDNN's blocked layout for ROWS_HINT-row GEMMs)."""
+    return source(w), torch.ops.mkldnn._reorder_linear_weight(w.detach(), ROWS_HINT)
+
+
 class PackedReadout(nn.Linear):
     """nn.Linear whose several-row calls read `packed` = (source(weight), oneDNN's copy), made by pack()."""
 
@@ -47,8 +52,7 @@ class PackedReadout(nn.Linear):
                 or not packable(self.weight):  # one row; or inductor packs its own (compiled_decode.py); autograd
             return F.linear(x, self.weight, self.bias)
         if self.packed is None or self.packed[0] != source(self.weight):
-            self.packed = (source(self.weight), torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(),
-                                                                                          ROWS_HINT))
+            self.packed = packed_copy(self.weight)
         flat = x.reshape(-1, x.shape[-1]).contiguous()                                          # [n, H]
         out = torch.ops.mkldnn._linear_pointwise(flat, self.packed[1], self.bias, "none", [], "")  # [n, V]
         # shaped as x without becoming a view (as F.linear's output is not: a CUDA-graph stand-in copies into it)
@@ -67,7 +71,4 @@ def pack(linear: nn.Linear) -> None:
     several-row call that finds one)."""
     if not isinstance(linear, PackedReadout):
         linear.__class__ = PackedReadout  # the same module: parameters, hooks and state dict unchanged
-    linear.packed = None
-    if packable(linear.weight):
-        linear.packed = (source(linear.weight), torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(),
-                                                                                          ROWS_HINT))
+    linear.packed = packed_copy(linear.weight) if packable(linear.weight) else None

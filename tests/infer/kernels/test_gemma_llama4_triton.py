@@ -60,39 +60,13 @@ def test_rms_norm_scales_by_one_plus_the_weight_as_gemma(dtype):
         rms_norm(x, w, 1e-6, offset=1.0)
 
 
-def _gemma(case: str):
-    import transformers
-    from test_gemma import BASE, VARIANTS
-
-    cls, extra = VARIANTS[case]
-    model = transformers.AutoModelForCausalLM.from_config(getattr(transformers, cls)(**BASE, **extra),
-                                                          dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0.0, 0.3)
-        model.model.embed_tokens.weight.normal_(0.0, 0.2)
-    return model
-
-
-def _llama4(case: str):
-    from test_llama4 import BASE, VARIANTS
-    from transformers import AutoModelForCausalLM, Llama4TextConfig
-
-    model = AutoModelForCausalLM.from_config(Llama4TextConfig(**BASE, **VARIANTS[case]), dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "router" in name or "experts" in name:
-                p.normal_(0.0, 0.3)
-        model.lm_head.weight.normal_(0.0, 1.0)
-    return model
-
-
 @pytest.mark.parametrize("case", ["gemma2", "gemma3", "scout", "maverick"])
 def test_gemma_and_llama4_targets_decode_the_same_tokens_on_the_triton_kernels(case, tmp_path):
     """Prompts of 12 and 3 tokens, 12 new ones: past the 8-slot window (Gemma) and across 8-position chunks
     (Llama 4); the prefill's logits equal the torch kernels' too."""
     from hf_reference import generate_tokens
+    from test_gemma import tiny_gemma
+    from test_llama4 import tiny_llama4
 
     from toolkit.infer.drafts import random_head
     from toolkit.infer.engine import Engine
@@ -100,8 +74,7 @@ def test_gemma_and_llama4_targets_decode_the_same_tokens_on_the_triton_kernels(c
     from toolkit.infer.sampling import SamplingParams
     from toolkit.infer.tree import TreeConfig
 
-    torch.manual_seed(0)
-    hf = (_gemma if case.startswith("gemma") else _llama4)(case).eval()
+    hf = (tiny_gemma if case.startswith("gemma") else tiny_llama4)(case)
     hf.save_pretrained(tmp_path)
     prompts = [[5, 17, 33, 8, 61, 7, 22, 40, 11, 3, 9, 70], [9, 4, 30]]
     want = generate_tokens(hf, 12, prompts)
