@@ -108,6 +108,36 @@ def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(
     assert steps["eagle3 tree 6 x 10 -> 60"]["torch"] <= 150, steps["eagle3 tree 6 x 10 -> 60"]
 
 
+GEMMA_2_9B = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584,
+              "intermediate_size": 14336, "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
+              "head_dim": 256, "vocab_size": 256000, "query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0,
+              "final_logit_softcapping": 30.0, "sliding_window": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+              "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 8192}  # its config.json's shapes
+
+
+@pytest.mark.parametrize("arch,device,dtype,config", [(89, "NVIDIA GeForce RTX 4090", "bfloat16", None),
+                                                      (86, "NVIDIA A10", "float16", GEMMA_2_9B)],
+                         ids=["llama-3.1-8b-sm89", "gemma-2-9b-sm86"])
+def test_every_kernel_fits_the_shared_memory_of_a_99_kb_gpu(tmp_path, arch, device, dtype, config):
+    """sm_86 / sm_89 parts allow 99 KB of shared memory a block where an H100 allows 227: the untuned default rows
+    tile (4 stages of 16 x 64 x 256: 120 KB) and tree attention at head_dim 256 with 64 rows (100 KB) compiled but
+    failed to launch there (`--kernels auto` picks triton on every CUDA Llama). Now each fits (aot exits 1 on a
+    kernel over the limit), Gemma 2's soft-capped attention included, with the same kernels as on an H100."""
+    out, args = tmp_path / "aot.json", []
+    if config:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        args = ["--config", str(tmp_path / "config.json")]
+    p = subprocess.run([sys.executable, "-m", "toolkit.infer.kernels.aot", "--device", device, "--dtype", dtype,
+                        "--json", str(out), *args], env=compiler_env(), capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    kernels = json.loads(out.read_text())["kernels"]
+    assert all(k["shared_bytes"] + k["dynamic_shared_bytes"] <= 101376 and k["local_bytes"] == 0 for k in kernels)
+    attention = [k["constexprs"] for k in kernels if k["kernel"] == "_attention_kernel"]
+    assert {c["BLOCK_D"] for c in attention} == {256 if config else 128}
+    assert {c["SOFTCAP"] for c in attention} == ({True, False} if config else {False})  # target's; heads' plain
+    assert any(k["kernel"] == "_rows_kernel" for k in kernels)
+
+
 FOLDED = """
 import json, sys, torch
 from toolkit.infer.config import ModelConfig

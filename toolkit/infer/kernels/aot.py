@@ -3,6 +3,7 @@
     python -m toolkit.infer.kernels.aot --device "NVIDIA H200"                  # a table (sm_90 for it)
     python -m toolkit.infer.kernels.aot --arch 80 --device "NVIDIA A100-SXM4-80GB" --dtype float16 --json out.json
     python -m toolkit.infer.kernels.aot --device "NVIDIA H200" --epilogues on   # with kernels/epilogues.py's fusion
+    python -m toolkit.infer.kernels.aot --device "NVIDIA GeForce RTX 4090" --config gemma-2-9b/config.json
 
 TRITON_INTERPRET=1 runs the kernels' Python on CPU, so it checks their numbers but not that they compile: the
 interpreter runs Python, so it takes what the compiler refuses (a loop-carried value that changes type, for one:
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 from toolkit.infer.kernels.cross_compile import ARCH, SMS, before_wait, compiled_for, resources
+from toolkit.infer.kernels.shared_memory import OPTIN_BYTES
 
 
 @dataclass
@@ -57,8 +59,11 @@ def _heads(c, model, dtype, draft_vocab: int) -> dict:
     from toolkit.infer.mtp import MTPHead
 
     lm_head = model.lm_head.weight
-    return {"eagle3": random_head(c, list(range(min(draft_vocab, c.vocab_size)))).to(dtype),
-            "eagle2": Eagle2Head(draft_config(c), lm_head).to(dtype), "mtp": MTPHead(c, lm_head).to(dtype)}
+    heads = {"eagle3": random_head(c, list(range(min(draft_vocab, c.vocab_size)))).to(dtype),
+             "eagle2": Eagle2Head(draft_config(c), lm_head).to(dtype)}
+    if c.llama_layers:  # an MTP block is a layer of the target's kind, which the engine runs for these only
+        heads["mtp"] = MTPHead(c, lm_head).to(dtype)
+    return heads
 
 
 def drive(config, dtype, label: list, context: int = 1024, draft_vocab: int = 32000, layers: int = 2) -> None:
@@ -184,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.infer.config import ModelConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", type=int, help="compute capability x 10: 80 (A100), 90 (H100 / H200); default: the "
-                    "device's")
+    ap.add_argument("--arch", type=int, help="compute capability x 10: 80 (A100), 86 (A10, RTX 3090), 89 (L4, L40S, "
+                    "RTX 4090), 90 (H100 / H200); default: the device's")
     ap.add_argument("--device", default="NVIDIA H100 80GB HBM3",
                     help=f"whose tuned GEMV configs and SM count to use; known: {', '.join(SMS)}")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
@@ -196,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epilogues", choices=["auto", "on", "off"], default="auto",
                     help="RoPE + cache write and SiLU-mul as GEMV epilogues (kernels/epilogues.py); auto: as the "
                     "engine picks it on that device (its gemv_configs.json entry)")
+    ap.add_argument("--config", help="an HF config.json whose shapes to compile (any family --kernels triton runs); "
+                    "default: Llama-3.1-8B's")
     ap.add_argument("--json", help="also write the table here")
     args = ap.parse_args(argv)
     os.environ["TOOLKIT_EPILOGUES"] = args.epilogues  # read by row_step at every step
@@ -212,9 +219,16 @@ def main(argv: list[str] | None = None) -> int:
                                and bool(tuned_configs(args.device).get("pdl", False)))
     if pdl and args.arch < 90:
         ap.error(f"--pdl on needs sm_90 or later (programmatic dependent launch); got --arch {args.arch}")
-    config = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                         num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
-                         rope_theta=500000.0, max_position_embeddings=131072)  # Llama-3.1-8B's shapes
+    if args.config:
+        config = ModelConfig.from_hf(json.loads(Path(args.config).read_text()))
+        if config.mla is not None:
+            ap.error(f"{args.config}: --kernels triton does not run DeepSeek's MLA layers")
+        shapes = f"{config.model_type} shapes from {args.config}"
+    else:
+        config = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                             num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                             rope_theta=500000.0, max_position_embeddings=131072)
+        shapes = "Llama-3.1-8B shapes"
     dtype = getattr(torch, args.dtype)
     rows, counts = compile_engine(config, dtype, args.arch, args.device, pdl, context=args.context)
     one = compile_engine(config, dtype, args.arch, args.device, pdl, context=args.context, layers=1)[1]
@@ -225,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(rows)} kernel specializations compiled for sm_{args.arch} ({args.device} configs, {args.dtype}, "
           f"PDL {'off' if not pdl else 'on' if limit is None else f'on launches of <= {limit} rows'}, "
           f"epilogues {'on' if epilogues else 'off'}, "
-          f"Llama-3.1-8B shapes, EAGLE-3 head with a 32k vocabulary, {args.context} context)")
+          f"{shapes}, EAGLE-3 head with a 32k vocabulary, {args.context} context)")
     print(f"{'kernel':<20} {'warps':>5} {'regs':>5} {'spill B':>7} {'smem B':>7} {'dyn smem B':>10} {'mma':>5} "
           f"{'ld/st before wait':>17}  constexprs; steps")
     for r in rows:
@@ -244,7 +258,11 @@ def main(argv: list[str] | None = None) -> int:
                                                 "pdl_max_rows": limit, "epilogues": epilogues,
                                                 "kernels": [asdict(r) for r in rows],
                                                 "launches_per_step": launches}, indent=1) + "\n")
-    return 1 if any(r.local_bytes for r in rows) else 0
+    over = [r for r in rows if r.shared_bytes + r.dynamic_shared_bytes > OPTIN_BYTES[args.arch]]
+    for r in over:
+        print(f"OVER sm_{args.arch}'s {OPTIN_BYTES[args.arch]} bytes of shared memory per block (the launch would "
+              f"fail): {r.kernel} {r.constexprs} num_warps {r.num_warps}: {r.shared_bytes + r.dynamic_shared_bytes}")
+    return 1 if over or any(r.local_bytes for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -13,8 +13,14 @@ from pathlib import Path
 
 import torch
 
-SMS = {"NVIDIA H100 80GB HBM3": 132, "NVIDIA H200": 132, "NVIDIA A100-SXM4-80GB": 108}  # SMs, for the splits
-ARCH = {"NVIDIA H100 80GB HBM3": 90, "NVIDIA H200": 90, "NVIDIA A100-SXM4-80GB": 80}    # compute capability x 10
+from toolkit.infer.kernels.shared_memory import OPTIN_BYTES
+
+# SMs (for the attention splits) and compute capability x 10 of the devices it knows by name; only the first
+# two have tuned GEMV configs (gemv_configs.json): the others compile the untuned defaults, as they run there
+SMS = {"NVIDIA H100 80GB HBM3": 132, "NVIDIA H200": 132, "NVIDIA A100-SXM4-80GB": 108, "NVIDIA L40S": 142,
+       "NVIDIA GeForce RTX 4090": 128, "NVIDIA L4": 58, "NVIDIA A10": 72, "NVIDIA GeForce RTX 3090": 82}
+ARCH = {"NVIDIA H100 80GB HBM3": 90, "NVIDIA H200": 90, "NVIDIA A100-SXM4-80GB": 80, "NVIDIA L40S": 89,
+        "NVIDIA GeForce RTX 4090": 89, "NVIDIA L4": 89, "NVIDIA A10": 86, "NVIDIA GeForce RTX 3090": 86}
 
 
 class _Target:
@@ -41,17 +47,19 @@ class _Target:
 @contextlib.contextmanager
 def compiled_for(arch: int, device_name: str, pdl: bool = False):
     """Inside, Triton launches compile for sm_<arch> and return unrun (their outputs stay uninitialised); the
-    GEMV configs and attention splits are those of `device_name`; pdl: the launches use programmatic dependent
+    GEMV configs and attention splits are those of `device_name`, the shared memory per block sm_<arch>'s; pdl: the launches use programmatic dependent
     launch (sm_90+; kernels/pdl.py). Yields the list [(kernel function, step
     label cell, CompiledKernel)] the launches fill; set `label[0]` to name the step that runs next."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compiled_for needs TRITON_INTERPRET unset (the interpreter compiles nothing)")
     if pdl and arch < 90:
         raise ValueError(f"programmatic dependent launch needs sm_90 or later; got sm_{arch}")
+    if arch not in OPTIN_BYTES:
+        raise ValueError(f"sm_{arch}'s shared memory per block is not known; known: {sorted(OPTIN_BYTES)}")
     from triton.runtime.driver import driver
     from triton.runtime.jit import JITFunction
 
-    from toolkit.infer.kernels import gemv, pdl as pdl_module, tree_attention
+    from toolkit.infer.kernels import gemv, pdl as pdl_module, shared_memory, tree_attention
 
     launches, label, run, saved = [], [None], JITFunction.run, driver._active
     touched = set()
@@ -66,7 +74,9 @@ def compiled_for(arch: int, device_name: str, pdl: bool = False):
 
     patched = [(gemv, "_device_name", lambda device: device_name),
                (tree_attention, "_num_sms", lambda device: SMS.get(device_name, 132)),
-               (pdl_module, "enabled", lambda device: pdl)]
+               (pdl_module, "enabled", lambda device: pdl),
+               (shared_memory, "max_shared", lambda device: OPTIN_BYTES[arch]),
+               (shared_memory, "operands_in_shared", lambda device: arch >= 90)]
     originals = [getattr(m, n) for m, n, _ in patched]
     driver.set_active(_Target(arch))
     JITFunction.run = compile_only

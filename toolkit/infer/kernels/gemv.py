@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 import triton
 
+from toolkit.infer.kernels import shared_memory
 from toolkit.infer.kernels.epilogues import EPILOGUES, RopeWrite, unfused, unused_args
 from toolkit.infer.kernels.gemv_one_row import _gemv_kernel
 from toolkit.infer.kernels.gemv_rows import _rows_kernel
@@ -39,6 +40,7 @@ from toolkit.infer.kernels.pdl import launch_kw
 
 PROLOGUES = (None, "norm", "silu", "norm2", "cat2")
 KINDS = ("ew", "ew1", "dot", "dotn", "dots", "dotsn", "torch")  # gemv_config's
+ROWS_KINDS = ("dot", "dotn", "dots", "dotsn")  # _rows_kernel's
 
 
 def reference_gemv(x, w, prologue=None, norm_w=None, eps: float = 1e-6, bias=None, residual=None, x2=None,
@@ -131,6 +133,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     kind, block_n, block_k, warps, stages = config or gemv_config(N, K, rows, x.device)
     if kind not in KINDS:
         raise ValueError(f"GEMV config kind {kind!r}; accepted: {KINDS}")
+    if kind in ROWS_KINDS:  # 16 rows of x and BLOCK_N of W per stage: the deepest pipeline that fits the device
+        stages, block_k = shared_memory.fit(stages, block_k, lambda k: (MAX_ROWS + block_n) * k * w.element_size(),
+                                            lambda k: MAX_ROWS * block_n * 4, shared_memory.max_shared(x.device))
     if epilogue is not None and kind == "torch":  # cuBLAS stores the product; the epilogue's own kernel follows
         return unfused(gemv(x, w, prologue, norm_w, eps, bias, None, config, x2, norm_w2), epilogue, rope)
     lead = x.shape[:-1]

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from toolkit.infer.kernels import shared_memory
 from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 
@@ -166,6 +167,13 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
         lens = torch.full((B,), S, dtype=torch.int32, device=q.device)
     groups, interpret = HQ // HKV, os.environ.get("TRITON_INTERPRET") == "1"
     block_r = min(64, max(16, triton.next_power_of_2(T * groups)))
+    block_d, e = max(16, triton.next_power_of_2(D)), q.element_size()
+    # K and V tiles per pipeline stage; the q tile (twice where wgmma reads it from shared memory) and its scores
+    # besides: head_dim 256 with 64 rows takes 100 KB on sm_86 / 89 at 3 stages, over their 99 KB, so 2 there
+    q_copies = 2 if shared_memory.operands_in_shared(q.device) else 1
+    stages, block_r = shared_memory.fit(3, block_r, lambda r: 2 * block_s * block_d * e,
+                                        lambda r: q_copies * r * block_d * e + r * block_s * 4,
+                                        shared_memory.max_shared(q.device))
     row_blocks = triton.cdiv(T * groups, block_r)
     if splits is None:
         splits = max(1, min(triton.cdiv(2 * _num_sms(q.device), B * HKV * row_blocks), triton.cdiv(S, block_s)))
@@ -176,14 +184,13 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     po = torch.empty(B * HQ * T * splits * D if partial else 1, dtype=torch.float32, device=q.device)
     pm = torch.empty(B * HQ * T * splits if partial else 1, dtype=torch.float32, device=q.device)
     pl = torch.empty_like(pm)
-    block_d = max(16, triton.next_power_of_2(D))
     _attention_kernel[(B * HKV, row_blocks, splits)](
         q, k, v, m, lens, out, po, pm, pl, q if sinks is None else sinks, q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1),
         out.stride(0), out.stride(1), out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), splits,
         float(softcap or 1.0), BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret,
         PARTIAL=partial, SINKS=sinks is not None, SOFTCAP=softcap is not None, num_warps=num_warps,
-        **launch_kw(q.device, B * T))
+        num_stages=stages, **launch_kw(q.device, B * T))
     if partial:
         _merge_kernel[(B * HQ * T,)](po, pm, pl, out, q if sinks is None else sinks, out.stride(0), out.stride(1),
                                      out.stride(2), T, D, HQ, splits, BLOCK_D=block_d, SINKS=sinks is not None,
