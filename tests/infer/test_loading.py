@@ -33,3 +33,31 @@ def test_a_head_that_agrees_gets_its_figure_and_no_warning(target_and_tok, capsy
     assert probe(object(), target, tok, TEXT) == 0.5
     err = capsys.readouterr().err
     assert "top-1 agreement over the target's answer to a probe prompt: 50.0%" in err and "WARNING" not in err
+
+
+@pytest.mark.parametrize("capability,name,auto", [((7, 5), "Tesla T4", "float16"),
+                                                   ((8, 6), "NVIDIA A10", "bfloat16")])
+def test_dtype_auto_is_float16_on_a_gpu_without_bf16_and_bfloat16_is_refused_there(monkeypatch, capsys, capability,
+                                                                                   name, auto):
+    """Before sm_80 there is no bf16 matrix unit (cuBLAS and Triton's tl.dot refuse or emulate it): --dtype auto
+    serves in float16 there, saying so; an explicit bfloat16 is refused with what to give instead."""
+    import torch
+
+    from toolkit.infer.loading import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert pick_device("auto", "auto") == ("cuda", getattr(torch, auto))
+    old = capability < (8, 0)
+    assert ("has no bfloat16 matrix unit; serving in float16" in capsys.readouterr().err) == old
+    assert pick_device("cuda", "float16") == ("cuda", torch.float16)
+    assert pick_device("cuda", "float32") == ("cuda", torch.float32)
+    if old:
+        with pytest.raises(ValueError, match=r"--dtype bfloat16 needs a GPU of compute capability 8.0 or later .*"
+                                             r"this Tesla T4 \(sm_75\) has none: give --dtype float16"):
+            pick_device("cuda", "bfloat16")
+    else:
+        assert pick_device("cuda", "bfloat16") == ("cuda", torch.bfloat16)
+    with pytest.raises(ValueError, match="--dtype fp8: give auto, float32, bfloat16 or float16"):
+        pick_device("cuda", "fp8")

@@ -23,17 +23,26 @@ from toolkit.infer.weight_files import weight_files
 
 
 def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.dtype]:
-    """auto: cuda when visible, else cpu; dtype auto: bfloat16 on cuda, float32 on cpu."""
+    """auto: cuda when visible, else cpu; dtype auto: bfloat16 on cuda (float16 before sm_80, which has no bf16
+    matrix unit), float32 on cpu."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is visible")
     if device not in ("cuda", "cpu"):
         raise ValueError(f"--device {device}: give auto, cuda or cpu")
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ValueError(f"--dtype {dtype}: give auto, float32, bfloat16 or float16")
+    if device == "cuda" and dtype in ("auto", "bfloat16") and torch.cuda.get_device_capability()[0] < 8:
+        major, minor = torch.cuda.get_device_capability()
+        gpu = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
+        if dtype == "bfloat16":  # cuBLAS and Triton's tl.dot have no bf16 before Ampere
+            raise ValueError(f"--dtype bfloat16 needs a GPU of compute capability 8.0 or later (A100, RTX 30xx and "
+                             f"newer); this {gpu} has none: give --dtype float16 (auto picks it there) or float32")
+        print(f"--dtype auto: {gpu} has no bfloat16 matrix unit; serving in float16", file=sys.stderr, flush=True)
+        return device, torch.float16
     if dtype == "auto":
         return device, torch.bfloat16 if device == "cuda" else torch.float32
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"--dtype {dtype}: give auto, float32, bfloat16 or float16")
     if device == "cpu" and dtype != "float32":  # kept, but a CPU that emulates it decodes ~100x slower
         from toolkit.cpu_speed import emulated_warning
 
