@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         config = ModelConfig.from_hf(json.loads(Path(args.config).read_text()))
         if config.mla is not None:
             ap.error(f"{args.config}: --kernels triton does not run DeepSeek's MLA layers")
+        if config.moe is not None:  # its routing picks experts from values, which meta tensors do not have
+            ap.error(f"{args.config}: a mixture-of-experts target cannot be driven on meta tensors; give a dense one")
         shapes = f"{config.model_type} shapes from {args.config}"
     else:
         config = ModelConfig(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
