@@ -21,21 +21,25 @@ device = "cpu" if interpreting else "cuda"
 
 
 def test_fit_keeps_what_fits_then_drops_stages_then_halves_the_tile():
-    per_stage, fixed = (lambda t: 1000 * t), (lambda t: 100 * t)  # 64-wide tile: 64 KB a stage, 6.4 KB besides
-    assert shared_memory.fit(4, 64, per_stage, fixed, None) == (4, 64)            # no limit: as asked
-    assert shared_memory.fit(4, 64, per_stage, fixed, 3 * 64000 + 6400) == (4, 64)  # 3 buffers in flight fit
-    assert shared_memory.fit(4, 64, per_stage, fixed, 3 * 64000 + 6399) == (3, 64)
-    assert shared_memory.fit(4, 64, per_stage, fixed, 64000 + 6400) == (2, 64)
-    assert shared_memory.fit(4, 64, per_stage, fixed, 64000) == (2, 32)          # 2 stages, half the tile
-    assert shared_memory.fit(4, 64, per_stage, fixed, 17600) == (2, 16)
-    assert shared_memory.fit(1, 64, per_stage, fixed, 64000 + 6400) == (1, 64)    # never deeper than asked
+    def need(stages, tile):  # a 64-wide tile: 64 KB a stage in flight, 6.4 KB besides
+        return (stages - 1) * 1000 * tile + 100 * tile
+
+    fit = shared_memory.fit
+    assert fit(4, 64, need, None) == (4, 64)                  # no limit: as asked
+    assert fit(4, 64, need, 3 * 64000 + 6400) == (4, 64)      # 3 buffers in flight fit
+    assert fit(4, 64, need, 3 * 64000 + 6399) == (3, 64)
+    assert fit(4, 64, need, 64000 + 6400) == (2, 64)
+    assert fit(4, 64, need, 64000) == (2, 32)                 # 2 stages, half the tile
+    assert fit(4, 64, need, 17600) == (2, 16)
+    assert fit(1, 64, lambda s, t: 1000 * t, 64000) == (1, 64)  # never deeper than asked
     with pytest.raises(ValueError, match="no tile fits in this device's 17599 bytes"):
-        shared_memory.fit(4, 64, per_stage, fixed, 17599)
+        fit(4, 64, need, 17599)
 
 
 def test_the_limit_is_none_off_cuda():
     assert shared_memory.max_shared(torch.device("cpu")) is None
     assert shared_memory.operands_in_shared(torch.device("cpu")) is False
+    assert shared_memory.async_copies(torch.device("cpu")) is False
 
 
 @pytest.fixture
@@ -54,6 +58,8 @@ def launches(monkeypatch):
                 return launch
 
         monkeypatch.setattr(shared_memory, "max_shared", lambda device: limit)
+        monkeypatch.setattr(shared_memory, "async_copies", lambda device: True)  # an sm_80+ part
+        monkeypatch.setattr(shared_memory, "operands_in_shared", lambda device: False)  # before sm_90
         monkeypatch.setattr(module, kernel, Spy())
         return seen
 

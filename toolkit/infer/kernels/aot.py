@@ -48,6 +48,7 @@ class Compiled:
     stores_before_wait: int  # first weight tile may come before it
     dynamic_shared_bytes: int = 0  # Triton's pipeline buffers per program (the launch's dynamic shared memory)
     mma: str = ""        # the matrix instruction in its PTX: "wgmma" (sm_90's), "mma" (mma.sync) or "" (none)
+    num_stages: int = 0  # its software pipeline's depth (the launch's num_stages)
 
 
 def _heads(c, model, dtype, draft_vocab: int) -> dict:
@@ -154,6 +155,7 @@ def compile_engine(config, dtype=torch.bfloat16, arch: int = 90, device_name: st
                                              **resources(kernel.asm["cubin"]), pdl=bool(kernel.metadata.launch_pdl),
                                              **dict(zip(("loads_before_wait", "stores_before_wait"), before_wait(ptx))),
                                              dynamic_shared_bytes=kernel.metadata.shared,
+                                             num_stages=kernel.metadata.num_stages,
                                              mma="wgmma" if "wgmma." in ptx else "mma" if "mma.sync" in ptx else "")
         if step not in by_kernel[id(kernel)].steps:
             by_kernel[id(kernel)].steps.append(step)

@@ -93,6 +93,15 @@ def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = Non
     return "ew", (2 if k > 8192 else 8), 512, 4, 1
 
 
+def rows_shared_bytes(block_n: int, block_k: int, stages: int, itemsize: int, pipelined: bool) -> int:
+    """An upper bound on a _rows_kernel program's shared memory: stages - 1 tiles of x's 16 rows and W's BLOCK_N
+    in flight (cp.async, sm_80+), the accumulator's layout change; before sm_80 no pipeline, but W's tile through
+    shared memory as fp32 (kernels/shared_memory.py; tests/infer/kernels/test_aot.py checks it against the
+    compiled kernels)."""
+    tiles = max(stages - 1, 1) * (MAX_ROWS + block_n) * block_k * itemsize
+    return tiles + MAX_ROWS * block_n * 4 + (0 if pipelined else block_n * block_k * 4)
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: torch.Tensor | None = None,
          eps: float = 1e-6, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
          config: tuple | None = None, x2: torch.Tensor | None = None, norm_w2: torch.Tensor | None = None,
@@ -133,9 +142,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     kind, block_n, block_k, warps, stages = config or gemv_config(N, K, rows, x.device)
     if kind not in KINDS:
         raise ValueError(f"GEMV config kind {kind!r}; accepted: {KINDS}")
-    if kind in ROWS_KINDS:  # 16 rows of x and BLOCK_N of W per stage: the deepest pipeline that fits the device
-        stages, block_k = shared_memory.fit(stages, block_k, lambda k: (MAX_ROWS + block_n) * k * w.element_size(),
-                                            lambda k: MAX_ROWS * block_n * 4, shared_memory.max_shared(x.device))
+    if kind in ROWS_KINDS:  # the deepest pipeline, then the longest K tile, that fits the device's shared memory
+        pipelined = shared_memory.async_copies(x.device)
+        stages, block_k = shared_memory.fit(
+            stages, block_k, lambda s, k: rows_shared_bytes(block_n, k, s, w.element_size(), pipelined),
+            shared_memory.max_shared(x.device))
     if epilogue is not None and kind == "torch":  # cuBLAS stores the product; the epilogue's own kernel follows
         return unfused(gemv(x, w, prologue, norm_w, eps, bias, None, config, x2, norm_w2), epilogue, rope)
     lead = x.shape[:-1]

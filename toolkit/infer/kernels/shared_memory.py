@@ -38,17 +38,20 @@ def operands_in_shared(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def fit(stages: int, tile: int, stage_bytes, fixed_bytes, limit: int | None, min_tile: int = 16) -> tuple[int, int]:
-    """(stages, tile): the deepest pipeline <= `stages` (down to 2) whose buffers fit in `limit` bytes at `tile`,
-    else the largest tile (halved, >= min_tile) that fits with 2 stages; stage_bytes(tile) is one stage's buffers,
-    fixed_bytes(tile) what the program holds besides (Triton keeps stages - 1 buffers in flight). Unchanged
-    when limit is None. Refuses, naming the figures, when nothing fits."""
+@functools.lru_cache(maxsize=None)
+def async_copies(device: torch.device) -> bool:
+    """Whether Triton pipelines tile loads through shared memory here (cp.async, sm_80 and later). Before (a T4's
+    sm_75) it does not, and a tl.dot operand tile goes through shared memory as fp32 instead (the rows GEMV's 16 x 64
+    x 256 fp16 tile took 64 KB there, 64 x 256 x 4 bytes, at any number of stages)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def fit(stages: int, tile: int, need, limit: int | None, min_tile: int = 16) -> tuple[int, int]:
+    """(stages, tile): the deepest pipeline <= `stages` (down to 2) whose need(stages, tile) bytes fit in `limit`,
+    else the largest tile (halved, >= min_tile) that fits with 2 stages; need is the kernel's upper bound on its
+    program's shared memory. Unchanged when limit is None. Refuses, naming the figures, when nothing fits."""
     if limit is None:
         return stages, tile
-
-    def need(s, t):
-        return max(s - 1, 1) * stage_bytes(t) + fixed_bytes(t)
-
     for s in range(stages, min(stages, 2) - 1, -1):
         if need(s, tile) <= limit:
             return s, tile

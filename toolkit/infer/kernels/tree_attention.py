@@ -141,6 +141,14 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+def attention_shared_bytes(block_r: int, block_s: int, block_d: int, stages: int, itemsize: int, wgmma: bool) -> int:
+    """An upper bound on an _attention_kernel program's shared memory: stages - 1 K and V tiles in flight, the q
+    tile (twice where sm_90's wgmma reads it from shared memory) and its scores (kernels/shared_memory.py;
+    tests/infer/kernels/test_aot.py checks it against the compiled kernels)."""
+    kv = max(stages - 1, 1) * 2 * block_s * block_d * itemsize
+    return kv + (2 if wgmma else 1) * block_r * block_d * itemsize + block_r * block_s * 4
+
+
 def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor | None = None,
                    splits: int | None = None, block_s: int = 32, num_warps: int = 4,
                    sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
@@ -168,12 +176,11 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     groups, interpret = HQ // HKV, os.environ.get("TRITON_INTERPRET") == "1"
     block_r = min(64, max(16, triton.next_power_of_2(T * groups)))
     block_d, e = max(16, triton.next_power_of_2(D)), q.element_size()
-    # K and V tiles per pipeline stage; the q tile (twice where wgmma reads it from shared memory) and its scores
-    # besides: head_dim 256 with 64 rows takes 100 KB on sm_86 / 89 at 3 stages, over their 99 KB, so 2 there
-    q_copies = 2 if shared_memory.operands_in_shared(q.device) else 1
-    stages, block_r = shared_memory.fit(3, block_r, lambda r: 2 * block_s * block_d * e,
-                                        lambda r: q_copies * r * block_d * e + r * block_s * 4,
-                                        shared_memory.max_shared(q.device))
+    # head_dim 256 with 64 rows takes 100 KB on sm_86 / 89 at 3 stages, over their 99 KB: 2 stages there
+    wgmma = shared_memory.operands_in_shared(q.device)
+    stages, block_r = shared_memory.fit(
+        3, block_r, lambda s, r: attention_shared_bytes(r, block_s, block_d, s, e, wgmma),
+        shared_memory.max_shared(q.device))
     row_blocks = triton.cdiv(T * groups, block_r)
     if splits is None:
         splits = max(1, min(triton.cdiv(2 * _num_sms(q.device), B * HKV * row_blocks), triton.cdiv(S, block_s)))
