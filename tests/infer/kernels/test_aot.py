@@ -244,12 +244,15 @@ def test_compiling_is_refused_under_the_interpreter(monkeypatch):
             pass
 
 
-def test_a_mixture_of_experts_config_is_refused_by_name(tmp_path):
+def test_a_mixture_of_experts_config_and_a_missing_one_are_refused_by_name(tmp_path):
     """Meta tensors carry no values, so a router's expert choice cannot run on them: refused, not a traceback."""
     scout = {"model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192, "num_attention_heads": 40,
              "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 48, "vocab_size": 202048,
              "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1}
     (tmp_path / "config.json").write_text(json.dumps(scout))
-    p = subprocess.run([sys.executable, "-m", "toolkit.infer.kernels.aot", "--config", str(tmp_path / "config.json")],
+    p = subprocess.run([sys.executable, "-m", "toolkit.infer.kernels.aot", "--config", str(tmp_path)],  # its folder
                        env=compiler_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "a mixture-of-experts target cannot be driven on meta tensors" in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "toolkit.infer.kernels.aot", "--config", str(tmp_path / "nothing")],
+                       env=compiler_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "nothing: no such file (give an HF config.json or the model folder" in p.stderr

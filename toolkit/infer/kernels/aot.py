@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epilogues", choices=["auto", "on", "off"], default="auto",
                     help="RoPE + cache write and SiLU-mul as GEMV epilogues (kernels/epilogues.py); auto: as the "
                     "engine picks it on that device (its gemv_configs.json entry)")
-    ap.add_argument("--config", help="an HF config.json whose shapes to compile (any family --kernels triton runs); "
-                    "default: Llama-3.1-8B's")
+    ap.add_argument("--config", help="an HF config.json, or the model folder holding it, whose shapes to compile "
+                    "(a dense family --kernels triton runs); default: Llama-3.1-8B's")
     ap.add_argument("--json", help="also write the table here")
     args = ap.parse_args(argv)
     os.environ["TOOLKIT_EPILOGUES"] = args.epilogues  # read by row_step at every step
@@ -222,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     if pdl and args.arch < 90:
         ap.error(f"--pdl on needs sm_90 or later (programmatic dependent launch); got --arch {args.arch}")
     if args.config:
-        config = ModelConfig.from_hf(json.loads(Path(args.config).read_text()))
+        path = Path(args.config) / "config.json" if Path(args.config).is_dir() else Path(args.config)
+        if not path.is_file():
+            ap.error(f"--config {args.config}: no such file (give an HF config.json or the model folder holding it)")
+        config = ModelConfig.from_hf(json.loads(path.read_text()))
         if config.mla is not None:
             ap.error(f"{args.config}: --kernels triton does not run DeepSeek's MLA layers")
         if config.moe is not None:  # its routing picks experts from values, which meta tensors do not have
