@@ -102,6 +102,15 @@ def rows_shared_bytes(block_n: int, block_k: int, stages: int, itemsize: int, pi
     return tiles + MAX_ROWS * block_n * 4 + (0 if pipelined else block_n * block_k * 4)
 
 
+@functools.lru_cache(maxsize=None)
+def rows_tile(block_n: int, block_k: int, stages: int, itemsize: int, pipelined: bool,
+              limit: int | None) -> tuple[int, int]:
+    """(stages, BLOCK_K) for a _rows_kernel config on a device of `limit` bytes a block (cached: an eager step
+    asks once per GEMV, and fit's search costs ~3 us)."""
+    return shared_memory.fit(stages, block_k, lambda s, k: rows_shared_bytes(block_n, k, s, itemsize, pipelined),
+                             limit)
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: torch.Tensor | None = None,
          eps: float = 1e-6, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
          config: tuple | None = None, x2: torch.Tensor | None = None, norm_w2: torch.Tensor | None = None,
@@ -143,10 +152,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     if kind not in KINDS:
         raise ValueError(f"GEMV config kind {kind!r}; accepted: {KINDS}")
     if kind in ROWS_KINDS:  # the deepest pipeline, then the longest K tile, that fits the device's shared memory
-        pipelined = shared_memory.async_copies(x.device)
-        stages, block_k = shared_memory.fit(
-            stages, block_k, lambda s, k: rows_shared_bytes(block_n, k, s, w.element_size(), pipelined),
-            shared_memory.max_shared(x.device))
+        stages, block_k = rows_tile(block_n, block_k, stages, w.element_size(), shared_memory.async_copies(x.device),
+                                    shared_memory.max_shared(x.device))
     if epilogue is not None and kind == "torch":  # cuBLAS stores the product; the epilogue's own kernel follows
         return unfused(gemv(x, w, prologue, norm_w, eps, bias, None, config, x2, norm_w2), epilogue, rope)
     lead = x.shape[:-1]

@@ -22,6 +22,7 @@ Measured against SDPA on a GPU: benchmarks/bench_attention.py, benchmarks/RESULT
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -149,6 +150,14 @@ def attention_shared_bytes(block_r: int, block_s: int, block_d: int, stages: int
     return kv + (2 if wgmma else 1) * block_r * block_d * itemsize + block_r * block_s * 4
 
 
+@functools.lru_cache(maxsize=None)
+def attention_tile(block_r: int, block_s: int, block_d: int, itemsize: int, wgmma: bool,
+                   limit: int | None) -> tuple[int, int]:
+    """(stages, BLOCK_R) for a device of `limit` bytes a block (cached: an eager step asks once a layer)."""
+    return shared_memory.fit(3, block_r, lambda s, r: attention_shared_bytes(r, block_s, block_d, s, itemsize, wgmma),
+                             limit)
+
+
 def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor | None = None,
                    splits: int | None = None, block_s: int = 32, num_warps: int = 4,
                    sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
@@ -177,10 +186,8 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     block_r = min(64, max(16, triton.next_power_of_2(T * groups)))
     block_d, e = max(16, triton.next_power_of_2(D)), q.element_size()
     # head_dim 256 with 64 rows takes 100 KB on sm_86 / 89 at 3 stages, over their 99 KB: 2 stages there
-    wgmma = shared_memory.operands_in_shared(q.device)
-    stages, block_r = shared_memory.fit(
-        3, block_r, lambda s, r: attention_shared_bytes(r, block_s, block_d, s, e, wgmma),
-        shared_memory.max_shared(q.device))
+    stages, block_r = attention_tile(block_r, block_s, block_d, e, shared_memory.operands_in_shared(q.device),
+                                     shared_memory.max_shared(q.device))
     row_blocks = triton.cdiv(T * groups, block_r)
     if splits is None:
         splits = max(1, min(triton.cdiv(2 * _num_sms(q.device), B * HKV * row_blocks), triton.cdiv(S, block_s)))
