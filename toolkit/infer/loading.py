@@ -39,7 +39,9 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.d
         if dtype == "bfloat16":  # cuBLAS and Triton's tl.dot have no bf16 before Ampere
             raise ValueError(f"--dtype bfloat16 needs a GPU of compute capability 8.0 or later (A100, RTX 30xx and "
                              f"newer); this {gpu} has none: give --dtype float16 (auto picks it there) or float32")
-        print(f"--dtype auto: {gpu} has no bfloat16 matrix unit; serving in float16", file=sys.stderr, flush=True)
+        print(f"--dtype auto: {gpu} has no bfloat16 matrix unit; serving in float16 (a model trained in bf16 can "
+              "overflow float16's range, Gemma's known to: give --dtype float32 if its outputs turn to garbage)",
+              file=sys.stderr, flush=True)
         return device, torch.float16
     if dtype == "auto":
         return device, torch.bfloat16 if device == "cuda" else torch.float32
@@ -195,7 +197,7 @@ def add_device_args(p, dtype_note: str = "a CPU that emulates bf16 / fp16 gets a
     """--device and --dtype, as `load` takes them (bench, serve, regenerate)."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help=f"auto: bfloat16 on cuda, float32 on cpu ({dtype_note})")
+                   help=f"auto: bfloat16 on cuda (float16 before sm_80), float32 on cpu ({dtype_note})")
 
 
 def add_args(p) -> None:

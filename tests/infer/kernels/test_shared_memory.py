@@ -99,3 +99,23 @@ def test_the_rows_gemv_with_a_shorter_k_tile_equals_the_reference(launches, kind
     (grid, kw), = seen
     assert (kw["BLOCK_K"], kw["num_stages"]) == (64, 2), kw
     torch.testing.assert_close(y, reference_gemv(x, w, "norm", norm_w, residual=residual), atol=1e-4, rtol=1e-4)
+
+
+def test_attention_halves_its_slot_block_when_even_16_rows_do_not_fit(launches):
+    """fp32 at head_dim 256 on a T4 (64 KB): 16 rows at 2 stages need 100 KB with 32-slot K / V blocks, 51 KB with
+    16-slot ones. Here the same at head_dim 64 and a 20 KB device, with the numbers checked."""
+    from toolkit.infer.kernels import tree_attention as module
+
+    assert module.attention_tile(64, 32, 256, 4, 4, 65536) == (2, 16, 16)
+    with pytest.raises(ValueError, match="no tile fits in this device's 40000 bytes"):
+        module.attention_tile(64, 32, 512, 4, 4, 40000)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 5, 64, generator=g).to(device)
+    k, v = (torch.randn(1, 2, 90, 64, generator=g).to(device) for _ in range(2))
+    mask = torch.rand(1, 5, 90, generator=g).to(device) < 0.5
+    mask[..., 0] = True
+    seen = launches(20000, module, "_attention_kernel")
+    out = tree_attention(q, k, v, mask)
+    (grid, kw), = seen
+    assert (kw["BLOCK_R"], kw["BLOCK_S"], kw["num_stages"]) == (16, 16, 2), kw
+    torch.testing.assert_close(out, reference_attention(q, k, v, mask), atol=1e-5, rtol=1e-5)

@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                     "RTX 4090), 90 (H100 / H200); default: the device's")
     ap.add_argument("--device", default="NVIDIA H100 80GB HBM3",
                     help=f"whose tuned GEMV configs and SM count to use; known: {', '.join(SMS)}")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--pdl", choices=["auto", "on", "off"], default="auto",
                     help="programmatic dependent launch (kernels/pdl.py); auto: as the engine picks it on that "
@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.device not in ARCH:
             ap.error(f"--arch is needed for {args.device!r} (known devices: {', '.join(ARCH)})")
         args.arch = ARCH[args.device]
+    if args.arch not in OPTIN_BYTES:
+        ap.error(f"--arch {args.arch}: its shared memory per block is not known; known: {sorted(OPTIN_BYTES)}")
     from toolkit.infer.kernels.gemv import tuned_configs
 
     epilogues = args.epilogues == "on" or (args.epilogues == "auto"

@@ -78,7 +78,7 @@ def compiled_for(arch: int, device_name: str, pdl: bool = False):
                (tree_attention, "_num_sms", lambda device: SMS.get(device_name, 132)),
                (pdl_module, "enabled", lambda device: pdl),
                (shared_memory, "max_shared", lambda device: OPTIN_BYTES[arch]),
-               (shared_memory, "operands_in_shared", lambda device: arch >= 90),
+               (shared_memory, "operands_in_shared", lambda device: arch // 10 in (9, 10)),
                (shared_memory, "async_copies", lambda device: arch >= 80)]
     originals = [getattr(m, n) for m, n, _ in patched]
     driver.set_active(_Target(arch))

@@ -93,22 +93,26 @@ def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = Non
     return "ew", (2 if k > 8192 else 8), 512, 4, 1
 
 
-def rows_shared_bytes(block_n: int, block_k: int, stages: int, itemsize: int, pipelined: bool) -> int:
-    """An upper bound on a _rows_kernel program's shared memory: stages - 1 tiles of x's 16 rows and W's BLOCK_N
-    in flight (cp.async, sm_80+), the accumulator's layout change; before sm_80 no pipeline, but W's tile through
-    shared memory as fp32 (kernels/shared_memory.py; tests/infer/kernels/test_aot.py checks it against the
-    compiled kernels)."""
-    tiles = max(stages - 1, 1) * (MAX_ROWS + block_n) * block_k * itemsize
-    return tiles + MAX_ROWS * block_n * 4 + (0 if pipelined else block_n * block_k * 4)
+def rows_shared_bytes(block_n: int, block_k: int, stages: int, itemsize: int, pipelined: bool = True,
+                      swap_in_shared: bool = False, norm: bool = False, pdl: bool = False) -> int:
+    """An upper bound on a _rows_kernel program's shared memory (kernels/shared_memory.py; the aot tests check it
+    against compiled kernels): stages - 1 tiles of x's 16 rows and W's BLOCK_N in flight (cp.async, sm_80+), all
+    `stages` where SWAP's products run on wgmma / tcgen05 from shared memory (swap_in_shared), one more with PDL's
+    peeled first tile; a folded norm's weights per tile and x's normed tile (norm); the accumulator's layout
+    change; before sm_80 no pipeline, but W's tile through shared memory as fp32; 1 KB of slack."""
+    buffers = (stages if swap_in_shared else max(stages - 1, 1)) + pdl
+    total = buffers * (MAX_ROWS + block_n + norm) * block_k * itemsize + MAX_ROWS * block_n * 4 + 1024
+    if norm:
+        total += MAX_ROWS * block_k * itemsize
+    return total + (0 if pipelined else block_n * block_k * 4)
 
 
 @functools.lru_cache(maxsize=None)
-def rows_tile(block_n: int, block_k: int, stages: int, itemsize: int, pipelined: bool,
+def rows_tile(block_n: int, block_k: int, stages: int, itemsize: int, flags: tuple,
               limit: int | None) -> tuple[int, int]:
-    """(stages, BLOCK_K) for a _rows_kernel config on a device of `limit` bytes a block (cached: an eager step
-    asks once per GEMV, and fit's search costs ~3 us)."""
-    return shared_memory.fit(stages, block_k, lambda s, k: rows_shared_bytes(block_n, k, s, itemsize, pipelined),
-                             limit)
+    """(stages, BLOCK_K) for a _rows_kernel config on a device of `limit` bytes a block; flags: rows_shared_bytes's
+    (pipelined, swap_in_shared, norm, pdl). Cached: an eager step asks once per GEMV; fit's search costs ~3 us."""
+    return shared_memory.fit(stages, block_k, lambda s, k: rows_shared_bytes(block_n, k, s, itemsize, *flags), limit)
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: torch.Tensor | None = None,
@@ -151,8 +155,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     kind, block_n, block_k, warps, stages = config or gemv_config(N, K, rows, x.device)
     if kind not in KINDS:
         raise ValueError(f"GEMV config kind {kind!r}; accepted: {KINDS}")
+    fold_norm = kind in ("dotn", "dotsn") and prologue == "norm"  # else the norm is its own kernel, as for "dot"
+    launch = launch_kw(x.device, rows)
     if kind in ROWS_KINDS:  # the deepest pipeline, then the longest K tile, that fits the device's shared memory
-        stages, block_k = rows_tile(block_n, block_k, stages, w.element_size(), shared_memory.async_copies(x.device),
+        flags = (shared_memory.async_copies(x.device),
+                 kind in ("dots", "dotsn") and shared_memory.operands_in_shared(x.device), fold_norm, launch["PDL"])
+        stages, block_k = rows_tile(block_n, block_k, stages, w.element_size(), flags,
                                     shared_memory.max_shared(x.device))
     if epilogue is not None and kind == "torch":  # cuBLAS stores the product; the epilogue's own kernel follows
         return unfused(gemv(x, w, prologue, norm_w, eps, bias, None, config, x2, norm_w2), epilogue, rope)
@@ -193,7 +201,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
             w.stride(0), w.stride(1), x2 if x2 is not None else x, norm_w2 if norm_w2 is not None else x, K1,
             *ep_args, PROLOGUE=PROLOGUES.index(prologue), HAS_BIAS=bias is not None,
             HAS_RESIDUAL=residual is not None, EVEN_K=K % block_k == 0, BLOCK_N=block_n, BLOCK_K=block_k,
-            STAT_BLOCK=stat_block, EPILOGUE=ep, num_warps=warps, num_stages=stages, **launch_kw(x.device))
+            STAT_BLOCK=stat_block, EPILOGUE=ep, num_warps=warps, num_stages=stages, **launch)
         return shaped(y)
     from toolkit.infer.kernels.layer_ops import rms_norm, rms_norm_pair, silu_mul
 
@@ -201,7 +209,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         x = rms_norm_pair(x, norm_w, x2, norm_w2, eps)
     if prologue == "cat2":
         x = torch.cat([x, x2], -1)
-    fold_norm = kind in ("dotn", "dotsn") and prologue == "norm"  # else the norm is its own kernel, as for "dot"
     x = rms_norm(x, norm_w, eps) if prologue == "norm" and not fold_norm else silu_mul(x) if prologue == "silu" else x
     if kind == "torch":  # the separate kernels (cuBLAS), where the sweep found them faster for this shape
         y = torch.nn.functional.linear(x, w, bias)
@@ -211,5 +218,5 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
         w.stride(0), w.stride(1), y.stride(0), r.stride(0), *ep_args, HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None, UPCAST=os.environ.get("TRITON_INTERPRET") == "1", NORM=fold_norm,
         SWAP=kind in ("dots", "dotsn"), BLOCK_M=MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k, EPILOGUE=ep,
-        num_warps=warps, num_stages=stages, **launch_kw(x.device, rows))
+        num_warps=warps, num_stages=stages, **launch)
     return shaped(y)

@@ -33,9 +33,10 @@ def max_shared(device: torch.device) -> int | None:
 
 @functools.lru_cache(maxsize=None)
 def operands_in_shared(device: torch.device) -> bool:
-    """Whether the matrix unit reads its A operand from shared memory (sm_90's wgmma and later): a kernel's
-    register tile that feeds tl.dot (tree attention's q) then takes a copy there too."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    """Whether the matrix unit reads its operands from shared memory (sm_90's wgmma, sm_100's tcgen05; not the
+    consumer sm_120, whose mma.sync reads registers): a kernel's register tile that feeds tl.dot (tree attention's
+    q) then takes a copy there too, and a pipeline on it keeps all its stages there."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
 @functools.lru_cache(maxsize=None)

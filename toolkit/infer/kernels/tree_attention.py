@@ -142,20 +142,30 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def attention_shared_bytes(block_r: int, block_s: int, block_d: int, stages: int, itemsize: int, wgmma: bool) -> int:
-    """An upper bound on an _attention_kernel program's shared memory: stages - 1 K and V tiles in flight, the q
-    tile (twice where sm_90's wgmma reads it from shared memory) and its scores (kernels/shared_memory.py;
-    tests/infer/kernels/test_aot.py checks it against the compiled kernels)."""
+def attention_shared_bytes(block_r: int, block_s: int, block_d: int, stages: int, itemsize: int,
+                           q_bytes: int | None = None) -> int:
+    """An upper bound on an _attention_kernel program's shared memory (kernels/shared_memory.py; the aot tests
+    check it against compiled kernels): stages - 1 K and V tiles in flight, the q tile at q_bytes an element
+    (default itemsize; twice that where sm_90's wgmma reads it from shared memory; 4 before sm_80, where an
+    operand passes through there as fp32), its scores, 1 KB of slack."""
     kv = max(stages - 1, 1) * 2 * block_s * block_d * itemsize
-    return kv + (2 if wgmma else 1) * block_r * block_d * itemsize + block_r * block_s * 4
+    return kv + block_r * block_d * (q_bytes or itemsize) + block_r * block_s * 4 + 1024
 
 
 @functools.lru_cache(maxsize=None)
-def attention_tile(block_r: int, block_s: int, block_d: int, itemsize: int, wgmma: bool,
-                   limit: int | None) -> tuple[int, int]:
-    """(stages, BLOCK_R) for a device of `limit` bytes a block (cached: an eager step asks once a layer)."""
-    return shared_memory.fit(3, block_r, lambda s, r: attention_shared_bytes(r, block_s, block_d, s, itemsize, wgmma),
-                             limit)
+def attention_tile(block_r: int, block_s: int, block_d: int, itemsize: int, q_bytes: int,
+                   limit: int | None) -> tuple[int, int, int]:
+    """(stages, BLOCK_R, BLOCK_S) for a device of `limit` bytes a block: 3 stages or fewer, then fewer rows a
+    program, then (fp32 at head_dim 256 on a T4) half the slots a block. Cached: an eager step asks once a layer."""
+    candidates = [block_s, block_s // 2] if block_s >= 32 else [block_s]
+    for i, s in enumerate(candidates):
+        try:
+            stages, rows = shared_memory.fit(
+                3, block_r, lambda st, r: attention_shared_bytes(r, s, block_d, st, itemsize, q_bytes), limit)
+            return stages, rows, s
+        except ValueError:
+            if i == len(candidates) - 1:
+                raise
 
 
 def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor | None = None,
@@ -186,8 +196,10 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     block_r = min(64, max(16, triton.next_power_of_2(T * groups)))
     block_d, e = max(16, triton.next_power_of_2(D)), q.element_size()
     # head_dim 256 with 64 rows takes 100 KB on sm_86 / 89 at 3 stages, over their 99 KB: 2 stages there
-    stages, block_r = attention_tile(block_r, block_s, block_d, e, shared_memory.operands_in_shared(q.device),
-                                     shared_memory.max_shared(q.device))
+    q_bytes = 2 * e if shared_memory.operands_in_shared(q.device) else \
+        e if shared_memory.async_copies(q.device) else max(e, 4)
+    stages, block_r, block_s = attention_tile(block_r, block_s, block_d, e, q_bytes,
+                                              shared_memory.max_shared(q.device))
     row_blocks = triton.cdiv(T * groups, block_r)
     if splits is None:
         splits = max(1, min(triton.cdiv(2 * _num_sms(q.device), B * HKV * row_blocks), triton.cdiv(S, block_s)))
