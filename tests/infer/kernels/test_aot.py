@@ -112,15 +112,14 @@ def test_every_kernel_the_engine_launches_compiles_for_the_gpu_without_spilling(
 def assert_within_bounds(kernels: list, arch: int, size: int) -> None:
     """The bounds kernels/shared_memory.py's `fit` works from hold for what the compiler gave: sm_90's wgmma copy
     of q and its SWAP pipelines, sm_8x's pipelines, sm_75's fp32 operand tiles."""
-    from toolkit.infer.kernels.gemv import rows_shared_bytes
-    from toolkit.infer.kernels.tree_attention import attention_shared_bytes
+    from toolkit.infer.kernels.shared_memory import attention_shared_bytes, rows_shared_bytes
 
     in_shared = arch // 10 in (9, 10)
     for k in kernels:
         c, used = k["constexprs"], k["shared_bytes"] + k["dynamic_shared_bytes"]
         if k["kernel"] == "_rows_kernel":
-            bound = rows_shared_bytes(c["BLOCK_N"], c["BLOCK_K"], k["num_stages"], size, arch >= 80,
-                                      c["SWAP"] and in_shared, c["NORM"], c["PDL"])
+            bound = rows_shared_bytes(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], k["num_stages"], size,
+                                      arch >= 80, c["SWAP"] and in_shared, c["NORM"], c["PDL"])
             assert used <= bound, (bound, k)
         if k["kernel"] == "_attention_kernel":
             bound = attention_shared_bytes(c["BLOCK_R"], c["BLOCK_S"], c["BLOCK_D"], k["num_stages"], size,
@@ -131,7 +130,6 @@ def assert_within_bounds(kernels: list, arch: int, size: int) -> None:
 BOUNDS = """
 import itertools, json, sys, torch
 from toolkit.infer.kernels import gemv
-from toolkit.infer.kernels.aot import Compiled
 from toolkit.infer.kernels.cross_compile import compiled_for, resources
 from toolkit.infer.kernels.tree_attention import tree_attention
 
@@ -140,7 +138,8 @@ out = []
 with compiled_for(arch, "untuned", pdl) as (launches, label), torch.device("meta"):
     for kind, (bn, bk, st) in itertools.product(["dot", "dotn", "dots", "dotsn"], [(64, 256, 4), (16, 256, 4),
                                                                                   (128, 256, 4)]):
-        x, w, nw = torch.empty(1, 8, 4096, dtype=dtype), torch.empty(32768, 4096, dtype=dtype), torch.empty(4096, dtype=dtype)
+        x, w = torch.empty(1, 8, 4096, dtype=dtype), torch.empty(32768, 4096, dtype=dtype)
+        nw = torch.empty(4096, dtype=dtype)
         gemv.gemv(x, w, "norm", nw, config=(kind, bn, bk, 4, st))
     for d, (hq, t) in itertools.product([64, 128, 256], [(8, 1), (8, 4), (8, 16)]):
         q, kv = torch.empty(1, hq, t, d, dtype=dtype), torch.empty(1, 2, 1100, d, dtype=dtype)
@@ -149,7 +148,8 @@ for fn, _, k in launches:
     if fn.__name__ in ("_rows_kernel", "_attention_kernel"):
         const = {fn.arg_names[i[0]]: v for i, v in k.src.constants.items() if len(i) == 1}
         out.append({"kernel": fn.__name__, "constexprs": const, "num_stages": k.metadata.num_stages,
-                    "dynamic_shared_bytes": k.metadata.shared, "shared_bytes": resources(k.asm["cubin"])["shared_bytes"]})
+                    "dynamic_shared_bytes": k.metadata.shared,
+                    "shared_bytes": resources(k.asm["cubin"])["shared_bytes"]})
 json.dump(out, sys.stdout)
 """
 

@@ -106,9 +106,9 @@ def test_attention_halves_its_slot_block_when_even_16_rows_do_not_fit(launches):
     16-slot ones. Here the same at head_dim 64 and a 20 KB device, with the numbers checked."""
     from toolkit.infer.kernels import tree_attention as module
 
-    assert module.attention_tile(64, 32, 256, 4, 4, 65536) == (2, 16, 16)
+    assert shared_memory.attention_tile(64, 32, 256, 4, 4, 65536) == (2, 16, 16)
     with pytest.raises(ValueError, match="no tile fits in this device's 40000 bytes"):
-        module.attention_tile(64, 32, 512, 4, 4, 40000)
+        shared_memory.attention_tile(64, 32, 512, 4, 4, 40000)
     g = torch.Generator().manual_seed(2)
     q = torch.randn(1, 4, 5, 64, generator=g).to(device)
     k, v = (torch.randn(1, 2, 90, 64, generator=g).to(device) for _ in range(2))

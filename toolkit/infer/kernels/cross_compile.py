@@ -49,9 +49,9 @@ class _Target:
 @contextlib.contextmanager
 def compiled_for(arch: int, device_name: str, pdl: bool = False):
     """Inside, Triton launches compile for sm_<arch> and return unrun (their outputs stay uninitialised); the
-    GEMV configs and attention splits are those of `device_name`, the shared memory per block sm_<arch>'s; pdl: the launches use programmatic dependent
-    launch (sm_90+; kernels/pdl.py). Yields the list [(kernel function, step
-    label cell, CompiledKernel)] the launches fill; set `label[0]` to name the step that runs next."""
+    GEMV configs and attention splits are those of `device_name`, the shared memory per block sm_<arch>'s; pdl:
+    the launches use programmatic dependent launch (sm_90+; kernels/pdl.py). Yields the list [(kernel function,
+    step label cell, CompiledKernel)] the launches fill; set `label[0]` to name the step that runs next."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("compiled_for needs TRITON_INTERPRET unset (the interpreter compiles nothing)")
     if pdl and arch < 90:

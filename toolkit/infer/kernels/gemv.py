@@ -93,28 +93,6 @@ def gemv_config(n: int, k: int, rows: int = 1, device: torch.device | None = Non
     return "ew", (2 if k > 8192 else 8), 512, 4, 1
 
 
-def rows_shared_bytes(block_n: int, block_k: int, stages: int, itemsize: int, pipelined: bool = True,
-                      swap_in_shared: bool = False, norm: bool = False, pdl: bool = False) -> int:
-    """An upper bound on a _rows_kernel program's shared memory (kernels/shared_memory.py; the aot tests check it
-    against compiled kernels): stages - 1 tiles of x's 16 rows and W's BLOCK_N in flight (cp.async, sm_80+), all
-    `stages` where SWAP's products run on wgmma / tcgen05 from shared memory (swap_in_shared), one more with PDL's
-    peeled first tile; a folded norm's weights per tile and x's normed tile (norm); the accumulator's layout
-    change; before sm_80 no pipeline, but W's tile through shared memory as fp32; 1 KB of slack."""
-    buffers = (stages if swap_in_shared else max(stages - 1, 1)) + pdl
-    total = buffers * (MAX_ROWS + block_n + norm) * block_k * itemsize + MAX_ROWS * block_n * 4 + 1024
-    if norm:
-        total += MAX_ROWS * block_k * itemsize
-    return total + (0 if pipelined else block_n * block_k * 4)
-
-
-@functools.lru_cache(maxsize=None)
-def rows_tile(block_n: int, block_k: int, stages: int, itemsize: int, flags: tuple,
-              limit: int | None) -> tuple[int, int]:
-    """(stages, BLOCK_K) for a _rows_kernel config on a device of `limit` bytes a block; flags: rows_shared_bytes's
-    (pipelined, swap_in_shared, norm, pdl). Cached: an eager step asks once per GEMV; fit's search costs ~3 us."""
-    return shared_memory.fit(stages, block_k, lambda s, k: rows_shared_bytes(block_n, k, s, itemsize, *flags), limit)
-
-
 def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: torch.Tensor | None = None,
          eps: float = 1e-6, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
          config: tuple | None = None, x2: torch.Tensor | None = None, norm_w2: torch.Tensor | None = None,
@@ -160,8 +138,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, prologue: str | None = None, norm_w: 
     if kind in ROWS_KINDS:  # the deepest pipeline, then the longest K tile, that fits the device's shared memory
         flags = (shared_memory.async_copies(x.device),
                  kind in ("dots", "dotsn") and shared_memory.operands_in_shared(x.device), fold_norm, launch["PDL"])
-        stages, block_k = rows_tile(block_n, block_k, stages, w.element_size(), flags,
-                                    shared_memory.max_shared(x.device))
+        stages, block_k = shared_memory.rows_tile(MAX_ROWS, block_n, block_k, stages, w.element_size(), flags,
+                                                  shared_memory.max_shared(x.device))
     if epilogue is not None and kind == "torch":  # cuBLAS stores the product; the epilogue's own kernel follows
         return unfused(gemv(x, w, prologue, norm_w, eps, bias, None, config, x2, norm_w2), epilogue, rope)
     lead = x.shape[:-1]

@@ -22,7 +22,6 @@ Measured against SDPA on a GPU: benchmarks/bench_attention.py, benchmarks/RESULT
 """
 from __future__ import annotations
 
-import functools
 import math
 import os
 
@@ -142,32 +141,6 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def attention_shared_bytes(block_r: int, block_s: int, block_d: int, stages: int, itemsize: int,
-                           q_bytes: int | None = None) -> int:
-    """An upper bound on an _attention_kernel program's shared memory (kernels/shared_memory.py; the aot tests
-    check it against compiled kernels): stages - 1 K and V tiles in flight, the q tile at q_bytes an element
-    (default itemsize; twice that where sm_90's wgmma reads it from shared memory; 4 before sm_80, where an
-    operand passes through there as fp32), its scores, 1 KB of slack."""
-    kv = max(stages - 1, 1) * 2 * block_s * block_d * itemsize
-    return kv + block_r * block_d * (q_bytes or itemsize) + block_r * block_s * 4 + 1024
-
-
-@functools.lru_cache(maxsize=None)
-def attention_tile(block_r: int, block_s: int, block_d: int, itemsize: int, q_bytes: int,
-                   limit: int | None) -> tuple[int, int, int]:
-    """(stages, BLOCK_R, BLOCK_S) for a device of `limit` bytes a block: 3 stages or fewer, then fewer rows a
-    program, then (fp32 at head_dim 256 on a T4) half the slots a block. Cached: an eager step asks once a layer."""
-    candidates = [block_s, block_s // 2] if block_s >= 32 else [block_s]
-    for i, s in enumerate(candidates):
-        try:
-            stages, rows = shared_memory.fit(
-                3, block_r, lambda st, r: attention_shared_bytes(r, s, block_d, st, itemsize, q_bytes), limit)
-            return stages, rows, s
-        except ValueError:
-            if i == len(candidates) - 1:
-                raise
-
-
 def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor | None = None,
                    splits: int | None = None, block_s: int = 32, num_warps: int = 4,
                    sinks: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
@@ -198,8 +171,8 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     # head_dim 256 with 64 rows takes 100 KB on sm_86 / 89 at 3 stages, over their 99 KB: 2 stages there
     q_bytes = 2 * e if shared_memory.operands_in_shared(q.device) else \
         e if shared_memory.async_copies(q.device) else max(e, 4)
-    stages, block_r, block_s = attention_tile(block_r, block_s, block_d, e, q_bytes,
-                                              shared_memory.max_shared(q.device))
+    stages, block_r, block_s = shared_memory.attention_tile(block_r, block_s, block_d, e, q_bytes,
+                                                            shared_memory.max_shared(q.device))
     row_blocks = triton.cdiv(T * groups, block_r)
     if splits is None:
         splits = max(1, min(triton.cdiv(2 * _num_sms(q.device), B * HKV * row_blocks), triton.cdiv(S, block_s)))
