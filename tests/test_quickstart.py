@@ -77,7 +77,11 @@ def test_bf16_is_taken_only_where_its_gemm_is_clearly_faster_and_plans_more_step
     assert pick_precision("auto", 20, resumed, gpu=False) == ("bf16", "bf16")  # its finished stages fit that plan
     assert pick_precision("auto", 20, {"minutes": 20, "plan": {"precision": "bf16"}}, gpu=False) == ("bf16", "bf16")
     assert pick_precision("no", 20, resumed, gpu=False) == ("no", "no")
-    assert pick_precision("auto", 20, {}, gpu=True) == ("no", "no")
+    # a GPU: auto is the trainer's rule there (bf16 from sm_80, fp16 before); the engine answers in its default
+    assert pick_precision("auto", 20, {}, gpu=True) == ("auto", "no")
+    assert pick_precision("no", 20, {}, gpu=True) == ("no", "no")
+    assert pick_precision("bf16", 20, {}, gpu=True)[0] == "bf16"
+    assert Plan.for_budget(20, gpu=True, precision="auto").answer_precision == "no"
     forced = Plan.for_budget(20, gpu=False, precision="bf16", answer_precision="no")
     assert forced.answer_dtype == "auto" and forced.prompts == Plan.for_budget(20, gpu=False).prompts
     fp32, bf16 = Plan.for_budget(20, gpu=False), Plan.for_budget(20, gpu=False, precision="bf16")

@@ -30,9 +30,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="this CPU's speed relative to the box the plan's rates were measured on (1.0); auto times "
                         "an fp32 GEMM first, so --minutes holds on slower and faster machines alike")
     p.add_argument("--mixed-precision", default="auto", choices=["auto", "no", "bf16"],
-                   help="the head's training precision on a CPU; auto times a bf16 GEMM against fp32 and trains in "
+                   help="the head's training precision; on a CPU auto times a bf16 GEMM against fp32 and trains in "
                         f"bf16 (the target too) when bf16 is >= {BF16_MIN_GAIN:g}x faster (native bf16, e.g. "
-                        "AVX512-BF16 or AMX); a GPU keeps the default (target bf16, head fp32)")
+                        "AVX512-BF16 or AMX); on a GPU auto is the trainer's rule (head and target in bf16 from "
+                        "sm_80, fp16 before)")
 
 
 def _speed_arg(text: str) -> str | float:
@@ -76,13 +77,14 @@ class Plan:
     draft_vocab: int
     threads: int
     speed: float          # relative to the reference box (1.0)
-    precision: str = "no"  # the training config's mixed_precision: no | bf16
+    precision: str = "no"  # the training config's mixed_precision: no | bf16 | auto (a GPU: the trainer's rule)
     answer_precision: str = "no"  # the target answering the prompts: bf16 only where this CPU's bf16 GEMM pays
 
     def __post_init__(self):
-        for name in ("precision", "answer_precision"):
-            if getattr(self, name) not in ("no", "bf16"):
-                raise ValueError(f"{name} {getattr(self, name)!r}: accepted no, bf16")
+        if self.precision not in ("no", "bf16", "auto"):
+            raise ValueError(f"precision {self.precision!r}: accepted no, bf16, auto")
+        if self.answer_precision not in ("no", "bf16"):
+            raise ValueError(f"answer_precision {self.answer_precision!r}: accepted no, bf16")
 
     @classmethod
     def for_budget(cls, minutes: float, gpu: bool, speed: float = 1.0, precision: str = "no",
@@ -100,7 +102,8 @@ class Plan:
         # transformers' generate (one of its four runs) is bound by ~15-20 ms of launches a token there, so a prompt of
         # 256 tokens costs ~12 s (on an H100 a 5-minute plan of 45 eval prompts spent over 5 minutes in the bench alone,
         # 2026-11-24)
-        answer_precision = precision if answer_precision is None else answer_precision
+        if answer_precision is None:  # a GPU's auto: the engine's default there
+            answer_precision = "no" if precision == "auto" else precision
         answer_rate = 0.5 * speed * (BF16_ANSWER_GAIN if answer_precision == "bf16" and not gpu else 1.0)
         prompts = int(min(2000, max(16, 0.35 * seconds * answer_rate)))
         eval_prompts = int(min(80, max(2, 0.15 * seconds / (12.0 if gpu else 40 / min(speed, 1.0)))))
@@ -138,13 +141,14 @@ def pick_speed(speed: str | float, minutes: float, state: dict, gpu: bool) -> fl
 
 
 def pick_precision(precision: str, minutes: float, state: dict, gpu: bool) -> tuple[str, str]:
-    """(training precision, answering precision): no on a GPU (the trainer's default there: bf16 target, fp32
-    head; the engine answers in bf16 there anyway); kept from the run being resumed; else the training one given
-    or, for auto, bf16 where this CPU's bf16 GEMM is >= BF16_MIN_GAIN x its fp32 GEMM. The target answers in bf16
-    only where that measure says bf16 pays: a forced --mixed-precision bf16 on a CPU that emulates bf16 trains as
-    told, but answering (no time cap) in emulated bf16 would take ~100x as long."""
+    """(training precision, answering precision): on a GPU the one given, auto being the trainer's rule there (the
+    head and target in bf16 from sm_80, fp16 before; precision.py), answering in the engine's default (the same
+    half precision); kept from the run being resumed; else the training one given or, for auto, bf16 where this
+    CPU's bf16 GEMM is >= BF16_MIN_GAIN x its fp32 GEMM. The target answers in bf16 only where that measure says
+    bf16 pays: a forced --mixed-precision bf16 on a CPU that emulates bf16 trains as told, but answering (no time
+    cap) in emulated bf16 would take ~100x as long."""
     if gpu or precision == "no":
-        return "no", "no"
+        return precision, "no"
     plan = state.get("plan", {})
     if precision == "auto" and state.get("minutes") == minutes and "precision" in plan:
         return plan["precision"], plan.get("answer_precision", plan["precision"])

@@ -55,7 +55,7 @@ def test_dtype_auto_is_float16_on_a_gpu_without_bf16_and_bfloat16_is_refused_the
     assert pick_device("cuda", "float32") == ("cuda", torch.float32)
     if old:
         with pytest.raises(ValueError, match=r"--dtype bfloat16 needs a GPU of compute capability 8.0 or later .*"
-                                             r"this Tesla T4 \(sm_75\) has none: give --dtype float16"):
+                                             r"this Tesla T4 \(sm_75\) has no bf16 matrix unit: give --dtype float16"):
             pick_device("cuda", "bfloat16")
     else:
         assert pick_device("cuda", "bfloat16") == ("cuda", torch.bfloat16)

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from toolkit.embedded import DEFAULT_MODEL
+from toolkit.gpu_half import gpu_label, has_bf16, refuse_bf16
 from toolkit.infer import fp8, mxfp4
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
@@ -33,14 +34,11 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.d
         raise ValueError(f"--device {device}: give auto, cuda or cpu")
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype {dtype}: give auto, float32, bfloat16 or float16")
-    if device == "cuda" and dtype in ("auto", "bfloat16") and torch.cuda.get_device_capability()[0] < 8:
-        major, minor = torch.cuda.get_device_capability()
-        gpu = f"{torch.cuda.get_device_name()} (sm_{major}{minor})"
-        if dtype == "bfloat16":  # cuBLAS and Triton's tl.dot have no bf16 before Ampere
-            raise ValueError(f"--dtype bfloat16 needs a GPU of compute capability 8.0 or later (A100, RTX 30xx and "
-                             f"newer); this {gpu} has none: give --dtype float16 (auto picks it there) or float32")
-        print(f"--dtype auto: {gpu} has no bfloat16 matrix unit; serving in float16 (a model trained in bf16 can "
-              "overflow float16's range, Gemma's known to: give --dtype float32 if its outputs turn to garbage)",
+    if device == "cuda" and dtype == "bfloat16":  # cuBLAS and Triton's tl.dot have no bf16 before Ampere
+        refuse_bf16("--dtype bfloat16", "give --dtype float16 (auto picks it there) or float32")
+    if device == "cuda" and dtype == "auto" and not has_bf16():
+        print(f"--dtype auto: {gpu_label()} has no bfloat16 matrix unit; serving in float16 (a model trained in bf16 "
+              "can overflow float16's range, Gemma's known to: give --dtype float32 if its outputs turn to garbage)",
               file=sys.stderr, flush=True)
         return device, torch.float16
     if dtype == "auto":

@@ -54,10 +54,11 @@ class TrainConfig:
     epochs: float = 1.0
     max_minutes: float | None = None         # wall-clock budget: stop, save and export at the first step past it
     seed: int = 0
-    dtype: str = "auto"                      # target dtype: auto = bf16 on GPU or under bf16 autocast, else fp32
+    dtype: str = "auto"                      # target dtype: auto = the GPU's half precision (bf16, fp16 before
+    #                                          sm_80), on a CPU bf16 under bf16 autocast, else fp32 (precision.py)
     mixed_precision: str = "auto"            # head autocast: no | bf16 | fp16; auto = a half precision the launch
     #                                          named, else on a CPU by its GEMM rates (cpu_speed.py), on a GPU bf16
-    #                                          where it has it (precision.py)
+    #                                          from sm_80, fp16 with loss scaling before it (precision.py)
     # bookkeeping
     log_every: int = 10
     save_every: int = 500

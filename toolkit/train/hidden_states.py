@@ -47,6 +47,7 @@ def main(args: argparse.Namespace) -> int:
     from toolkit.infer.loading import load_target
     from toolkit.models import fingerprint, resolve_target, same_target
     from toolkit.train.data import PreparedData
+    from toolkit.train.precision import target_dtype
 
     if args.threads is not None and args.threads < 0:
         raise ValueError(f"--threads {args.threads}: give a number of CPU threads >= 1 (0 or none: torch's)")
@@ -70,7 +71,7 @@ def main(args: argparse.Namespace) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-    run_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    run_dtype = target_dtype("auto", torch.device(device), "no")  # the GPU's half precision (fp16 before sm_80)
     target = load_target(folder, run_dtype, device)
     # a length-dependent rope: rows beyond its exact length would be dumped wrong, refused before the first
     target.config.check_sequence(max(data.lengths))

@@ -51,7 +51,8 @@ def make_accelerator(cfg):
     log_with = ["wandb"] if cfg.wandb_project else None
     # mixed_precision "auto" keeps a half precision the launch named; else on a CPU it follows this CPU's GEMM
     # rates (emulated bf16, without AVX512-BF16 / AMX, trained ~60x slower) and on a GPU it is bf16 where the card
-    # has it (precision.py: the target is bf16 there already; accelerate's default would leave the head fp32)
+    # has a bf16 matrix unit, fp16 before it (precision.py: the target runs in that half precision already;
+    # accelerate's default would leave the head fp32)
     requested, launched = cfg.mixed_precision, os.environ.get("ACCELERATE_MIXED_PRECISION")
     if not torch.cuda.is_available() or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
         from toolkit.cpu_speed import cpu_training_precision
@@ -60,9 +61,10 @@ def make_accelerator(cfg):
         if note and os.environ.get("RANK", "0") == "0":
             print(note, file=sys.stderr if note.startswith("WARNING") else sys.stdout, flush=True)
     else:
+        from toolkit.gpu_half import has_bf16
         from toolkit.train.precision import gpu_training_precision
 
-        requested = gpu_training_precision(requested, launched, torch.cuda.is_bf16_supported())
+        requested = gpu_training_precision(requested, launched, has_bf16())
     precision = {} if requested == "auto" else {"mixed_precision": requested}
     acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers,
                       **precision)

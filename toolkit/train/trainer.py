@@ -43,6 +43,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                                      start_from, take_weights, target_tensors)
     from toolkit.train.losses import step_counts
     from toolkit.train.objectives import OBJECTIVES, DraftTrainable
+    from toolkit.train.precision import target_dtype
     from toolkit.train.ranks import on_main
     from toolkit.train.tracking import Tracker, Window
 
@@ -78,10 +79,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     target_hf = json.loads((folder / "config.json").read_text())
     target_fp = fingerprint(folder)
     device = acc.device
-    # bf16 on a CPU: matmuls run ~2x fp32 there, so under bf16 autocast the frozen target runs in bf16 too
-    dtype = getattr(torch, cfg.dtype) if cfg.dtype != "auto" else (
-        torch.bfloat16 if device.type == "cuda" or acc.mixed_precision == "bf16" else torch.float32)
-    # held-out evaluation in the dtype `toolkit bench` serves in by default: bf16 on GPU, fp32 on CPU
+    dtype = target_dtype(cfg.dtype, device, acc.mixed_precision)  # the GPU's half precision; fp32 or bf16 on a CPU
+    # held-out evaluation in the dtype `toolkit bench` serves in by default: the GPU's half precision, fp32 on CPU
     eval_dtype = dtype if device.type == "cuda" else torch.float32
     data = PreparedData(cfg.data, cfg.max_len)
     if cfg.eval_samples >= len(data):
