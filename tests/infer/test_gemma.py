@@ -141,8 +141,8 @@ def test_gemma3_configs_of_transformers_4_read_as_5s():
                                    "rope_parameters"]})
     assert old == new
     assert torch.equal(old.inv_freq(), new.inv_freq()) and torch.equal(old.local_inv_freq(), new.local_inv_freq())
-    default = ModelConfig.from_hf({**base, "sliding_window": None})  # defaults: theta 1e6 / 1e4, pattern 6, no window
-    assert default.rope_theta == 1e6 and default.gemma.local_rope_theta == 1e4 and default.sliding_window is None
+    default = ModelConfig.from_hf({**base, "sliding_window": 4096})  # defaults: theta 1e6 / 1e4, pattern 6
+    assert default.rope_theta == 1e6 and default.gemma.local_rope_theta == 1e4 and default.sliding_window == 4096
     assert default.gemma.local_layers == (0, 1, 2, 3, 4) and default.gemma.query_pre_attn_scalar == 24
 
 

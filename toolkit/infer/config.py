@@ -205,7 +205,8 @@ class ModelConfig:
             qk_norm=bool(cfg.get("use_qk_norm", False)) if kind == "glm4_moe" else family.qk_norm,
             attention_bias=attention_bias, mla=mla, moe=moe, attention_sinks=kind == "gpt_oss",
             norm_fp32_product=kind == "gpt_oss",
-            gemma=gemma_from_hf(kind, cfg, local_theta) if kind in GEMMA_KINDS else None,
+            gemma=gemma_from_hf(kind, cfg, local_theta, outer.get("model_type") == "gemma3")
+            if kind in GEMMA_KINDS else None,
             llama4=llama4_from_hf(cfg) if kind == "llama4_text" else None,
             **family_keys.sliding_window(kind, cfg))
 

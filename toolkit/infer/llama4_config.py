@@ -52,6 +52,9 @@ def llama4_from_hf(cfg: dict) -> Llama4:
     if len(types) != n or set(types) - {"chunked_attention", "full_attention"}:
         raise ConfigError(f"layer_types must name chunked_attention or full_attention for each of the {n} layers, "
                           f"got {types}")
+    if chunk is None and "chunked_attention" in types:  # transformers fails at its first forward
+        raise ConfigError("attention_chunk_size is null but layer_types names chunked_attention layers: give the "
+                          "chunk size, or full_attention for every layer")
     tuning = cfg.get("attn_temperature_tuning", True)
     return Llama4(nope_layers=tuple(i for i, r in enumerate(rope) if not r),
                   chunk=None if chunk is None else int(chunk),
