@@ -78,18 +78,22 @@ def test_bf16_is_taken_only_where_its_gemm_is_clearly_faster_and_plans_more_step
     assert pick_precision("auto", 20, {"minutes": 20, "plan": {"precision": "bf16"}}, gpu=False) == ("bf16", "bf16")
     assert pick_precision("no", 20, resumed, gpu=False) == ("no", "no")
     # a GPU: auto is the trainer's rule there (bf16 from sm_80, fp16 before); the engine answers in its default
-    assert pick_precision("auto", 20, {}, gpu=True) == ("auto", "no")
-    assert pick_precision("no", 20, {}, gpu=True) == ("no", "no")
-    assert pick_precision("bf16", 20, {}, gpu=True)[0] == "bf16"
-    assert Plan.for_budget(20, gpu=True, precision="auto").answer_precision == "no"
+    for capability, half in (((9, 0), "bf16"), ((7, 5), "fp16")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+        assert pick_precision("auto", 20, {}, gpu=True) == (half, "no")
+        assert pick_precision("no", 20, {}, gpu=True) == ("no", "no")
+        assert Plan.for_budget(20, gpu=True, precision=half).answer_precision == ("no" if half == "fp16" else half)
+    with pytest.raises(ValueError, match=r"^--mixed-precision bf16 needs .* \(sm_75\) has no bf16 matrix unit"):
+        pick_precision("bf16", 20, {}, gpu=True)  # before prompts are answered, not at the training stage
     forced = Plan.for_budget(20, gpu=False, precision="bf16", answer_precision="no")
     assert forced.answer_dtype == "auto" and forced.prompts == Plan.for_budget(20, gpu=False).prompts
     fp32, bf16 = Plan.for_budget(20, gpu=False), Plan.for_budget(20, gpu=False, precision="bf16")
     assert fp32.train_seconds == bf16.train_seconds and (fp32.answer_dtype, bf16.answer_dtype) == ("auto", "bfloat16")
     assert bf16.prompts == int(1.5 * fp32.prompts)  # the target answers in bf16 too, ~1.5x as fast
     assert bf16.train_steps(170.0) == pytest.approx(1.5 * fp32.train_steps(170.0), abs=1)
-    with pytest.raises(ValueError, match="accepted no, bf16"):
-        Plan.for_budget(20, gpu=False, precision="fp16")
+    with pytest.raises(ValueError, match="precision 'fp32': accepted no, bf16, fp16"):
+        Plan.for_budget(20, gpu=False, precision="fp32")
     with pytest.raises(ValueError, match="answer_precision 'fp16': accepted no, bf16"):
         Plan.for_budget(20, gpu=False, answer_precision="fp16")
 

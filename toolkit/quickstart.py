@@ -77,12 +77,12 @@ class Plan:
     draft_vocab: int
     threads: int
     speed: float          # relative to the reference box (1.0)
-    precision: str = "no"  # the training config's mixed_precision: no | bf16 | auto (a GPU: the trainer's rule)
+    precision: str = "no"  # the training config's mixed_precision: no | bf16 | fp16 (a GPU without bf16)
     answer_precision: str = "no"  # the target answering the prompts: bf16 only where this CPU's bf16 GEMM pays
 
     def __post_init__(self):
-        if self.precision not in ("no", "bf16", "auto"):
-            raise ValueError(f"precision {self.precision!r}: accepted no, bf16, auto")
+        if self.precision not in ("no", "bf16", "fp16"):
+            raise ValueError(f"precision {self.precision!r}: accepted no, bf16, fp16 (a GPU without bf16)")
         if self.answer_precision not in ("no", "bf16"):
             raise ValueError(f"answer_precision {self.answer_precision!r}: accepted no, bf16")
 
@@ -102,8 +102,8 @@ class Plan:
         # transformers' generate (one of its four runs) is bound by ~15-20 ms of launches a token there, so a prompt of
         # 256 tokens costs ~12 s (on an H100 a 5-minute plan of 45 eval prompts spent over 5 minutes in the bench alone,
         # 2026-11-24)
-        if answer_precision is None:  # a GPU's auto: the engine's default there
-            answer_precision = "no" if precision == "auto" else precision
+        if answer_precision is None:  # fp16 (a GPU's): the engine's default there
+            answer_precision = "no" if precision == "fp16" else precision
         answer_rate = 0.5 * speed * (BF16_ANSWER_GAIN if answer_precision == "bf16" and not gpu else 1.0)
         prompts = int(min(2000, max(16, 0.35 * seconds * answer_rate)))
         eval_prompts = int(min(80, max(2, 0.15 * seconds / (12.0 if gpu else 40 / min(speed, 1.0)))))
@@ -142,13 +142,20 @@ def pick_speed(speed: str | float, minutes: float, state: dict, gpu: bool) -> fl
 
 def pick_precision(precision: str, minutes: float, state: dict, gpu: bool) -> tuple[str, str]:
     """(training precision, answering precision): on a GPU the one given, auto being the trainer's rule there (the
-    head and target in bf16 from sm_80, fp16 before; precision.py), answering in the engine's default (the same
-    half precision); kept from the run being resumed; else the training one given or, for auto, bf16 where this
-    CPU's bf16 GEMM is >= BF16_MIN_GAIN x its fp32 GEMM. The target answers in bf16 only where that measure says
-    bf16 pays: a forced --mixed-precision bf16 on a CPU that emulates bf16 trains as told, but answering (no time
-    cap) in emulated bf16 would take ~100x as long."""
-    if gpu or precision == "no":
-        return precision, "no"
+    head and target in bf16 from sm_80, fp16 before; precision.py; bf16 asked for before sm_80 refused now, not
+    after the answers), answering in the engine's default (the same half precision); kept from the run being
+    resumed; else the training one given or, for auto, bf16 where this CPU's bf16 GEMM is >= BF16_MIN_GAIN x its
+    fp32 GEMM. The target answers in bf16 only where that measure says bf16 pays: a forced --mixed-precision bf16
+    on a CPU that emulates bf16 trains as told, but answering (no time cap) in emulated bf16 would take ~100x as
+    long."""
+    if gpu:
+        from toolkit.gpu_half import has_bf16, refuse_bf16
+
+        if precision == "bf16":
+            refuse_bf16("--mixed-precision bf16", "give auto (fp16 there) or no")
+        return ("bf16" if has_bf16() else "fp16") if precision == "auto" else precision, "no"
+    if precision == "no":
+        return "no", "no"
     plan = state.get("plan", {})
     if precision == "auto" and state.get("minutes") == minutes and "precision" in plan:
         return plan["precision"], plan.get("answer_precision", plan["precision"])

@@ -52,7 +52,8 @@ def write_report(out: Path, state: dict, steps: int) -> Path:
     size = str(plan["draft_vocab"])
     speed = (f"a machine {plan['speed']:.2f}x as fast as the reference box" +
              (f" (fp32 GEMM measured at {state['gflops']:.0f} GFLOP/s on 2 threads)" if "gflops" in state else ""))
-    precision = ("bf16 (autocast; the frozen target in bf16 too)" if plan.get("precision") == "bf16" else "fp32") + (
+    precision = {"bf16": "bf16 (autocast; the frozen target in bf16 too)", "fp16": "fp16 (autocast with loss scaling; "
+                 "the frozen target in fp16 too)"}.get(plan.get("precision"), "fp32") + (
         f", the bf16 GEMM measured at {state['bf16_gflops']:.0f} GFLOP/s" if "bf16_gflops" in state else "")
     trained = f"{last['step']}" + (f" (of {steps} planned; the time budget ended it)" if last["step"] < steps else "")
     took = {name: "skipped (done before)" if v.get("skipped") else f"{v['seconds']:.0f} s"

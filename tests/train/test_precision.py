@@ -50,14 +50,16 @@ def test_the_half_precision_follows_the_capability_not_is_bf16_supported(gpu, ca
     assert half_dtype() == (torch.bfloat16 if bf16 else torch.float16)
 
 
-def test_the_frozen_target_runs_in_the_gpu_half_precision(gpu):
+def test_the_frozen_target_runs_in_the_gpu_half_precision(gpu, capsys):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     gpu(*H100)
     assert target_dtype("auto", cuda, "bf16") == torch.bfloat16
     assert target_dtype("float16", cuda, "fp16") == torch.float16
     assert target_dtype("bfloat16", cuda, "no") == torch.bfloat16
+    assert capsys.readouterr().err == ""
     gpu(*T4)
     assert target_dtype("auto", cuda, "fp16") == torch.float16
+    assert "Tesla T4 (sm_75) has no bf16 matrix unit; the target runs in float16" in capsys.readouterr().err
     assert target_dtype("auto", cuda, "no") == torch.float16  # the hidden-state dump's rule
     assert target_dtype("float32", cuda, "fp16") == torch.float32
     with pytest.raises(ValueError, match=r"^dtype bfloat16 needs .* Tesla T4 \(sm_75\) .*: give dtype float16"):

@@ -31,7 +31,7 @@ class Progress:
 
 def launch_of(accelerator) -> dict:
     plugin = accelerator.state.deepspeed_plugin
-    if plugin is None:  # a plain optimizer state: bf16 autocast on or off resumes alike
+    if plugin is None:  # a plain optimizer state: any autocast resumes alike (fp16's loss scale: see load)
         return {"processes": accelerator.num_processes, "zero_stage": None}
     # DeepSpeed saves a bf16 run's optimizer as bf16_zero_pp_rank_*: the other precision looks for other files
     precision = {"no": "fp32"}.get(accelerator.mixed_precision, accelerator.mixed_precision)
@@ -59,6 +59,22 @@ def check_launch(checkpoint: Path, rows_per_step: int, launch: dict) -> None:
         raise ValueError(f"cannot resume {checkpoint.parent}: its steps took {rows} rows each (batch_size x "
                          f"grad_accum x processes), this launch's take {rows_per_step} on {launch['processes']} "
                          "process(es); launch it with the number of processes it was trained with")
+
+
+def load(accelerator, checkpoint: Path) -> None:
+    """accelerate's load_state. A run resumed under fp16 from a checkpoint written in bf16 or fp32 (a T4's runs before
+    fp16 was its default) has no loss scale saved, where accelerate would fail on the missing file: its scale starts
+    afresh (the scaler finds it again in a few skipped steps)."""
+    from accelerate.utils import SCALER_NAME
+
+    scaler = accelerator.scaler
+    if scaler is not None and not (checkpoint / SCALER_NAME).is_file():
+        accelerator.print(f"{checkpoint} was written without fp16 loss scaling: the loss scale starts afresh")
+        accelerator.scaler = None
+    try:
+        accelerator.load_state(str(checkpoint))
+    finally:
+        accelerator.scaler = scaler
 
 
 def latest(output_dir: Path) -> Path | None:

@@ -30,7 +30,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-len", type=int, default=2048, help="tokens per sample (as in training)")
     p.add_argument("--batch-size", type=int, default=4, help="sequences per target forward")
     p.add_argument("--shard-size", type=int, default=512, help="samples per shard")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="stored dtype")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="stored dtype; auto: float16 where the target runs in it (a GPU before sm_80), else bfloat16")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--part", default=None, metavar="I/N",
                    help="dump rows I, I+N, ... into OUT/part-I-of-N (training reads the N parts as one); under "
@@ -72,6 +73,8 @@ def main(args: argparse.Namespace) -> int:
     if device == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
     run_dtype = target_dtype("auto", torch.device(device), "no")  # the GPU's half precision (fp16 before sm_80)
+    if args.dtype == "auto":  # fp16 states kept as computed; rounded to bf16 they would lose 3 mantissa bits
+        args.dtype = "float16" if run_dtype == torch.float16 else "bfloat16"
     target = load_target(folder, run_dtype, device)
     # a length-dependent rope: rows beyond its exact length would be dumped wrong, refused before the first
     target.config.check_sequence(max(data.lengths))

@@ -10,9 +10,11 @@ The CPU rule (by measured GEMM rates) is in toolkit/cpu_speed.py.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
-from toolkit.gpu_half import half_dtype, refuse_bf16
+from toolkit.gpu_half import gpu_label, half_dtype, refuse_bf16
 
 HALF = ("bf16", "fp16")
 
@@ -39,6 +41,10 @@ def target_dtype(dtype: str, device: torch.device, mixed_precision: str) -> torc
     if device.type == "cuda":
         if dtype == "bfloat16":
             refuse_bf16("dtype bfloat16", "give dtype float16 (auto picks it there) or float32", device)
+        if dtype == "auto" and half_dtype(device) == torch.float16:
+            print(f"dtype auto: {gpu_label(device)} has no bf16 matrix unit; the target runs in float16 (a model "
+                  "trained in bf16 can overflow float16's range, Gemma's known to: training stops if its loss goes "
+                  "nan or every step is skipped; give dtype float32 then)", file=sys.stderr, flush=True)
         return half_dtype(device) if dtype == "auto" else getattr(torch, dtype)
     if dtype == "auto":
         return torch.bfloat16 if mixed_precision == "bf16" else torch.float32

@@ -41,6 +41,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches, prefetch
     from toolkit.train.head import (check_signature, head_signature, keep_variant, pick_vocabulary, serving_notes,
                                      start_from, take_weights, target_tensors)
+    from toolkit.train.health import Health
     from toolkit.train.losses import step_counts
     from toolkit.train.objectives import OBJECTIVES, DraftTrainable
     from toolkit.train.precision import target_dtype
@@ -149,7 +150,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     acc.register_for_checkpointing(progress)
     if args.resume and (last := ckpt.latest(out)) is not None:
         ckpt.check_launch(last, rows_per_step, progress.launch)  # processes, ZeRO stage, DeepSpeed precision
-        acc.load_state(str(last))
+        ckpt.load(acc, last)
         acc.print(f"resumed from {last} at step {progress.step}")
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -204,6 +205,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
 
     steps = prefetch(step_batches_of(batches))  # the next step's rows are read while this one computes
     window = Window()
+    scaled = acc.scaler is not None or (acc.mixed_precision == "fp16" and acc.state.deepspeed_plugin is not None)
+    health = Health(scaled)  # fp16's loss scaler: native AMP's, or DeepSpeed's own
     uncounted = 0  # this rank's tokens since progress.tokens was last brought up to date (at a log or a save)
     bar = tqdm(total=total, initial=progress.step, disable=not acc.is_main_process, unit="step", desc="train")
     t_start, grad_norm = time.perf_counter(), None
@@ -235,6 +238,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                 if acc.sync_gradients:
                     grad_norm = acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 opt.step()
+                if acc.sync_gradients:  # fp16: the scaler's skips counted; too many in a row stop the run
+                    health.after_step(opt)
                 lr = sched.get_last_lr()[0]  # the rate this step trained at (sched.step moves to the next one)
                 sched.step()
                 opt.zero_grad()
@@ -254,6 +259,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         if logging:
             rec = window.record(acc, epoch, lr=lr, grad_norm=float(grad_norm) if grad_norm is not None else None,
                                 tokens=progress.tokens, peak_memory_gb=ckpt.peak_memory_gb(device))
+            health.check(rec, progress.step)  # a nan loss stops the run (fp16: the skips are logged)
             tracker.log(progress.step, rec)
             bar.set_postfix(loss=f"{rec['loss']:.3f}", tau=f"{rec['simulated_tau']:.2f}",
                             tok_s=f"{rec['tokens_per_second']:.0f}")

@@ -39,13 +39,14 @@ def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         p0 = (s - m).exp()                                                             # [B, H, rows, r1]
         total = p0.sum(-1, keepdim=True) + (0 if sink is None else (sink - m).exp())
-        acc = p0.to(vs[0].dtype) @ vs[0][:, :, :r1]
-        if diag is not None:
-            pd = (diag[:, :, r0:r1].float() - m).exp()                                 # [B, H, rows, i]
+        pd = None if diag is None else (diag[:, :, r0:r1].float() - m).exp()          # [B, H, rows, i]
+        if pd is not None:
             total = total + pd.sum(-1, keepdim=True)
-            for j, v in enumerate(vs[1:]):
-                acc = acc + pd[..., j:j + 1].to(v.dtype) * v[:, :, r0:r1]
-        chunks.append((acc / total.clamp_min(1e-30).to(acc.dtype)).to(q.dtype))
+        total = total.clamp_min(1e-30)  # normalized in fp32 before the sums over values: unnormalized, L rows
+        acc = (p0 / total).to(vs[0].dtype) @ vs[0][:, :, :r1]  # of |v| ~ 40 overflowed fp16 at L = 2048
+        for j, v in enumerate(vs[1:]):
+            acc = acc + (pd[..., j:j + 1] / total).to(v.dtype) * v[:, :, r0:r1]
+        chunks.append(acc.to(q.dtype))
     return torch.cat(chunks, 2)
 
 
