@@ -255,8 +255,9 @@ def _refuse_unsupported(kind: str, cfg: dict) -> None:
     if (kind == "gpt_oss" and quant == "mxfp4") or fp8.supported(cfg.get("quantization_config") or {}):
         pass  # dequantized on load (mxfp4.py, fp8.py)
     elif cfg.get("quantization_config"):
-        raise ConfigError(f"a quantized checkpoint (quantization_config: {quant}) is not supported; accepted: fp8 "
-                          "and compressed-tensors with 8-bit float weights (dequantized on load), gpt-oss's mxfp4; "
+        raise ConfigError(f"a quantized checkpoint (quantization_config: {quant}) is not supported; accepted: fp8, "
+                          "fbgemm_fp8 and compressed-tensors with 8-bit float weights (dequantized on load), gpt-oss's "
+                          "mxfp4; "
                           "dequantize it to bf16 first")
     act = cfg.get("hidden_act", "silu")
     if kind not in GEMMA_KINDS and act not in ACTIVATIONS:  # Gemma's is `hidden_activation` (gemma_config.py)

@@ -11,7 +11,14 @@ Linear weight W [N, K] is stored as two tensors:
     W[i, j] = weight[i, j] * scale[i // bn, j // bk]     (in float32, then rounded to the model's dtype)
 
 as transformers' Fp8Dequantize and DeepSeek's weight_dequant compute it; E8M0 scales (uint8, 2^(s - 127)) are read
-too. A static scheme's `input_scale` (the activations' FP8 scale) and an FP8 KV cache's `k_scale` / `v_scale` have no
+too. `fbgemm_fp8` (Meta's Llama 4 Maverick FP8, transformers' FbgemmFp8Linear) stores a Linear weight with a
+per-row `weight_scale` [N, 1] as above, and Llama 4's stacked experts with scales of their own name:
+
+    {l}.experts.gate_up_proj        float8 [E, H, 2I]    {l}.experts.gate_up_proj_scale  float32 [E, 1, 2I]
+    {l}.experts.down_proj           float8 [E, I, H]     {l}.experts.down_proj_scale     float32 [E, H, 1]
+
+    W[e, k, n] = weight[e, k, n] * scale[e, 0, n]  (gate_up)     W[e, i, h] = weight[e, i, h] * scale[e, h, 0]  (down)
+ A static scheme's `input_scale` (the activations' FP8 scale) and an FP8 KV cache's `k_scale` / `v_scale` have no
 use once the weights are dequantized (the engine keeps activations and its cache in the model's dtype) and are
 skipped. Tensors stored unquantized (norms, embeddings, routers, `modules_to_not_convert`) load as they are.
 """
@@ -20,7 +27,8 @@ from __future__ import annotations
 import torch
 
 SCALES = (".weight_scale_inv", ".weight_scale")
-SKIPPED = (".input_scale", ".activation_scale", ".k_scale", ".v_scale")  # activations' / an FP8 KV cache's scales
+EXPERT_SCALES = ("experts.gate_up_proj_scale", "experts.down_proj_scale")  # fbgemm_fp8's stacked experts' scales
+SKIPPED = (".input_scale", ".input_scale_ub", ".activation_scale", ".k_scale", ".v_scale")  # activations' / KV's
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
@@ -40,8 +48,9 @@ def compressed_fp8(q: dict) -> list[dict]:
 
 
 def supported(q: dict) -> bool:
-    """Whether a quantization_config is one this module dequantizes: fp8, or compressed-tensors' FP8 weights."""
-    return q.get("quant_method") == "fp8" or bool(compressed_fp8(q))
+    """Whether a quantization_config is one this module dequantizes: fp8, fbgemm_fp8, or compressed-tensors' FP8
+    weights."""
+    return q.get("quant_method") in ("fp8", "fbgemm_fp8") or bool(compressed_fp8(q))
 
 
 def block_size(cfg: dict) -> tuple[int, int] | None:
@@ -66,7 +75,7 @@ def is_fp8(cfg: dict) -> bool:
 def kind(sf, key: str) -> str | None:
     """What tensor `key` of an open safetensors file `sf` of an FP8 checkpoint is: "scale" (a weight's), "skip" (an
     activation scale), "fp8" (a quantized weight: read its dtype from the header, not the data), or None."""
-    if key.endswith(SCALES):
+    if key.endswith(SCALES + EXPERT_SCALES):
         return "scale"
     if key.endswith(SKIPPED):
         return "skip"
@@ -113,6 +122,10 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]
         return (w * s).to(dtype)
     if s.shape in ((N,), (N, 1)):  # per output row
         return (w * s.reshape(N, 1)).to(dtype)
+    if w.dim() == 3 and s.shape == (w.shape[0], 1, K):  # fbgemm's stacked gate_up_proj [E, H, 2I]: per column
+        return (w * s).to(dtype)
+    if w.dim() == 3 and s.shape == (w.shape[0], K, 1):  # fbgemm's stacked down_proj [E, I, H]: per column
+        return (w * s.transpose(1, 2)).to(dtype)
     raise ValueError(f"{name}: FP8 scale {tuple(scale.shape)} fits neither the weight {tuple(weight.shape)} in "
                      f"blocks {block} nor per tensor / per row")
 
@@ -126,9 +139,10 @@ def join(weights: dict[str, torch.Tensor], scales: dict[str, torch.Tensor], bloc
     for name in list(weights):
         w = weights.pop(name)
         base = name.removesuffix(".weight")
-        key = next((base + s for s in SCALES if base + s in scales), None)
+        names = [base + s for s in SCALES] if name.endswith(".weight") else [name + "_scale"]  # fbgemm's experts
+        key = next((k for k in names if k in scales), None)
         if key is None:
-            raise ValueError(f"{where}: FP8 weight {name} has no {base}.weight_scale_inv / .weight_scale beside it")
+            raise ValueError(f"{where}: FP8 weight {name} has no {' / '.join(names)} beside it")
         out[name] = dequantize(w, scales[key], block, dtype, name)
         used.add(key)
     if extra := sorted(scales.keys() - used):
