@@ -79,3 +79,29 @@ def test_a_dump_the_disk_cannot_hold_is_refused_before_the_first_shard(tiny_targ
     err = capsys.readouterr().err
     assert "the shards need 0.0 GB and the disk has 0.0 GB free" in err and "bytes a token" in err
     assert not list((tmp_path / "h").glob("shard-*"))
+
+
+def test_a_target_whose_states_overflow_is_refused_by_row(tiny_target, prepared, tmp_path, monkeypatch, capsys):
+    """A target whose float16 range overflows (Gemma's is known to, on a GPU before sm_80) would write inf states
+    that train a nan head: the dump stops at the first such batch, naming its rows and --dtype float32."""
+    import toolkit.infer.loading as loading
+
+    real = loading.load_target
+
+    def overflowing(*args, **kwargs):
+        target = real(*args, **kwargs)
+        forward = target.forward
+
+        def inf_at_the_last_row(*a, **k):
+            logits, hs = forward(*a, **k)
+            hs[1] = hs[1].clone()
+            hs[1][-1, 0, 0] = float("inf")
+            return logits, hs
+        target.forward = inf_at_the_last_row
+        return target
+
+    monkeypatch.setattr(loading, "load_target", overflowing)
+    assert dump(tiny_target, prepared, tmp_path / "out") != 0
+    err = capsys.readouterr().err
+    assert "the target's hidden states are not finite (its float32 range overflowed); give --dtype float32" in err
+    assert not list((tmp_path / "out").glob("shard-*"))  # nothing half-written

@@ -31,7 +31,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=4, help="sequences per target forward")
     p.add_argument("--shard-size", type=int, default=512, help="samples per shard")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="stored dtype; auto: float16 where the target runs in it (a GPU before sm_80), else bfloat16")
+                   help="stored dtype; auto: float16 where the target runs in it (a GPU before sm_80), else "
+                        "bfloat16; float32: the target run in float32 too (one that overflows float16)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--part", default=None, metavar="I/N",
                    help="dump rows I, I+N, ... into OUT/part-I-of-N (training reads the N parts as one); under "
@@ -72,7 +73,8 @@ def main(args: argparse.Namespace) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device == "cuda" and "LOCAL_RANK" in os.environ:  # torchrun: one GPU per process
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-    run_dtype = target_dtype("auto", torch.device(device), "no")  # the GPU's half precision (fp16 before sm_80)
+    # the GPU's half precision (fp16 before sm_80), fp32 on a CPU; float32 asked for: computed so too
+    run_dtype = torch.float32 if args.dtype == "float32" else target_dtype("auto", torch.device(device), "no")
     if args.dtype == "auto":  # fp16 states kept as computed; rounded to bf16 they would lose 3 mantissa bits
         args.dtype = "float16" if run_dtype == torch.float16 else "bfloat16"
     target = load_target(folder, run_dtype, device)
@@ -164,6 +166,10 @@ def dump_shard(target, data, rows: list[int], aux_layers: list[int], batch_size:
         # logits at one position only: the full [B, T, V] projection would be computed and thrown away
         _, hs = target(ids, aux_layers=aux_layers + [-1], logits_at=torch.zeros(len(items), dtype=torch.long,
                                                                                   device=ids.device))
+        if not all(bool(torch.isfinite(h).all()) for h in hs):  # inf / nan shards would train a nan head
+            raise ValueError(f"rows {rows[s:s + batch_size]}: the target's hidden states are not finite (its "
+                             f"{str(hs[0].dtype).removeprefix('torch.')} range overflowed); give --dtype float32, "
+                             "which runs the target in float32 too")
         fused = torch.cat(hs[:3], -1).to(store).cpu()                    # [B, T, 3H]
         final = hs[3].to(store).cpu()                                    # [B, T, H]
         for b, x in enumerate(items):
