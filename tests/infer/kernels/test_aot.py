@@ -181,11 +181,12 @@ GEMMA_2_9B = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "h
 
 
 @pytest.mark.parametrize("device,dtype,config", [("NVIDIA GeForce RTX 4090", "bfloat16", None),
-                                                 ("NVIDIA A10", "float16", GEMMA_2_9B), ("Tesla T4", "float16", None)],
-                         ids=["llama-3.1-8b-sm89", "gemma-2-9b-sm86", "llama-3.1-8b-sm75"])
+                                                 ("NVIDIA A10", "float16", GEMMA_2_9B), ("Tesla T4", "float16", None),
+                                                 ("Tesla V100-SXM2-32GB", "float16", None)],
+                         ids=["llama-3.1-8b-sm89", "gemma-2-9b-sm86", "llama-3.1-8b-sm75", "llama-3.1-8b-sm70"])
 def test_every_kernel_fits_the_shared_memory_of_a_smaller_gpu(tmp_path, device, dtype, config):
-    """sm_86 / sm_89 parts allow 99 KB of shared memory a block, a T4 (sm_75, float16: no bf16 there) 64 KB, where
-    an H100 allows 227: the untuned default rows tile (4 stages of 16 x 64 x 256: 120 KB) and tree attention at
+    """sm_86 / sm_89 parts allow 99 KB of shared memory a block, a T4 (sm_75, float16: no bf16 there) 64 KB, a V100
+    (sm_70: no tensor-core tl.dot in Triton, FMA instead) 96 KB, where an H100 allows 227: the untuned default rows tile (4 stages of 16 x 64 x 256: 120 KB) and tree attention at
     head_dim 256 with 64 rows (100 KB) compiled but failed to launch there (`--kernels auto` picks triton on every
     CUDA Llama). Now each fits (aot exits 1 on a kernel over the limit), Gemma 2's soft-capped attention included,
     with the same kernels as on an H100."""

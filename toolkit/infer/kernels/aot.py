@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.infer.config import ModelConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", type=int, help="compute capability x 10: 80 (A100), 86 (A10, RTX 3090), 89 (L4, L40S, "
-                    "RTX 4090), 90 (H100 / H200); default: the device's")
+    ap.add_argument("--arch", type=int, help="compute capability x 10: 70 (V100), 75 (T4), 80 (A100), 86 (A10, "
+                    "RTX 3090), 89 (L4, L40S, RTX 4090), 90 (H100 / H200); default: the device's")
     ap.add_argument("--device", default="NVIDIA H100 80GB HBM3",
                     help=f"whose tuned GEMV configs and SM count to use; known: {', '.join(SMS)}")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

@@ -19,10 +19,10 @@ from toolkit.infer.kernels.shared_memory import OPTIN_BYTES
 # two have tuned GEMV configs (gemv_configs.json): the others compile the untuned defaults, as they run there
 SMS = {"NVIDIA H100 80GB HBM3": 132, "NVIDIA H200": 132, "NVIDIA A100-SXM4-80GB": 108, "NVIDIA L40S": 142,
        "NVIDIA GeForce RTX 4090": 128, "NVIDIA L4": 58, "NVIDIA A10": 72, "NVIDIA GeForce RTX 3090": 82,
-       "Tesla T4": 40}
+       "Tesla T4": 40, "Tesla V100-SXM2-32GB": 80}
 ARCH = {"NVIDIA H100 80GB HBM3": 90, "NVIDIA H200": 90, "NVIDIA A100-SXM4-80GB": 80, "NVIDIA L40S": 89,
         "NVIDIA GeForce RTX 4090": 89, "NVIDIA L4": 89, "NVIDIA A10": 86, "NVIDIA GeForce RTX 3090": 86,
-        "Tesla T4": 75}
+        "Tesla T4": 75, "Tesla V100-SXM2-32GB": 70}
 
 
 class _Target:

@@ -16,8 +16,8 @@ import torch
 
 # opt-in shared memory per block by compute capability x 10 (CUDA C Programming Guide, "Compute Capabilities"),
 # for kernels/aot.py, which compiles for a GPU that is not here
-OPTIN_BYTES = {75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 103: 232448,
-               120: 101376, 121: 101376}
+OPTIN_BYTES = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448,
+               103: 232448, 120: 101376, 121: 101376}
 
 
 @functools.lru_cache(maxsize=None)
