@@ -11,6 +11,14 @@ import functools
 import time
 
 BF16_MIN_GAIN = 1.5  # half precision is chosen where its GEMM runs at least this many times the fp32 one
+MAX_THREADS = 1024  # torch.set_num_threads(100000) crashed the process (a segfault, no message)
+
+
+def threads_problem(threads: int | None, setting: str = "--threads") -> str | None:
+    """What is wrong with a CPU thread count (None or 0: torch's default), or None."""
+    if threads is not None and not 0 <= threads <= MAX_THREADS:
+        return f"{setting} {threads}: give a number of CPU threads from 1 to {MAX_THREADS} (0 or none: torch's)"
+    return None
 
 
 def bf16_pays(fp32: float, bf16: float) -> bool:

@@ -235,7 +235,9 @@ def test_several_greedy_samples_are_refused(data, tmp_path, capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--limit", "0"], "--limit 0: give at least 1"), (["--limit", "-2"], "--limit -2"),
     (["--max-len", "0"], "--max-len 0"), (["--threads", "-1"], "--threads -1"),
-    (["--temperature", "inf"], "--temperature inf: give a finite number"), (["--top-p", "1.5"], "--top-p 1.5")])
+    (["--temperature", "inf"], "--temperature inf: give a finite number"), (["--top-p", "1.5"], "--top-p 1.5"),
+    (["--max-new-tokens", "5000"], "--max-new-tokens 5000 leaves no room for a prompt in --max-len 2048"),
+    (["--threads", "100000"], "--threads 100000: give a number of CPU threads from 1 to 1024")])
 def test_bad_numbers_are_refused_before_the_target_loads(data, tmp_path, capsys, extra, message):
     """--limit 0 read as 'no conversations with user turns found', --max-len 0 as a too-small KV cache, and
     --temperature inf answered with uniformly random tokens."""

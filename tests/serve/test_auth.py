@@ -88,6 +88,14 @@ def test_bad_flags_are_refused_before_loading(capsys, extra, message):
     assert message in capsys.readouterr().err
 
 
+def test_files_that_are_not_a_pem_certificate_and_key_are_refused_before_loading(tmp_path, capsys):
+    (tmp_path / "key.pem").write_text("not a key\n")
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    assert main(["serve", "--draft", "nowhere", "--port", "0", "--ssl-keyfile", str(tmp_path / "key.pem"),
+                 "--ssl-certfile", str(tmp_path / "cert.pem")]) == 2
+    assert "not a PEM certificate chain and its private key" in capsys.readouterr().err
+
+
 def test_the_real_server_takes_its_keys_from_the_flag_and_the_environment(tiny_target, serve, monkeypatch):
     """The CLI's server: the openai client with a wrong key gets AuthenticationError, with a right one its answer;
     the 401s are counted in /metrics; $TOOLKIT_API_KEY stands in for the flag."""

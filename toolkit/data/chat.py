@@ -119,7 +119,11 @@ def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_
             builtin = BUILTIN_TEMPLATES[chat_template]
             tok.chat_template = builtin.source
         elif Path(chat_template).is_file():
-            tok.chat_template = Path(chat_template).read_text()
+            try:
+                tok.chat_template = Path(chat_template).read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise TokenizerError(f"--chat-template {chat_template}: not UTF-8 text ({e.reason} at byte "
+                                     f"{e.start}); give a .jinja file") from None
             if "messages" not in tok.chat_template:  # a tokenizer.json, a corpus: rendered as literal text
                 raise TokenizerError(f"--chat-template {chat_template}: not a chat template (it never reads "
                                      f"`messages`); give a .jinja file or one of {sorted(BUILTIN_TEMPLATES)}")
@@ -138,6 +142,15 @@ def load_tokenizer(model: str | None = None, tokenizer: str | None = None, chat_
         if tok.bos_token is None and family.bos is not None:
             tok.bos_token = family.bos
     tok.template_name = builtin.name if builtin else ("file" if chat_template else "tokenizer")
+    if isinstance(tok.chat_template, str):  # a syntax error found now, not at the first conversation's render
+        from jinja2 import TemplateSyntaxError
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        try:
+            _compile_jinja_template(tok.chat_template)
+        except TemplateSyntaxError as e:
+            source = f"--chat-template {chat_template}" if chat_template else f"{tok.name_or_path}'s chat template"
+            raise TokenizerError(f"{source}: a Jinja syntax error at line {e.lineno}: {e.message}") from None
     if tok.eos_token_id is None:
         raise TokenizerError(f"{tok.name_or_path}: the tokenizer has no EOS token; give a model folder whose "
                              f"tokenizer_config.json names one, or --chat-template "

@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
+from toolkit.cpu_speed import threads_problem
 from toolkit.data.schemas import ReadStats, read_places
 from toolkit.data.turns import ON_LENGTH
 from toolkit.embedded import DEFAULT_MODEL
@@ -149,8 +150,11 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit {args.limit}: give at least 1 conversation (or leave it out for all)")
     if args.max_len < 2:
         raise ValueError(f"--max-len {args.max_len}: give prompt + answer tokens per turn, at least 2")
-    if args.threads is not None and args.threads < 0:
-        raise ValueError(f"--threads {args.threads}: give a number of CPU threads >= 1 (0 or none: torch's)")
+    if args.max_new_tokens >= args.max_len and not args.endpoint:  # every prompt would be "beyond the context"
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in --max-len "
+                         f"{args.max_len} (prompt + answer tokens per turn); raise --max-len or lower --max-new-tokens")
+    if problem := threads_problem(args.threads):
+        raise ValueError(problem)
     if not 0 <= args.temperature < float("inf"):
         raise ValueError(f"--temperature {args.temperature}: give a finite number >= 0 (0 = greedy)")
     if args.top_p is not None and not 0 < args.top_p <= 1:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from toolkit.atomic import check_out_path, write_text
+from toolkit.cpu_speed import threads_problem
 from toolkit.data.chat import template_kwargs
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
@@ -135,8 +136,8 @@ def main(args: argparse.Namespace) -> int:
     from toolkit.infer.metrics import summarize
     from toolkit.infer.sampling import SamplingParams
 
-    if args.threads is not None and args.threads < 0:
-        raise ValueError(f"--threads {args.threads}: give a number of CPU threads >= 1 (0 or none: torch's)")
+    if problem := threads_problem(args.threads):
+        raise ValueError(problem)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.limit is not None and args.limit < 1:
@@ -177,11 +178,11 @@ def main(args: argparse.Namespace) -> int:
     if args.sample_draft and tree.topk != 1 and all(cfg.topk != 1 for cfg, _ in sweep):
         raise ValueError(f"--sample-draft applies to chains (--topk 1), and no run here is one (--topk {args.topk}"
                          f"{', and every --sweep entry has topk > 1' if sweep else ''}): drop it or add a chain")
+    prompts = read_prompts(args.prompts, args.limit, parse_shard(args.shard), variables)  # before minutes of loading
     loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels, args.fp32_lm_head)
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
     stops = stop_ids(tok, folder)  # the same end-of-turn set for our engine and transformers' generate
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype
-    prompts = read_prompts(args.prompts, args.limit, parse_shard(args.shard), variables)
     max_len = min(args.max_len, target.config.max_position_embeddings)
 
     def make(draft, cfg, own=branch):  # CUDA graphs on a GPU unless --eager

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors import safe_open
 
 from toolkit.embedded import DEFAULT_MODEL
-from toolkit.infer.weight_files import weight_files
+from toolkit.infer.weight_files import read_safetensors, weight_files
 
 
 def recorded_target(draft: str) -> dict:
@@ -72,7 +71,7 @@ def _holds_target_body(folder: Path, cfg: dict) -> bool:
     if any(a.endswith("NextN") for a in cfg.get("architectures") or []):
         return False
     for f in weight_files(folder):
-        with safe_open(str(f), "pt") as sf:
+        with read_safetensors(f, "weights") as sf:
             if {k.removeprefix("model.") for k in sf.keys()} & {"embed_tokens.weight", "lm_head.weight"}:
                 return True
     return False

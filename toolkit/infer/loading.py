@@ -11,8 +11,6 @@ from pathlib import Path
 
 import torch
 
-from safetensors import safe_open
-
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.gpu_half import gpu_label, has_bf16, refuse_bf16
 from toolkit.infer import fp8, mxfp4
@@ -20,7 +18,7 @@ from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
 from toolkit.infer.model import Transformer
 from toolkit.infer.hf_names import not_text, our_tensors, stack_experts
-from toolkit.infer.weight_files import weight_files
+from toolkit.infer.weight_files import read_safetensors, weight_files
 
 
 def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.dtype]:
@@ -94,7 +92,7 @@ def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dty
             tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
 
     for f in weight_files(folder):
-        with safe_open(str(f), "pt", device="cpu") as sf:
+        with read_safetensors(f, "target weights") as sf:
             for name in sf.keys():
                 short = name.removeprefix("model.")
                 if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \

@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from toolkit.infer import fp8
@@ -33,7 +32,7 @@ from toolkit.infer.draft_head import DraftHead, load_weights, rope_keys, vocab_r
 from toolkit.infer.model import Block, refuse_unlike_llama
 from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
-from toolkit.infer.weight_files import weight_files
+from toolkit.infer.weight_files import read_safetensors, weight_files
 
 MIMO = {"token_layernorm": "enorm", "hidden_layernorm": "hnorm", "input_proj": "eh_proj",
         "final_layernorm": "shared_head.norm"}
@@ -104,7 +103,7 @@ def find_layout(folder: Path, cfg: dict) -> tuple[str, str, int]:
     """(layout, weight prefix, number of MTP layers) of the MTP weights in `folder`, or a clear error."""
     names = set()
     for f in weight_files(folder):
-        with safe_open(str(f), "pt") as sf:
+        with read_safetensors(f, "weights") as sf:
             names |= set(sf.keys())
     text = cfg.get("text_config", cfg)
     n_layers = text.get("num_hidden_layers", 0)
@@ -140,7 +139,7 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
     names = MIMO if layout == "mimo" else DEEPSEEK
     w, pending = {}, fp8.Pending(cfg)  # an FP8 checkpoint's (DeepSeek-V3's) weights and scales, joined below
     for f in weight_files(folder):
-        with safe_open(str(f), "pt") as sf:
+        with read_safetensors(f, "weights") as sf:
             for key in sf.keys():
                 if not key.startswith(prefix):
                     continue

@@ -5,6 +5,7 @@ and a folder may keep leftovers; reading them too loaded every weight twice or f
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -25,3 +26,17 @@ def weight_files(folder: str | Path) -> list[Path]:
     if not found:
         raise ValueError(f"{folder}: no {SINGLE}, {INDEX} or other *.safetensors file")
     return found
+
+
+@contextmanager
+def read_safetensors(path: str | Path, what: str = ""):
+    """safetensors' safe_open (torch tensors, on the CPU), with its errors (a file cut short by an interrupted
+    download or copy, not safetensors at all, a tensor it lacks) as a ValueError naming the file and `what` it is."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt", device="cpu") as f:
+            yield f
+    except SafetensorError as err:
+        raise ValueError(f"{what + ' ' if what else ''}{path}: unreadable ({str(err).splitlines()[0][:160]}); a file "
+                         "cut short by an interrupted download or copy? fetch or write it again") from None

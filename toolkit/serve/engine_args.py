@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from toolkit.cpu_speed import threads_problem
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.infer import loading, lookup
 from toolkit.serve.reasoning import PARSERS
@@ -107,8 +108,8 @@ def check(args: argparse.Namespace, command: str):
         if args.chat_template not in BUILTIN_TEMPLATES and not Path(args.chat_template).is_file():
             raise ValueError(f"--chat-template {args.chat_template}: not a file and not one of the built-in templates "
                              f"{', '.join(BUILTIN_TEMPLATES)}")
-    if args.threads is not None and args.threads < 0:
-        raise ValueError(f"--threads {args.threads}: give a positive count (0 or absent = torch's default)")
+    if problem := threads_problem(args.threads):
+        raise ValueError(problem)
     if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
         raise ValueError("--speculative-disable-by-batch-size must be >= 0")
     if args.log_every < 0:

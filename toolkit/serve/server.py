@@ -69,6 +69,14 @@ def main(args: argparse.Namespace) -> int:
     for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"{flag} {path}: no such file")
+    if args.ssl_certfile is not None:  # read as uvicorn will, before minutes of loading
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+        except (ssl.SSLError, ValueError) as err:
+            raise ValueError(f"--ssl-certfile {args.ssl_certfile} / --ssl-keyfile {args.ssl_keyfile}: not a PEM "
+                             f"certificate chain and its private key ({err})") from None
     tree, branch = engine_args.check(args, "serve")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     sock = bind(args.host, args.port)  # fail fast, before minutes of loading

@@ -71,8 +71,13 @@ def load(accelerator, checkpoint: Path) -> None:
     if scaler is not None and not (checkpoint / SCALER_NAME).is_file():
         accelerator.print(f"{checkpoint} was written without fp16 loss scaling: the loss scale starts afresh")
         accelerator.scaler = None
+    from safetensors import SafetensorError
+
     try:
         accelerator.load_state(str(checkpoint))
+    except (SafetensorError, RuntimeError, OSError, EOFError) as err:  # a file cut short, missing or not one
+        raise ValueError(f"cannot resume from {checkpoint}: it is damaged ({str(err).splitlines()[0][:160]}); delete "
+                         "that folder to resume from the checkpoint before it, or --overwrite to start afresh") from None
     finally:
         accelerator.scaler = scaler
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from toolkit.cpu_speed import threads_problem
+
 
 @dataclass
 class TrainConfig:
@@ -135,8 +137,8 @@ class TrainConfig:
         for name in ("lr", "epochs", "regression_weight", "token_weight"):
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name} {getattr(self, name)}: must be a finite number")
-        if self.threads is not None and self.threads < 0:
-            problems.append(f"threads {self.threads}: must be >= 1 (or null / 0: torch's default)")
+        if problem := threads_problem(self.threads, "threads"):
+            problems.append(problem)
         if problems:
             raise ValueError("bad training config: " + "; ".join(problems))
 
@@ -223,6 +225,9 @@ def load_config(path: str | None, overrides: list[str] = (), default_head: str |
                              "key: value") from None
         if not isinstance(values, dict):
             raise ValueError(f"--config {path}: a recipe is a YAML mapping of key: value")
+        if bad := [k for k in values if not isinstance(k, str)]:
+            raise ValueError(f"--config {path}: keys {bad} are not names; a recipe is a YAML mapping of key: value "
+                             "with the settings' names as keys")
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r}: write key=value")

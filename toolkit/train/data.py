@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors import safe_open
+
+from toolkit.infer.weight_files import read_safetensors
 
 
 class PreparedData:
@@ -94,7 +95,7 @@ class HiddenStateShards:
         self.where: dict[int, tuple[Path, int, int]] = {}
         for part, index in parts:
             for s in index["shards"]:
-                with safe_open(str(part / s["file"]), "pt") as f:
+                with read_safetensors(part / s["file"], "hidden-state shard") as f:
                     ids, offs = f.get_tensor("sample_ids").tolist(), f.get_tensor("offsets").tolist()
                 for j, row in enumerate(ids):
                     self.where[row] = (part / s["file"], offs[j], offs[j + 1])
@@ -137,7 +138,7 @@ class HiddenStateShards:
     def __getitem__(self, row: int) -> dict:
         f, a, b = self.where[row]
         b = min(b, a + self.max_len)
-        with safe_open(str(f), "pt") as sf:
+        with read_safetensors(f, "hidden-state shard") as sf:
             get = lambda name: sf.get_slice(name)[a:b]  # noqa: E731
             return {"input_ids": get("input_ids").long(), "loss_mask": get("loss_mask").long(),
                     "aux": get("aux_hidden_states"), "final_hidden": get("final_hidden")}

@@ -10,7 +10,6 @@ from typing import Iterable
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from toolkit.infer.config import ModelConfig
@@ -23,13 +22,13 @@ def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tens
     lm_head is the embedding."""
     from toolkit.infer.hf_names import not_text, our_name
     from toolkit.infer.loading import tie_embeddings
-    from toolkit.infer.weight_files import weight_files
+    from toolkit.infer.weight_files import read_safetensors, weight_files
 
     cfg = ModelConfig.from_folder(folder)
     tied = {"embed_tokens.weight", "lm_head.weight"} if cfg.tie_word_embeddings else set()
     found = {}
     for f in weight_files(folder):
-        with safe_open(str(f), "pt") as sf:
+        with read_safetensors(f, "target weights") as sf:
             for key in sf.keys():
                 short = None if not_text(key) else our_name(cfg.model_type, key)  # a multimodal one's text model
                 if short in names or short in tied:  # both halves of a tie: the engine's rule needs both
@@ -48,12 +47,12 @@ def target_layer(folder: str | Path, index: int, config: ModelConfig) -> dict[st
     MXFP4 experts and an FP8 checkpoint's weights dequantized."""
     from toolkit.infer import fp8, mxfp4
     from toolkit.infer.hf_names import not_text, our_name, our_tensors
-    from toolkit.infer.weight_files import weight_files
+    from toolkit.infer.weight_files import read_safetensors, weight_files
 
     prefix = f"layers.{index}."
     found, pending = {}, fp8.Pending(json.loads((Path(folder) / "config.json").read_text()))
     for f in weight_files(folder):
-        with safe_open(str(f), "pt") as sf:
+        with read_safetensors(f, "target weights") as sf:
             for key in sf.keys():
                 if not_text(key) or not our_name(config.model_type, key).startswith(prefix):
                     continue

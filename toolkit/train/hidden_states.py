@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from toolkit.cpu_speed import threads_problem
 from toolkit.embedded import DEFAULT_MODEL
 
 
@@ -51,8 +52,8 @@ def main(args: argparse.Namespace) -> int:
     from toolkit.train.data import PreparedData
     from toolkit.train.precision import target_dtype
 
-    if args.threads is not None and args.threads < 0:
-        raise ValueError(f"--threads {args.threads}: give a number of CPU threads >= 1 (0 or none: torch's)")
+    if problem := threads_problem(args.threads):
+        raise ValueError(problem)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.batch_size < 1 or args.shard_size < 1:

@@ -1,0 +1,84 @@
+"""Files a user hands over damaged or wrong (found by fuzzing the CLI): a clear error naming the file and what to do,
+never a traceback, and before minutes of loading where the file is read first."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from toolkit.cli import main
+
+
+def test_a_target_cut_short_names_its_file(tiny_target, tmp_path, capsys):
+    """An interrupted download: safetensors' 'incomplete metadata, file not fully covered' reached the user as a
+    SafetensorError traceback from bench, serve, train, regenerate and dump-hidden-states alike."""
+    from toolkit.infer.loading import load_target
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_target, cut)
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match=rf"target weights {weights}: unreadable \(.*\); a file cut short by an "
+                                         "interrupted download or copy"):
+        load_target(cut)
+    (tmp_path / "d.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert main(["regenerate", "--model", str(cut), "--data", str(tmp_path / "d.jsonl"), "--out",
+                 str(tmp_path / "o.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "unreadable" in err and "Traceback" not in err and not (tmp_path / "o.jsonl").exists()
+
+
+def test_a_chat_template_with_a_syntax_error_or_not_utf8_is_named(tiny_target, tmp_path):
+    from toolkit.data.chat import TokenizerError, load_tokenizer
+
+    (tmp_path / "bad.jinja").write_text("{% for m in messages %}{{ m.content }{% endfor %}")
+    with pytest.raises(TokenizerError, match=r"--chat-template .*bad.jinja: a Jinja syntax error at line 1: "):
+        load_tokenizer(model=str(tiny_target), chat_template=str(tmp_path / "bad.jinja"))
+    (tmp_path / "latin1.jinja").write_bytes("{% for m in messages %}{{ m.content }}é{% endfor %}".encode("latin-1"))
+    with pytest.raises(TokenizerError, match=r"latin1.jinja: not UTF-8 text"):
+        load_tokenizer(model=str(tiny_target), chat_template=str(tmp_path / "latin1.jinja"))
+    own = tmp_path / "own"  # a model folder whose own template is broken
+    shutil.copytree(tiny_target, own)
+    cfg = json.loads((own / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{{ messages[0].content }"
+    (own / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (own / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(TokenizerError, match=r"own's chat template: a Jinja syntax error"):
+        load_tokenizer(model=str(own))
+
+
+def test_a_recipe_with_keys_that_are_not_names_and_absurd_threads(tmp_path):
+    from toolkit.train.config import TrainConfig, load_config
+
+    (tmp_path / "r.yaml").write_text("1: x\nfoo: y\n")
+    with pytest.raises(ValueError, match=r"r.yaml: keys \[1\] are not names"):
+        load_config(str(tmp_path / "r.yaml"))
+    with pytest.raises(ValueError, match=r"threads 100000: give a number of CPU threads from 1 to 1024"):
+        TrainConfig(data="x", threads=100000)  # torch.set_num_threads(100000) crashed the process
+
+
+def test_a_damaged_checkpoint_is_named_on_resume(tmp_path):
+    from accelerate import Accelerator
+
+    from toolkit.train import checkpoint as ckpt
+
+    acc = Accelerator(cpu=True)
+    model, opt = acc.prepare(torch.nn.Linear(4, 4), torch.optim.AdamW(torch.nn.Linear(4, 4).parameters()))
+    acc.save_state(str(tmp_path / "checkpoint-2"))
+    weights = tmp_path / "checkpoint-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:40])
+    with pytest.raises(ValueError, match=r"cannot resume from .*checkpoint-2: it is damaged \(.*\); delete that "
+                                         "folder to resume from the checkpoint before it"):
+        ckpt.load(acc, tmp_path / "checkpoint-2")
+    weights.unlink()  # missing: accelerate looked for pytorch_model.bin and named that
+    with pytest.raises(ValueError, match=r"cannot resume from .*checkpoint-2: it is damaged"):
+        ckpt.load(acc, tmp_path / "checkpoint-2")
+
+
+def test_bench_reads_its_prompts_and_shard_before_loading_the_draft(tmp_path, capsys):
+    (tmp_path / "p.jsonl").write_text(json.dumps({"turns": ["hi"]}) + "\n" + "{not json\n")
+    for extra, named in ((["--shard", "x"], "--shard 'x'"), ([], "p.jsonl")):
+        assert main(["bench", "--draft", str(tmp_path / "no-such-draft"), "--prompts", str(tmp_path / "p.jsonl"),
+                     *extra]) == 2
+        err = capsys.readouterr().err
+        assert named in err and "no-such-draft" not in err
