@@ -36,7 +36,7 @@ def test_masked_tokens_decode_to_exactly_the_assistant_texts(name, request):
     tok = request.getfixturevalue(name)
     renderer = ChatRenderer(tok)
     rows, counts = tokenize(renderer, CONVS, 4096)
-    assert counts == {"truncated": 0, "no_assistant": 0, "bad": 0, "per_turn": 0} and len(rows) == 2
+    assert counts == {"truncated": 0, "no_assistant": 0, "bad": 0, "per_turn": 0, "refusal": None} and len(rows) == 2
     for conv, row in zip(CONVS, rows):
         answers = [m["content"] for m in conv if m["role"] == "assistant"]
         spans = runs(row["loss_mask"])
@@ -140,7 +140,7 @@ def test_a_template_that_drops_earlier_thinking_gives_one_sample_per_answer(qwen
     plain = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
              {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Bye."}]
     rows, counts = tokenize(renderer, [THOUGHT, plain], 4096)
-    assert counts == {"truncated": 0, "no_assistant": 0, "bad": 0, "per_turn": 1}
+    assert counts == {"truncated": 0, "no_assistant": 0, "bad": 0, "per_turn": 1, "refusal": None}
     assert [(r["index"], r["turn"]) for r in rows] == [(0, 1), (0, 2), (1, 0)]  # the plain one stays whole
     for row, k in zip(rows[:2], (1, 3)):
         (a, b), = runs(row["loss_mask"])
@@ -207,3 +207,28 @@ def test_prepare_data_and_token_counts_take_per_answer_samples(qwen3_like, tmp_p
     answers = qwen3_like("".join(m["content"] + "<|im_end|>" for m in THOUGHT[1::2]), add_special_tokens=False)
     assert res.counts.sum() == sum(sum(r) for r in ds["loss_mask"])
     assert np.array_equal(np.nonzero(res.counts)[0], np.unique(answers["input_ids"]))
+
+
+def test_conversations_the_template_refuses_are_said_with_its_reason(tiny_target, tmp_path, capsys):
+    """A template that takes no system turn (Gemma's, Mistral's raise_exception): the reason was dropped, and with
+    every conversation refused the error told the user to give assistant turns."""
+    import json
+
+    from toolkit.cli import main
+
+    (tmp_path / "t.jinja").write_text(
+        "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."}]
+    system = [{"role": "system", "content": "Be brief."}] + chat
+    for name, convs in (("all", [system] * 3), ("some", [system, chat, chat])):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+        rc = main(["prepare-data", "--model", str(tiny_target), "--data", str(tmp_path / f"{name}.jsonl"),
+                   "--out", str(tmp_path / f"out-{name}"), "--chat-template", str(tmp_path / "t.jinja")])
+        err = capsys.readouterr().err
+        assert "System role not supported" in err, err
+        if name == "all":
+            assert rc == 2 and "3 refused, the first: the chat template refused this conversation" in err
+        else:
+            assert rc == 0 and "; the first refused: the chat template refused this conversation" in err

@@ -38,14 +38,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def tokenize(renderer, convs: list[list[dict]], max_len: int) -> tuple[list[dict], dict]:
     """Rendered, tokenized and masked samples (`index` = position in convs, `turn` = the assistant turn a
-    per-turn sample ends with, else 0) plus counts (truncated, no_assistant, bad, per_turn)."""
-    counts = {"truncated": 0, "no_assistant": 0, "bad": 0, "per_turn": 0}
+    per-turn sample ends with, else 0) plus counts (truncated, no_assistant, bad, per_turn; refusal: the first
+    conversation's refusal by the chat template or its record, None without one)."""
+    counts = {"truncated": 0, "no_assistant": 0, "bad": 0, "per_turn": 0, "refusal": None}
     texts, all_spans, index = [], [], []
     for i, conv in enumerate(convs):
         try:
             samples = renderer.render_samples(conv)
-        except BadRecord:
+        except BadRecord as e:  # e.g. a template that takes no system turn (Gemma, Mistral): said at the end
             counts["bad"] += 1
+            counts["refusal"] = counts["refusal"] or str(e)
             continue
         counts["per_turn"] += len(samples) > 1  # one sample per answer (data/samples.py)
         for turn, (text, spans) in enumerate(samples, 1):
@@ -86,6 +88,7 @@ def main(args: argparse.Namespace) -> int:
     tok = load_tokenizer(model=str(folder) if folder else None, tokenizer=args.tokenizer,
                          chat_template=args.chat_template)
     renderer = ChatRenderer(tok, variables)
+    refused = []  # the first conversation the chat template (or its record) refused, said at the end
     totals = {"samples": 0, "kept": 0, "tokens": 0, "assistant_tokens": 0, "truncated": 0, "no_assistant": 0,
               "bad": 0, "plain_text": 0, "per_turn": 0}
 
@@ -108,6 +111,8 @@ def main(args: argparse.Namespace) -> int:
 
     def flush(batch, sources):
         kept, counts = tokenize(renderer, batch, args.max_len)
+        refused[:] = refused or ([counts["refusal"]] if counts["refusal"] else [])
+        counts.pop("refusal")
         for k, v in counts.items():
             totals[k] += v
         for r in kept:
@@ -121,8 +126,9 @@ def main(args: argparse.Namespace) -> int:
                                   "loss_mask": datasets.Sequence(datasets.Value("int8")),
                                   "num_tokens": datasets.Value("int32"), "source": datasets.Value("string")})
     def no_data() -> ValueError:
-        return ValueError(f"--data {' '.join(args.data)}: no sample with assistant tokens ({totals}); give "
-                          "conversations with assistant turns")
+        return ValueError(f"--data {' '.join(args.data)}: no sample with assistant tokens ({totals}); "
+                          + (f"{totals['bad']} refused, the first: {refused[0]}" if refused else
+                             "give conversations with assistant turns"))
 
     out.parent.mkdir(parents=True, exist_ok=True)
     # the rows are staged beside --out, not in $TMPDIR: a small or in-memory /tmp failed a big corpus at its end
@@ -154,5 +160,6 @@ def main(args: argparse.Namespace) -> int:
           f"assistant) -> {out}; truncated {totals['truncated']}, without assistant tokens "
           f"{totals['no_assistant'] + totals['plain_text']}, broken {totals['bad']}"
           + (f", {totals['per_turn']} conversations one sample per answer (the template rewrites earlier answers)"
-             if totals["per_turn"] else ""), file=sys.stderr)
+             if totals["per_turn"] else "") + (f"; the first refused: {refused[0]}" if refused else ""),
+          file=sys.stderr)
     return 0
