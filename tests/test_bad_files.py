@@ -82,3 +82,16 @@ def test_bench_reads_its_prompts_and_shard_before_loading_the_draft(tmp_path, ca
                      *extra]) == 2
         err = capsys.readouterr().err
         assert named in err and "no-such-draft" not in err
+
+
+def test_seeds_beyond_what_torch_takes_are_refused_before_loading(tmp_path, capsys):
+    """`Overflow when unpacking long long` came after the model loaded."""
+    from toolkit.train.config import TrainConfig
+
+    big = str(2 ** 64)
+    with pytest.raises(SystemExit):  # argparse's usage error
+        main(["bench", "--draft", "nowhere", "--prompts", "p.jsonl", "--seed", big])
+    assert f"argument --seed: {big}: give an integer from -9223372036854775808" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=rf"seed {big}: give an integer from -9223372036854775808 to"):
+        TrainConfig(data="x", seed=2 ** 64)
+    assert TrainConfig(data="x", seed=2 ** 64 - 1).seed == 2 ** 64 - 1

@@ -29,6 +29,7 @@ from toolkit.cpu_speed import threads_problem
 from toolkit.data.schemas import ReadStats, read_places
 from toolkit.data.turns import ON_LENGTH
 from toolkit.embedded import DEFAULT_MODEL
+from toolkit.seeds import seed_arg
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -52,7 +53,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (engine default 1; an endpoint "
                                                              "is sent none, so its own default applies)")
     p.add_argument("--num-samples", type=int, default=1, help="answers per conversation (needs temperature > 0)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (engine default 0); an endpoint gets one "
+    p.add_argument("--seed", type=seed_arg, default=None, help="sampling seed (engine default 0); an endpoint gets one "
                                                           "per conversation and turn derived from it, none without")
     p.add_argument("--limit", type=int, default=None, help="first N conversations only")
     p.add_argument("--shard", default="0/1", metavar="K/N",

@@ -21,6 +21,7 @@ from toolkit.atomic import check_out_path, write_text
 from toolkit.cpu_speed import threads_problem
 from toolkit.data.chat import template_kwargs
 from toolkit.embedded import DEFAULT_MODEL
+from toolkit.seeds import seed_arg
 from toolkit.infer import loading, lookup
 from toolkit.infer.bench_report import print_summary, write_png
 from toolkit.infer.prompts import answer_records, answer_turns, parse_shard, prompt_text, read_prompts, warm_up_ids
@@ -46,7 +47,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0 = off)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=seed_arg, default=0, help="sampling seed")
     p.add_argument("--num-steps", type=int, default=5, help="draft depth per round")
     p.add_argument("--topk", type=int, default=1, help="candidates per node (1 = chain)")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="tokens verified per round, root "

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from toolkit.cpu_speed import threads_problem
+from toolkit.seeds import seed_problem
 
 
 @dataclass
@@ -138,6 +139,8 @@ class TrainConfig:
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name} {getattr(self, name)}: must be a finite number")
         if problem := threads_problem(self.threads, "threads"):
+            problems.append(problem)
+        if problem := seed_problem(self.seed, "seed"):
             problems.append(problem)
         if problems:
             raise ValueError("bad training config: " + "; ".join(problems))
