@@ -207,6 +207,16 @@ def test_an_out_that_is_a_file_and_counts_that_are_not_are_refused_in_a_line(sha
     assert main(["build-token-map", "--tokenizer", tok, "--from-counts", str(tmp_path / "counts.txt"),
                  "--sizes", "8192", "--out", str(tmp_path / "out"), "--quiet"]) == 2
     assert "not a safetensors file" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    # hand-made counts: NaN ones failed on a conversion, negative ones printed -1600% coverage
+    from safetensors.torch import save_file
+
+    for bad in (torch.tensor([1.0, float("nan"), 2.0]), torch.tensor([5, -3, 2]), torch.ones(2, 3, dtype=torch.long),
+                torch.zeros(4, dtype=torch.long)):
+        save_file({"counts": bad}, str(tmp_path / "bad.safetensors"))
+        assert main(["build-token-map", "--tokenizer", tok, "--from-counts", str(tmp_path / "bad.safetensors"),
+                     "--sizes", "8192", "--out", str(tmp_path / "out"), "--quiet"]) == 2
+        assert "are not one non-negative integer count per token id" in capsys.readouterr().err
+        assert not (tmp_path / "out").exists()
     # an --out below a file failed with NotADirectoryError's traceback, after the counting
     assert main(["build-token-map", "--tokenizer", tok, "--data", str(shared / "data/train/gsm8k_train.jsonl"),
                  "--sizes", "8192", "--out", str(tmp_path / "a_file" / "maps"), "--quiet"]) == 2

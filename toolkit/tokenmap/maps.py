@@ -172,4 +172,8 @@ def load_counts(path: str | Path) -> tuple[np.ndarray, dict]:
                             "token_counts.safetensors a build wrote") from None
     if counts is None:
         raise TokenMapError(f"--from-counts {path}: no 'counts' tensor; is it a token_counts.safetensors?")
+    if counts.ndim != 1 or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any() or counts.sum() == 0:
+        raise TokenMapError(f"--from-counts {path}: its counts ({counts.dtype}, shape {list(counts.shape)}) are not "
+                            "one non-negative integer count per token id with some tokens counted, as a build writes "
+                            "them")
     return counts, meta
