@@ -95,3 +95,19 @@ def test_seeds_beyond_what_torch_takes_are_refused_before_loading(tmp_path, caps
     with pytest.raises(ValueError, match=rf"seed {big}: give an integer from -9223372036854775808 to"):
         TrainConfig(data="x", seed=2 ** 64)
     assert TrainConfig(data="x", seed=2 ** 64 - 1).seed == 2 ** 64 - 1
+
+
+def test_broken_json_files_of_a_folder_are_named(tiny_target, tmp_path):
+    """json's own message ("Expecting property name: line 1 column 2") named no file."""
+    from toolkit.infer.config import ModelConfig
+    from toolkit.train.data import PreparedData
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{'model_type': 'llama'}")
+    with pytest.raises(ValueError, match=r"m/config.json: not valid JSON \(Expecting property name enclosed in "
+                                         r"double quotes at line 1, column 2\)"):
+        ModelConfig.from_folder(tmp_path / "m")
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "toolkit_prepare.json").write_text("{")
+    with pytest.raises(ValueError, match=r"prepared data .*p/toolkit_prepare.json: not valid JSON"):
+        PreparedData(tmp_path / "p", 64)

@@ -5,7 +5,6 @@ Kimi-K2 (MLA attention: deepseek.py; MoE MLPs), Gemma 2 / 3 (gemma_config.py, ge
 keys: family_keys.py), validated on construction."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -18,6 +17,7 @@ from toolkit.infer.gemma_config import GEMMA_KINDS, Gemma, gemma_from_hf, gemma_
 from toolkit.infer.llama4_config import Llama4, llama4_from_hf
 from toolkit.infer.moe_config import MoE, moe_from_hf
 from toolkit.infer.rope import ROPE_TYPES  # noqa: F401  (importers read the accepted types here)
+from toolkit.json_files import read_json
 
 
 class Family(NamedTuple):
@@ -212,7 +212,7 @@ class ModelConfig:
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
-        return cls.from_hf(json.loads((Path(folder) / "config.json").read_text()))
+        return cls.from_hf(read_json(Path(folder) / "config.json"))
 
     def default_aux_layers(self) -> list[int]:
         """EAGLE-3's low/mid/high layers (their outputs): [1, L//2 - 1, L - 4] (SGLang/SpecForge default)."""

@@ -4,7 +4,6 @@ folder's own rules, its kind and its target, are draft_folder.py's), the stop to
 the load-time sanity probe."""
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ import torch
 
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.gpu_half import gpu_label, has_bf16, refuse_bf16
+from toolkit.json_files import read_json
 from toolkit.infer import fp8, mxfp4
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
@@ -59,7 +59,7 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     missing or unexpected tensor is an error naming it (no weight is ever left random)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
-    tensors = _read_tensors(folder, config, json.loads((folder / "config.json").read_text()), dtype, device)
+    tensors = _read_tensors(folder, config, read_json(folder / "config.json"), dtype, device)
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
     with torch.device("meta"):
@@ -155,7 +155,7 @@ def stop_ids(tok, folder: Path | None = None) -> set[int]:
     ids |= {vocab[t] for t in turn_ends if t in vocab}
     for name in ("generation_config.json", "config.json") if folder is not None else ():
         path = Path(folder) / name
-        cfg = json.loads(path.read_text()) if path.is_file() else {}
+        cfg = read_json(path) if path.is_file() else {}
         eos = cfg.get("eos_token_id", cfg.get("text_config", {}).get("eos_token_id"))
         ids |= {int(i) for i in (eos if isinstance(eos, list) else [eos]) if isinstance(i, int)}
     return ids

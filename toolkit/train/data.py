@@ -9,7 +9,6 @@ batches an uninterrupted run sees.
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Iterator
@@ -17,6 +16,7 @@ from typing import Iterator
 import torch
 
 from toolkit.infer.weight_files import read_safetensors
+from toolkit.json_files import read_json
 
 
 class PreparedData:
@@ -29,7 +29,7 @@ class PreparedData:
         if not (folder / "toolkit_prepare.json").is_file():
             what = "not a prepared dataset (no toolkit_prepare.json)" if folder.exists() else "no such folder"
             raise ValueError(f"data {folder}: {what}; run `toolkit prepare-data --out` first")
-        self.meta = json.loads((folder / "toolkit_prepare.json").read_text())
+        self.meta = read_json(folder / "toolkit_prepare.json", "prepared data")
         ds = datasets.load_from_disk(str(folder))
         self.lengths = [min(n, max_len) for n in ds["num_tokens"]]
         self.ds = ds.with_format("torch", columns=["input_ids", "loss_mask"])
@@ -63,13 +63,13 @@ def read_index(folder: Path) -> tuple[dict, list[tuple[Path, dict]]]:
     """(the dump's setup, [(folder, index.json)]): one folder's index, or those of its part-I-of-N folders
     (`dump-hidden-states --part`, torchrun), which must all be there and share one setup."""
     if (folder / "index.json").is_file():
-        index = json.loads((folder / "index.json").read_text())
+        index = read_json(folder / "index.json", "hidden-state index")
         return index, [(folder, index)]
     found = sorted(folder.glob("part-*-of-*/index.json")) if folder.is_dir() else []
     if not found:
         raise ValueError(f"hidden_states {folder}: no index.json, nor part-I-of-N folders holding one (run `toolkit "
                          "dump-hidden-states` first)")
-    parts = [(p.parent, json.loads(p.read_text())) for p in found]
+    parts = [(p.parent, read_json(p, "hidden-state index")) for p in found]
     names = {p.name for p, _ in parts}
     counts = {int(name.rsplit("-of-", 1)[1]) for name in names}
     missing = sorted({f"part-{i}-of-{n}" for n in counts for i in range(n)} - names)

@@ -34,6 +34,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from transformers import get_scheduler
 
     from toolkit.infer.loading import load_target
+    from toolkit.json_files import read_json
     from toolkit.models import fingerprint, resolve_target
     from toolkit.tokenmap.maps import save_vocab_map
     from toolkit.train import checkpoint as ckpt
@@ -77,7 +78,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
 
     # --- target, data and draft vocabulary -------------------------------------------------------------
     folder = resolve_target(cfg.model)
-    target_hf = json.loads((folder / "config.json").read_text())
+    target_hf = read_json(folder / "config.json")
     target_fp = fingerprint(folder)
     device = acc.device
     dtype = target_dtype(cfg.dtype, device, acc.mixed_precision)  # the GPU's half precision; fp32 or bf16 on a CPU
@@ -136,7 +137,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     if args.resume:
         check_signature(out / "run.json", signature, folder)
         if (out / "train_config.json").is_file():
-            check_resume(json.loads((out / "train_config.json").read_text()), cfg)
+            check_resume(read_json(out / "train_config.json"), cfg)
     model = DraftTrainable(head, parts["embed_tokens.weight"], cfg.ttt_steps)
     rows_per_step = cfg.batch_size * cfg.grad_accum * acc.num_processes
     total = cfg.max_steps or max(1, int(cfg.epochs * len(train_rows) / rows_per_step))
