@@ -111,3 +111,21 @@ def test_broken_json_files_of_a_folder_are_named(tiny_target, tmp_path):
     (tmp_path / "p" / "toolkit_prepare.json").write_text("{")
     with pytest.raises(ValueError, match=r"prepared data .*p/toolkit_prepare.json: not valid JSON"):
         PreparedData(tmp_path / "p", 64)
+
+
+def test_json_of_the_wrong_shape_in_a_draft_or_a_dump_is_named(tmp_path):
+    """Valid JSON, wrong shape (hand-edited): AttributeError / TypeError tracebacks before."""
+    from toolkit.infer.draft_folder import recorded_target
+    from toolkit.train.data import read_index
+
+    for i, cfg in enumerate((None, [], {"toolkit": "x"})):
+        (tmp_path / f"d{i}").mkdir()
+        (tmp_path / f"d{i}" / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(ValueError, match=r"config.json: a draft's config.json is a JSON object"):
+            recorded_target(str(tmp_path / f"d{i}"))
+    for i, index in enumerate(([], {"aux_layer_ids": None, "shards": []}, {"aux_layer_ids": [1, 2, 3], "shards": None},
+                               {"aux_layer_ids": [1, 2, 3], "shards": [{"file": "a"}]})):
+        (tmp_path / f"h{i}").mkdir()
+        (tmp_path / f"h{i}" / "index.json").write_text(json.dumps(index))
+        with pytest.raises(ValueError, match=r"index.json: not the layout `toolkit dump-hidden-states` writes"):
+            read_index(tmp_path / f"h{i}")

@@ -21,6 +21,10 @@ def recorded_target(draft: str) -> dict:
         cfg = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("toolkit") or {}, dict):
+        what = f"a {type(cfg).__name__}" if not isinstance(cfg, dict) else f"toolkit: {cfg['toolkit']!r}"[:60]
+        raise ValueError(f"{path}: a draft's config.json is a JSON object (its \"toolkit\" entry one too); this one "
+                         f"holds {what}")
     verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     return cfg.get("toolkit") or ({"target": verifier} if verifier else {})
 

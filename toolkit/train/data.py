@@ -59,17 +59,30 @@ class PreparedData:
             yield torch.cat(out)
 
 
+def _check_index(path: Path, index) -> None:
+    """An index.json of dump-hidden-states' layout (docs/formats.md section 8), or a ValueError naming it."""
+    ok = isinstance(index, dict) and isinstance(index.get("shards"), list) and all(
+        isinstance(s, dict) and {"file", "num_samples"} <= s.keys() for s in index["shards"]) and isinstance(
+        index.get("aux_layer_ids"), list)
+    if not ok:
+        raise ValueError(f"hidden-state index {path}: not the layout `toolkit dump-hidden-states` writes (an object "
+                         "with aux_layer_ids and a list of shards, each with file and num_samples); dump again")
+
+
 def read_index(folder: Path) -> tuple[dict, list[tuple[Path, dict]]]:
     """(the dump's setup, [(folder, index.json)]): one folder's index, or those of its part-I-of-N folders
     (`dump-hidden-states --part`, torchrun), which must all be there and share one setup."""
     if (folder / "index.json").is_file():
         index = read_json(folder / "index.json", "hidden-state index")
+        _check_index(folder / "index.json", index)
         return index, [(folder, index)]
     found = sorted(folder.glob("part-*-of-*/index.json")) if folder.is_dir() else []
     if not found:
         raise ValueError(f"hidden_states {folder}: no index.json, nor part-I-of-N folders holding one (run `toolkit "
                          "dump-hidden-states` first)")
     parts = [(p.parent, read_json(p, "hidden-state index")) for p in found]
+    for p, index in parts:
+        _check_index(p / "index.json", index)
     names = {p.name for p, _ in parts}
     counts = {int(name.rsplit("-of-", 1)[1]) for name in names}
     missing = sorted({f"part-{i}-of-{n}" for n in counts for i in range(n)} - names)
