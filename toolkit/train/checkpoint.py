@@ -66,13 +66,12 @@ def load(accelerator, checkpoint: Path) -> None:
     fp16 was its default) has no loss scale saved, where accelerate would fail on the missing file: its scale starts
     afresh (the scaler finds it again in a few skipped steps)."""
     from accelerate.utils import SCALER_NAME
+    from safetensors import SafetensorError
 
     scaler = accelerator.scaler
     if scaler is not None and not (checkpoint / SCALER_NAME).is_file():
         accelerator.print(f"{checkpoint} was written without fp16 loss scaling: the loss scale starts afresh")
         accelerator.scaler = None
-    from safetensors import SafetensorError
-
     try:
         accelerator.load_state(str(checkpoint))
     except (SafetensorError, RuntimeError, OSError, EOFError) as err:  # a file cut short, missing or not one
