@@ -11,14 +11,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import re
 import struct
 from pathlib import Path
 
+from toolkit import hub
 from toolkit.embedded import DEFAULT_MODEL, EMBEDDED, MARKER, cache_dir, ensure_embedded, model_dir
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 class TargetError(ValueError):
@@ -39,7 +36,7 @@ def resolve_target(name: str | None = None) -> Path:
     if path.exists():
         raise TargetError(f"--model {name}: is a file; give a Hugging Face model folder, a hub id or one of "
                           f"the built-in aliases {sorted(EMBEDDED)}")
-    if HUB_ID.match(name):
+    if hub.HUB_ID.match(name):
         return _from_hub(name)
     raise TargetError(f"--model {name!r} is not a folder, not a hub id (org/name) and not a built-in alias; "
                       f"built-in aliases: {', '.join(sorted(EMBEDDED))}")
@@ -63,18 +60,11 @@ def _refuse_a_draft(name: str, config: Path) -> None:
 
 
 def _from_hub(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
-    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=offline))
-    except Exception as err:  # huggingface_hub raises several types for "not reachable / not cached"
-        how = ("HF_HUB_OFFLINE is set and it is not in the local HF cache" if offline
-               else "the hub could not be reached and it is not in the local HF cache")
-        raise TargetError(f"--model {repo_id}: {how} ({type(err).__name__}). Download it where the hub is "
-                          f"reachable (unset HF_HUB_OFFLINE), or pass a local folder or a built-in alias "
-                          f"({', '.join(sorted(EMBEDDED))}).") from None
+        return hub.snapshot(repo_id, "--model", hub.MODEL_FILES,
+                            f"a local folder or a built-in alias ({', '.join(sorted(EMBEDDED))})")
+    except ValueError as err:
+        raise TargetError(str(err)) from None
 
 
 # config.json keys that say who wrote the file, not what the model is: transformers stamps its version, so

@@ -406,3 +406,20 @@ def test_bad_bench_options_are_refused_before_loading(tmp_path, capsys, extra, m
     assert main(["bench", "--draft", str(tmp_path / "nowhere"), "--prompts", "p.jsonl", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "no config.json" not in err, err
+
+
+def test_bench_takes_sglangs_flag_names_and_a_draft_as_a_hub_id(tmp_path, capsys, monkeypatch):
+    """--speculative-draft-model-path org/name is fetched as SGLang fetches it; offline and not cached, the error names
+    the id (before the target is loaded), and --speculative-num-draft-tokens is read as --num-draft-tokens."""
+    import huggingface_hub.constants
+
+    from conftest import ROOT
+    from toolkit.cli import main
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    prompts = str(ROOT / "examples/prompts.jsonl")
+    assert main(["bench", "--speculative-draft-model-path", "org/absent-head", "--prompts", prompts]) == 2
+    assert "--draft org/absent-head: HF_HUB_OFFLINE is set and it is not in the local HF cache" in capsys.readouterr().err
+    assert main(["bench", "--draft", "org/absent-head", "--prompts", prompts, "--speculative-num-draft-tokens", "9"]) == 2
+    assert "--num-draft-tokens 9: must be in 2..6" in capsys.readouterr().err

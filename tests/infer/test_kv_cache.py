@@ -37,3 +37,35 @@ def test_keep_path_copies_nothing_for_a_chain():
     before = cache.k.clone()
     cache.keep_path(0, 3, [0, 1, 2])
     assert torch.equal(cache.k, before)
+
+
+def test_a_cache_larger_than_free_memory_is_refused_with_the_figures_and_what_fits(monkeypatch):
+    """--max-batch-size 100000 once allocated lazily after minutes of loading (a CPU is killed when the pages fill,
+    a GPU fails in its allocator); the engine now names the sizes and the length that fits."""
+    import pytest
+
+    from toolkit.infer import kv_cache
+
+    monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: 10**9)
+    per_slot = 2 * 1 * (8 + 8) * 4  # layers x kv heads x (k + v dims) x fp32 bytes
+    assert kv_cache.cache_bytes(CONFIG, 3, 16) == per_slot * 3 * 16
+    kv_cache.check_fits(CONFIG, 4, 1000, torch.float32, "cpu")  # 0.5 MB: fits
+    with pytest.raises(ValueError) as err:
+        kv_cache.check_fits(CONFIG, 100_000, 4096, torch.float32, "cpu", spare_rows=4)
+    fits = 10**9 // (per_slot * 100_004)
+    assert str(err.value) == (f"the KV cache for 100000 sequences (+ 4 prefix-cache rows) of 4096 tokens needs "
+                              f"{per_slot * 100_004 * 4096 / 1e9:.1f} GB and the cpu has 1.0 GB free: lower the batch "
+                              f"(--max-batch-size) or the length (--max-seq-len: {fits} fits this batch; 0 sizes it "
+                              "from free memory)")
+    monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: (_ for _ in ()).throw(OSError("no meminfo")))
+    kv_cache.check_fits(CONFIG, 100_000, 4096, torch.float32, "cpu")  # unknown free memory: not refused
+
+
+def test_the_cli_refuses_a_batch_too_large_for_memory(tiny_target, capsys):
+    from toolkit.cli import main
+
+    code = main(["serve", str(tiny_target), "--no-speculation", "--max-num-seqs", "10000000", "--port", "0",
+                 "--threads", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "toolkit serve: error: the KV cache for 10000000 sequences (+ 4 prefix-cache rows) of 1024 " \
+                         "tokens needs" in err and "lower the batch (--max-batch-size)" in err, err

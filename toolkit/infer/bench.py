@@ -21,19 +21,22 @@ from toolkit.atomic import check_out_path, write_text
 from toolkit.cpu_speed import threads_problem
 from toolkit.data.chat import template_kwargs
 from toolkit.embedded import DEFAULT_MODEL
-from toolkit.seeds import seed_arg
+from toolkit import hub
 from toolkit.infer import loading, lookup
 from toolkit.infer.bench_report import print_summary, write_png
 from toolkit.infer.prompts import answer_records, answer_turns, parse_shard, prompt_text, read_prompts, warm_up_ids
 from toolkit.infer.tree import TreeConfig
+from toolkit.seeds import seed_arg
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", required=True, help="draft folder: EAGLE-3, EAGLE-1/2 (SafeAILab layout) or MTP "
-                                                  "(ours, or a target that ships MTP layers); docs/formats.md")
-    p.add_argument("--token-map", default=None, help="FR-Spec freq_N.pt for an EAGLE-1/2 or MTP head (EAGLE-3 "
-                                                     "heads carry their vocabulary)")
-    p.add_argument("--model", default=None, help="target (default: the one the draft records, else "
+    p.add_argument("--draft", "--speculative-draft-model-path", required=True,
+                   help="draft folder or hub id: EAGLE-3, EAGLE-1/2 (SafeAILab layout) or MTP (ours, or a target that "
+                        "ships MTP layers); docs/formats.md")
+    p.add_argument("--token-map", "--speculative-token-map", default=None,
+                   help="FR-Spec freq_N.pt (or org/name/freq_N.pt on the hub) for an EAGLE-1/2 or MTP head (EAGLE-3 "
+                        "heads carry their vocabulary)")
+    p.add_argument("--model", "--model-path", default=None, help="target (default: the one the draft records, else "
                                                  f"{DEFAULT_MODEL})")
     p.add_argument("--prompts", required=True, help="JSONL/JSON prompts: MT-bench turns or any corpus schema")
     p.add_argument("--limit", type=int, default=None, help="first N prompts only (of the shard, with --shard)")
@@ -48,10 +51,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens (0 = off)")
     p.add_argument("--seed", type=seed_arg, default=0, help="sampling seed")
-    p.add_argument("--num-steps", type=int, default=5, help="draft depth per round")
-    p.add_argument("--topk", type=int, default=1, help="candidates per node (1 = chain)")
-    p.add_argument("--num-draft-tokens", type=int, default=None, help="tokens verified per round, root "
-                                                                      "included (default: num_steps + 1)")
+    p.add_argument("--num-steps", "--speculative-num-steps", type=int, default=5, help="draft depth per round")
+    p.add_argument("--topk", "--speculative-eagle-topk", type=int, default=1, help="candidates per node (1 = chain)")
+    p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", type=int, default=None,
+                   help="tokens verified per round, root included (default: num_steps + 1)")
     p.add_argument("--baseline", action="store_true", help="also run the engine without speculation")
     p.add_argument("--compare-hf", action="store_true", help="also run transformers generate")
     p.add_argument("--compare-pld", type=int, default=0, metavar="N",
@@ -107,7 +110,7 @@ def run_engine(engine, tok, prompts, params, seed, stops: set[int]) -> tuple[lis
 
 
 def parse_sweep(text: str, branch: lookup.LookupConfig | None = None,
-                max_ngram: int = 3) -> list[tuple[TreeConfig, lookup.LookupConfig | None]]:
+                max_ngram: int = 3, min_ngram: int = 1) -> list[tuple[TreeConfig, lookup.LookupConfig | None]]:
     """'S,K,N;S,K,N,L' -> [(tree, lookup branch or None)]: an entry's fourth number is its lookup branch's
     length (0 = none); an entry of three takes the run's --lookup (`branch`)."""
     entries = []
@@ -122,7 +125,7 @@ def parse_sweep(text: str, branch: lookup.LookupConfig | None = None,
         if len(numbers) == 4 and numbers[3] < 0:
             raise ValueError(f"--sweep entry {item.strip()!r}: the lookup length must be >= 0 (0 = no branch)")
         own = branch if len(numbers) == 3 else (
-            lookup.LookupConfig(numbers[3], max_ngram) if numbers[3] else None)
+            lookup.LookupConfig(numbers[3], max_ngram, min_ngram) if numbers[3] else None)
         try:
             entries.append((TreeConfig(*numbers[:3]), own))
         except ValueError as e:  # TreeConfig names the run's flags, not this entry
@@ -167,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
                       args.num_steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     branch = lookup.from_args(args)
-    sweep = parse_sweep(args.sweep, branch, args.lookup_max_ngram) if args.sweep else []
+    sweep = parse_sweep(args.sweep, branch, args.lookup_max_ngram, args.lookup_min_ngram) if args.sweep else []
     for cfg, own in sweep:
         if own is not None and args.sample_draft and cfg.topk == 1:
             raise ValueError(f"--sweep entry {cfg.num_steps},1,{cfg.num_draft_tokens},{own.num_tokens}: "
@@ -180,7 +183,9 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--sample-draft applies to chains (--topk 1), and no run here is one (--topk {args.topk}"
                          f"{', and every --sweep entry has topk > 1' if sweep else ''}): drop it or add a chain")
     prompts = read_prompts(args.prompts, args.limit, parse_shard(args.shard), variables)  # before minutes of loading
-    loaded = load(args.draft, args.model, args.token_map, args.device, args.dtype, args.kernels, args.fp32_lm_head)
+    draft = hub.draft_folder(args.draft)  # a hub id: fetched (or found in the HF cache) now
+    loaded = load(draft, args.model, hub.file(args.token_map, "--token-map"), args.device, args.dtype, args.kernels,
+                  args.fp32_lm_head)
     folder, tok, target, head = loaded.folder, loaded.tok, loaded.target, loaded.head
     stops = stop_ids(tok, folder)  # the same end-of-turn set for our engine and transformers' generate
     device, dtype = target.embed_tokens.weight.device, target.embed_tokens.weight.dtype

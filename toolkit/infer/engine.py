@@ -20,7 +20,7 @@ import torch
 
 from toolkit.infer.draft_sampling import gumbel_inputs
 from toolkit.infer.drafts import Eagle3Head
-from toolkit.infer.kv_cache import free_memory_bytes, max_len_for_memory
+from toolkit.infer.kv_cache import check_fits, free_memory_bytes, max_len_for_memory
 from toolkit.infer.logprobs import prompt_logprobs, token_logprobs
 from toolkit.infer.lookup import LookupConfig, graft_all, propose
 from toolkit.infer.model import Transformer
@@ -74,6 +74,7 @@ class Engine:
         target.config.check_max_len(max_len)  # a sliding window or a length-dependent rope is exact only so far
         if max_len < 2:
             raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
+        check_fits(target.config, max_batch, max_len, dtype, self.device, prefix_cache_rows)
         self.max_len, self.max_batch = max_len, max_batch
         self.runner = Runner(target, head, self.tree, extra, max_len, max_batch, cuda_graphs, graph_capture, compile,
                              sample_draft, prefix_cache_rows)

@@ -7,11 +7,31 @@ import torch
 from toolkit.infer.config import ModelConfig
 
 
+def cache_bytes(config: ModelConfig, batch: int, max_len: int, dtype=torch.float32) -> int:
+    """Bytes of a cache (k and v, all layers) of `batch` sequences of `max_len` slots."""
+    heads, k_dim, v_dim = config.cache_dims
+    return config.num_layers * heads * (k_dim + v_dim) * torch.finfo(dtype).bits // 8 * batch * max_len
+
+
 def max_len_for_memory(config: ModelConfig, budget_bytes: int, batch: int = 1, dtype=torch.float32) -> int:
     """The longest per-sequence cache (k and v, all layers) that fits `budget_bytes` for `batch` sequences."""
-    heads, k_dim, v_dim = config.cache_dims
-    per_slot = config.num_layers * heads * (k_dim + v_dim) * torch.finfo(dtype).bits // 8
-    return int(budget_bytes // (per_slot * batch))
+    return int(budget_bytes // cache_bytes(config, batch, 1, dtype))
+
+
+def check_fits(config: ModelConfig, batch: int, max_len: int, dtype, device, spare_rows: int = 0) -> None:
+    """Refuse a cache larger than the device's free memory, naming the figures and what fits, rather than fail in
+    the allocator (a CUDA OOM) or be killed later as the lazily committed pages fill (a CPU)."""
+    try:
+        free = free_memory_bytes(device)
+    except (OSError, KeyError):  # no /proc/meminfo: not Linux
+        return
+    need = cache_bytes(config, batch + spare_rows, max_len, dtype)
+    if need > free:
+        fits = max_len_for_memory(config, free, batch + spare_rows, dtype)
+        rows = f"{batch} sequences" + (f" (+ {spare_rows} prefix-cache rows)" if spare_rows else "")
+        raise ValueError(f"the KV cache for {rows} of {max_len} tokens needs {need / 1e9:.1f} GB and the "
+                         f"{torch.device(device).type} has {free / 1e9:.1f} GB free: lower the batch "
+                         f"(--max-batch-size) or the length (--max-seq-len: {fits} fits this batch; 0 sizes it from free memory)")
 
 
 def free_memory_bytes(device: torch.device | str) -> int:

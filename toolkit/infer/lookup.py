@@ -42,7 +42,9 @@ def add_args(p: argparse.ArgumentParser, alone: str = "") -> None:
                    help="also propose up to N tokens by prompt lookup each round, merged into the head's tree as one "
                         f"more branch and verified in the same forward (0 = off){alone}")
     p.add_argument("--lookup-max-ngram", type=int, default=3, metavar="M",
-                   help="the longest suffix the lookup matches (then shorter ones, down to 1)")
+                   help="the longest suffix the lookup matches (then shorter ones, down to --lookup-min-ngram)")
+    p.add_argument("--lookup-min-ngram", type=int, default=1, metavar="M",
+                   help="the shortest suffix the lookup matches (vLLM's prompt_lookup_min)")
 
 
 def from_args(args: argparse.Namespace) -> LookupConfig | None:
@@ -52,7 +54,7 @@ def from_args(args: argparse.Namespace) -> LookupConfig | None:
     if args.lookup and args.sample_draft:
         raise ValueError("--sample-draft and --lookup do not mix: a sampled chain's draft law does not cover the "
                          "lookup branch; drop one of them")
-    return LookupConfig(args.lookup, args.lookup_max_ngram) if args.lookup else None
+    return LookupConfig(args.lookup, args.lookup_max_ngram, args.lookup_min_ngram) if args.lookup else None
 
 
 def propose(context: list[int], cfg: LookupConfig) -> list[int]:

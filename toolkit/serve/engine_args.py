@@ -11,23 +11,30 @@ import torch
 
 from toolkit.cpu_speed import threads_problem
 from toolkit.embedded import DEFAULT_MODEL
+from toolkit import hub
 from toolkit.infer import loading, lookup
+from toolkit.serve import launch_flags
 from toolkit.serve.reasoning import PARSERS
 from toolkit.serve.tool_calls import ALIASES as TOOL_ALIASES
 from toolkit.serve.tool_calls import PARSERS as TOOL_PARSERS
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", default=None, help="EAGLE-3, EAGLE-1/2 or MTP draft folder, or a target that ships "
-                                                 "MTP layers (without it: plain decoding)")
-    p.add_argument("--model", default=None, help=f"target (default: the one the draft records, else {DEFAULT_MODEL})")
-    p.add_argument("--token-map", default=None, help="FR-Spec freq_N.pt for an EAGLE-1/2 or MTP head")
+    p.add_argument("--draft", "--speculative-draft-model-path", default=None,
+                   help="EAGLE-3, EAGLE-1/2 or MTP draft folder or hub id, or a target that ships MTP layers (without "
+                        "it: plain decoding)")
+    p.add_argument("--model", "--model-path", default=None,
+                   help=f"target (default: the one the draft records, else {DEFAULT_MODEL})")
+    p.add_argument("--token-map", "--speculative-token-map", default=None,
+                   help="FR-Spec freq_N.pt for an EAGLE-1/2 or MTP head (a file, or org/name/freq_N.pt on the hub)")
     p.add_argument("--served-model-name", default=None, help="the name requests send as `model` (default: --model, "
                                                              "else the draft's recorded target)")
-    p.add_argument("--num-steps", type=int, default=None, help="draft depth per round (default 5)")
-    p.add_argument("--topk", type=int, default=None, help="candidates per node (default 1 = chain)")
-    p.add_argument("--num-draft-tokens", type=int, default=None, help="tokens verified per round, root included "
-                                                                      "(default: num_steps + 1)")
+    p.add_argument("--num-steps", "--speculative-num-steps", type=int, default=None,
+                   help="draft depth per round (default 5)")
+    p.add_argument("--topk", "--speculative-eagle-topk", type=int, default=None,
+                   help="candidates per node (default 1 = chain)")
+    p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", type=int, default=None,
+                   help="tokens verified per round, root included (default: num_steps + 1)")
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone (plain decoding)")
     p.add_argument("--speculative-disable-by-batch-size", type=int, default=None, metavar="N",
                    help="decode without drafting while more than N sequences run (as vLLM's option): under load "
@@ -55,9 +62,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="sampling values a request that leaves them out gets: auto (default, as vLLM) = the target's "
                         "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, "
                         "max_new_tokens), vllm = neutral (T 1, top_p 1), or a folder's generation_config.json")
-    p.add_argument("--max-batch-size", type=int, default=16, help="sequences in the running batch")
-    p.add_argument("--max-seq-len", type=int, default=4096, help="prompt + generation per sequence (capped by the "
-                                                                 "model); 0 = size the KV cache from free memory")
+    p.add_argument("--max-batch-size", "--max-num-seqs", "--max-running-requests", type=int, default=16,
+                   help="sequences in the running batch")
+    p.add_argument("--max-seq-len", "--max-model-len", "--context-length", type=int, default=4096,
+                   help="prompt + generation per sequence (capped by the model); 0 = size the KV cache from free "
+                        "memory")
     p.add_argument("--prefix-cache-rows", type=int, default=4, metavar="N",
                    help="cache rows beside the batch's that keep finished requests' KV, so a prompt that starts "
                    "alike (a later chat turn, a shared system prompt) prefills only the rest (default 4; 0 = off)")
@@ -67,6 +76,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     loading.add_args(p)
     lookup.add_args(p, "; with --no-speculation, prompt lookup alone")
+    launch_flags.add_args(p)
     p.add_argument("--sample-draft", action="store_true", help="chains (--topk 1), requests with temperature > 0: "
                    "draw the draft tokens from the head's tempered distribution and verify with speculative sampling "
                    "instead of proposing its top-1")
@@ -77,6 +87,7 @@ def check(args: argparse.Namespace, command: str):
     Sets args.template_kwargs (the parsed --default-chat-template-kwargs) and resolves a tool parser's alias."""
     from toolkit.infer.tree import TreeConfig
 
+    launch_flags.apply(args)  # SGLang's / vLLM's launch flags, as ours
     if args.max_batch_size < 1:
         raise ValueError(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
     if args.prefix_cache_rows < 0:
@@ -137,6 +148,13 @@ def check(args: argparse.Namespace, command: str):
         from toolkit.serve.defaults import sampling_defaults
 
         sampling_defaults(args.generation_config, None)
+    # a hub id: fetched (or found in the HF cache) now, before loading
+    args.draft = hub.draft_folder(args.draft, revision=args.draft_revision)
+    args.token_map = hub.file(args.token_map, "--token-map")
+    if args.draft_kinds is not None and not args.no_speculation:  # the algorithm / method named a kind of draft
+        from toolkit.infer.draft_folder import draft_kind
+
+        launch_flags.check_kind(args, draft_kind(args.draft))
     return tree, branch
 
 

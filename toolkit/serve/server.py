@@ -19,6 +19,8 @@ from toolkit.serve import engine_args
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the target, as `vllm serve MODEL` names it (the same as --model)")
     engine_args.add_args(p)  # what shapes the engine and reads requests, shared with `toolkit run-batch`
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 exposes the server)")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port")

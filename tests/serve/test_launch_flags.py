@@ -1,0 +1,161 @@
+"""SGLang's and vLLM's speculative launch flags (toolkit/serve/launch_flags.py): each read as our own flags, the kind
+of draft they name checked against the folder, what neither engine here serves refused by name, and a launch line
+of each server run end to end (a draft given as a hub id from the HF cache) with the answers of our own flags."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from toolkit.cli import build_parser, main
+from toolkit.serve.engine_args import check
+
+
+def parsed(*argv: str):
+    args = build_parser().parse_args(["serve", *argv])
+    tree, branch = check(args, "serve")
+    return args, tree, branch
+
+
+def test_sglang_names_are_our_flags():
+    args, tree, branch = parsed("--model-path", "m", "--speculative-draft-model-path", "d", "--speculative-num-steps",
+                                "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8",
+                                "--speculative-token-map", "maps/freq_8192.pt", "--max-running-requests", "4",
+                                "--context-length", "1024", "--speculative-accept-threshold-single", "1.0")
+    assert (args.model, args.draft, args.token_map) == ("m", "d", "maps/freq_8192.pt")
+    assert vars(tree) == {"num_steps": 3, "topk": 4, "num_draft_tokens": 8} and branch is None
+    assert (args.max_batch_size, args.max_seq_len) == (4, 1024)
+
+
+def test_vllm_names_and_its_positional_model_are_our_flags():
+    args, tree, _ = parsed("m", "--speculative-config", json.dumps(
+        {"model": "d", "num_speculative_tokens": 3, "disable_by_batch_size": 8,  # no method: any kind of draft
+         "draft_tensor_parallel_size": 1, "quantization": None}), "--max-num-seqs", "2", "--max-model-len", "512")
+    assert (args.model, args.draft, args.speculative_disable_by_batch_size) == ("m", "d", 8)
+    assert vars(tree) == {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}  # vLLM drafts a chain of k
+    assert (args.max_batch_size, args.max_seq_len) == (2, 512)
+
+
+@pytest.mark.parametrize("argv, lookup", [
+    (["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"], (7, 3, 1)),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'], (4, 5, 5)),  # vLLM's defaults
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'], (4, 3, 3)),
+    (["--speculative-config", '{"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_min": 1, '
+                              '"prompt_lookup_max": 4}'], (2, 4, 1)),
+])
+def test_ngram_is_prompt_lookup_alone(argv, lookup):
+    args, _, branch = parsed("--model", "m", *argv)
+    assert args.no_speculation and args.draft is None
+    assert (branch.num_tokens, branch.max_ngram, branch.min_ngram) == lookup
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--speculative-algorithm", "STANDALONE", "--draft", "d"], "STANDALONE's separate draft language model is not "
+                                                                "served"),
+    (["--speculative-algorithm", "EAGLE3"], "--speculative-algorithm EAGLE3 needs the draft: give "
+                                            "--speculative-draft-model-path"),
+    (["--speculative-algorithm", "EAGLE", "--draft", "d", "--speculative-config", "{}"], "give one"),
+    (["--draft", "d", "--speculative-accept-threshold-acc", "0.7"], "(lossy); toolkit verifies losslessly only"),
+    (["--speculative-config", "{bad"], "not JSON"),
+    (["--speculative-config", "[1]"], "a JSON object is expected"),
+    (["--speculative-config", '{"model": "d"}'], "num_speculative_tokens must be an integer >= 1"),
+    (["--speculative-config", '{"method": "medusa", "model": "d", "num_speculative_tokens": 2}'],
+     "method 'medusa' is not served here"),
+    (["--speculative-config", '{"model": "d", "num_speculative_tokens": 2, "speculative_token_tree": "[(0,)]"}'],
+     "speculative_token_tree not served here (for a static speculative_token_tree give --topk"),
+    (["--speculative-config", '{"model": "d", "num_speculative_tokens": 2, "quantization": "fp8"}'],
+     "quantization 'fp8' is not served"),
+    (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 2}'], "method 'eagle' needs \"model\""),
+    (["--speculative-config", '{"method": "eagle3", "model": "d", "num_speculative_tokens": 3}', "--num-steps", "4"],
+     "--speculative-config sets --num-steps 3, and --num-steps 4 is given too"),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, '
+                              '"prompt_lookup_max": 2}'], "1 <= min <= max"),
+])
+def test_what_is_not_served_is_refused_by_name(argv, message):
+    with pytest.raises(ValueError) as err:
+        parsed("--model", "m", *argv)
+    assert message in str(err.value)
+
+
+def test_a_model_given_positionally_and_as_a_flag_must_agree():
+    with pytest.raises(ValueError, match="the model is given twice, as a and --model b"):
+        parsed("a", "--model", "b", "--draft", "d")
+    assert parsed("a", "--model", "a", "--draft", "d")[0].model == "a"
+
+
+def test_the_algorithm_must_name_the_kind_of_draft_the_folder_holds(tmp_path):
+    eagle3, mtp = tmp_path / "e3", tmp_path / "mtp"
+    for folder, cfg in ((eagle3, {"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1}),
+                        (mtp, {"architectures": ["MiMoMTP"], "num_nextn_predict_layers": 1,
+                               "toolkit": {"head": "mtp"}})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+    parsed("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(eagle3))
+    parsed("--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(mtp))  # SGLang serves MTP so
+    parsed("--speculative-config", json.dumps({"method": "deepseek_mtp", "model": str(mtp),
+                                               "num_speculative_tokens": 2}))
+    with pytest.raises(ValueError) as err:
+        parsed("--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(eagle3))
+    assert str(err.value) == (f"--speculative-algorithm EAGLE asks for an EAGLE-1/2 head or MTP layers, and the draft "
+                              f"{eagle3} holds an EAGLE-3 head: ask for EAGLE3, or give a draft of that kind")
+    with pytest.raises(ValueError, match="--speculative-config's method asks for an EAGLE-3 head, and the draft .* "
+                                         "holds MTP layers: ask for mtp"):
+        parsed("--speculative-config", json.dumps({"method": "eagle3", "model": str(mtp), "num_speculative_tokens": 2}))
+
+
+def test_nextn_without_a_draft_path_drafts_with_the_targets_own_layers(tmp_path):
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 4,
+                                                    "num_nextn_predict_layers": 1}))
+    assert parsed("--model-path", str(target), "--speculative-algorithm", "NEXTN")[0].draft == str(target)
+    args = parsed(str(target), "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}')[0]
+    assert args.draft == str(target) and args.num_steps == 1
+    with pytest.raises(ValueError, match="drafts with the target's own MTP layers: give the target"):
+        check(build_parser().parse_args(["serve", "--speculative-algorithm", "NEXTN"]), "serve")
+
+
+def test_launch_lines_of_both_servers_answer_as_our_flags_do(tiny_target, random_draft, tmp_path, monkeypatch):
+    """`run-batch` (which takes serve's engine flags) with an SGLang line whose draft is a hub id in the HF cache, a
+    vLLM line, and our own flags: the same greedy answers, drafted with the same tree (the same verify steps)."""
+    import huggingface_hub.constants
+
+    from test_hub import cached_repo
+
+    cache = tmp_path / "hf-cache"
+    draft = random_draft(tiny_target, tmp_path / "draft", str(tiny_target))
+    snap = cached_repo(cache, "org/tiny-eagle3", {f.name: f.read_bytes() for f in draft.iterdir() if f.is_file()})
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rows = [{"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": text}], "max_tokens": 12, "temperature": 0}}
+            for i, text in enumerate(["Write a poem", "What is 2+2?", "Name three colors"])]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["run-batch", "-i", str(src), "--threads", "1", "--log-every", "0"]
+    lines = {
+        "ours": ["--model", str(tiny_target), "--draft", str(draft), "--num-steps", "3", "--topk", "1",
+                 "--num-draft-tokens", "4", "--max-batch-size", "2", "--max-seq-len", "256"],
+        "sglang": ["--model-path", str(tiny_target), "--speculative-algorithm", "EAGLE3",
+                   "--speculative-draft-model-path", "org/tiny-eagle3", "--speculative-num-steps", "3",
+                   "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+                   "--max-running-requests", "2", "--context-length", "256"],
+        "vllm": ["--model", str(tiny_target), "--speculative-config", json.dumps(
+            {"method": "eagle3", "model": str(snap), "num_speculative_tokens": 3}), "--max-num-seqs", "2",
+            "--max-model-len", "256"],
+        "plain": ["--model", str(tiny_target), "--no-speculation", "--max-seq-len", "256"]}
+    got = {}
+    for name, argv in lines.items():
+        assert main([*common, *argv, "-o", str(tmp_path / f"{name}.jsonl")]) == 0, name
+        got[name] = [json.loads(s)["response"]["body"] for s in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    text = {name: [b["choices"][0]["message"]["content"] for b in bodies] for name, bodies in got.items()}
+    assert text["ours"] == text["sglang"] == text["vllm"] == text["plain"]
+    steps = {name: [b["usage"]["speculative"]["verify_steps"] for b in got[name]] for name in ("ours", "sglang", "vllm")}
+    assert steps["ours"] == steps["sglang"] == steps["vllm"] and all(s > 0 for s in steps["ours"])
+
+
+def test_a_draft_revision_is_read_from_either_servers_flag():
+    with pytest.raises(ValueError, match="the draft d is no hub id: drop the revision"):
+        parsed("--draft", "d", "--speculative-draft-model-revision", "v2")
+    with pytest.raises(ValueError, match="the draft d is no hub id: drop the revision"):
+        parsed("--speculative-config", '{"model": "d", "num_speculative_tokens": 2, "revision": "v2"}')

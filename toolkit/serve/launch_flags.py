@@ -1,0 +1,172 @@
+"""SGLang's and vLLM's speculative launch flags, read by `toolkit serve` and `toolkit run-batch`, so that a launch
+line brought from either server runs here as it did there:
+
+    python -m sglang.launch_server --model-path M --speculative-algorithm EAGLE3 \\
+        --speculative-draft-model-path D --speculative-num-steps 5 --speculative-eagle-topk 8 \\
+        --speculative-num-draft-tokens 32                              ->  toolkit serve --model-path M ...
+    vllm serve M --speculative-config '{"method": "eagle3", "model": "D", "num_speculative_tokens": 3}'
+                                                                      ->  toolkit serve M --speculative-config ...
+
+SGLang's plain renames (--speculative-num-steps for --num-steps, --model-path for --model, --context-length for
+--max-seq-len, ...) are the same options' second names (engine_args.add_args). What is more than a rename is
+here: the algorithm or method, which must name the kind of draft the folder holds (the error says which it
+holds); NEXTN / MTP without a draft path drafts with the target's own MTP layers, as both servers do; NGRAM /
+ngram is prompt lookup alone; vLLM's num_speculative_tokens k is a chain of k. What neither our engine serves
+(a separate draft LM, Medusa, a static token tree, lossy acceptance thresholds) is refused by name.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+SGLANG_KINDS = {"EAGLE": ("eagle", "mtp"), "EAGLE3": ("eagle3",), "NEXTN": ("mtp",)}  # SGLang serves MTP as EAGLE too
+KIND_WORDS = {"eagle": "an EAGLE-1/2 head", "eagle3": "an EAGLE-3 head", "mtp": "MTP layers"}
+VLLM_MTP = ("mtp", "deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp", "qwen3_next_mtp", "longcat_flash_mtp")
+VLLM_SERVED = ("eagle", "eagle3", "ngram", "ngram_gpu", *VLLM_MTP)
+# keys of vLLM's SpeculativeConfig taken here; the others change what is drafted or how it is accepted
+VLLM_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+             "disable_by_batch_size", "revision", "draft_tensor_parallel_size", "enforce_eager", "quantization")
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--speculative-algorithm", default=None, metavar="EAGLE|EAGLE3|NEXTN|NGRAM",
+                   help="SGLang's flag: the kind of draft --speculative-draft-model-path holds (checked); NEXTN "
+                        "without a draft path drafts with the target's own MTP layers; NGRAM is prompt lookup alone")
+    p.add_argument("--speculative-draft-model-revision", dest="draft_revision", default=None, metavar="REV",
+                   help="SGLang's flag (vLLM: \"revision\" in --speculative-config): the branch, tag or commit of a "
+                        "draft given as a hub id")
+    p.add_argument("--speculative-accept-threshold-single", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--speculative-accept-threshold-acc", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="vLLM's flag: {\"method\": \"eagle3\"|\"eagle\"|\"mtp\"|\"ngram\", \"model\": DRAFT, "
+                        "\"num_speculative_tokens\": k (a chain of k), \"prompt_lookup_max\" / \"prompt_lookup_min\" "
+                        "(ngram), \"disable_by_batch_size\"}")
+
+
+def _set(args, name: str, value, source: str) -> None:
+    """Set args.name from a launch flag; refuse one given twice with two values."""
+    old = getattr(args, name)
+    if old not in (None, value) and not (name == "lookup" and old == 0):
+        raise ValueError(f"{source} sets --{name.replace('_', '-')} {value}, and --{name.replace('_', '-')} {old} "
+                         "is given too: give it once")
+    setattr(args, name, value)
+
+
+def apply(args: argparse.Namespace) -> None:
+    """Translate the SGLang / vLLM launch flags into ours (args changed in place); sets args.draft_kinds to the
+    kinds of draft the algorithm or method accepts (None: any), checked by check_kind once the folder is found."""
+    args.draft_kinds = None
+    tag = getattr(args, "model_tag", None)  # vLLM's `vllm serve MODEL`
+    if tag is not None:
+        if args.model not in (None, tag):
+            raise ValueError(f"the model is given twice, as {tag} and --model {args.model}: give it once")
+        args.model = tag
+    for flag in ("accept_threshold_single", "accept_threshold_acc"):
+        value = getattr(args, f"speculative_{flag}")
+        if value is not None and value != 1.0:
+            raise ValueError(f"--speculative-{flag.replace('_', '-')} {value}: below 1 SGLang accepts draft tokens the "
+                             "target would not have sampled (lossy); toolkit verifies losslessly only, so give 1.0 "
+                             "or leave it out")
+    if args.speculative_algorithm is not None and args.speculative_config is not None:
+        raise ValueError("--speculative-algorithm is SGLang's and --speculative-config vLLM's way to ask for the "
+                         "same thing: give one")
+    if args.speculative_algorithm is not None:
+        _sglang(args, args.speculative_algorithm.upper())
+    if args.speculative_config is not None:
+        _vllm(args, args.speculative_config)
+
+
+def _sglang(args, algorithm: str) -> None:
+    flag = f"--speculative-algorithm {args.speculative_algorithm}"
+    if algorithm == "NGRAM":  # SGLang's n-gram drafts from earlier text; ours looks within the sequence
+        if args.draft is not None:
+            raise ValueError(f"{flag} drafts by n-gram lookup and takes no draft model; drop "
+                             "--speculative-draft-model-path / --draft")
+        tokens = args.num_draft_tokens
+        args.num_draft_tokens = None
+        args.no_speculation = True
+        _set(args, "lookup", (tokens - 1) if tokens else 10, flag)
+        return
+    if algorithm not in SGLANG_KINDS:
+        served = ", ".join([*SGLANG_KINDS, "NGRAM"])
+        raise ValueError(f"{flag}: toolkit serves {served}" + (
+            " (STANDALONE's separate draft language model is not served: train an EAGLE-3 head for the target "
+            "with toolkit/train/eagle3.py)" if algorithm == "STANDALONE" else ""))
+    args.draft_kinds = SGLANG_KINDS[algorithm]
+    if args.draft is None:
+        if "mtp" not in args.draft_kinds:
+            raise ValueError(f"{flag} needs the draft: give --speculative-draft-model-path (or --draft)")
+        args.draft = args.model  # the target's own MTP layers, as SGLang's NEXTN loads them
+        if args.draft is None:
+            raise ValueError(f"{flag} without a draft path drafts with the target's own MTP layers: give the "
+                             "target (--model-path / --model)")
+
+
+def _vllm(args, text: str) -> None:
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--speculative-config {text!r}: not JSON ({err.msg}); give e.g. "
+                         '\'{"method": "eagle3", "model": "./ckpt", "num_speculative_tokens": 3}\'') from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--speculative-config {text!r}: a JSON object is expected")
+    other = sorted(k for k in cfg if k not in VLLM_KEYS and cfg[k] is not None)
+    if other:
+        tree = (" (for a static speculative_token_tree give --topk and --num-draft-tokens: the engine drafts a "
+                "dynamic tree)" if "speculative_token_tree" in other else "")
+        raise ValueError(f"--speculative-config: {', '.join(other)} not served here{tree}; the keys taken are "
+                         f"{', '.join(VLLM_KEYS)}")
+    for key, fine in (("draft_tensor_parallel_size", (None, 1)), ("quantization", (None,))):
+        if cfg.get(key) not in fine:
+            raise ValueError(f"--speculative-config: {key} {cfg[key]!r} is not served (accepted: "
+                             f"{' or '.join('null' if v is None else repr(v) for v in fine)}): the draft runs in the "
+                             "target's precision on its device")
+    method, model, k = cfg.get("method"), cfg.get("model"), cfg.get("num_speculative_tokens")
+    if method is None and model in ("ngram", "[ngram]"):
+        method = "ngram"
+    if method is not None and method not in VLLM_SERVED:
+        raise ValueError(f"--speculative-config: method {method!r} is not served here (accepted: "
+                         f"{', '.join(VLLM_SERVED)}); a separate draft model, Medusa and MLP speculators are not")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"--speculative-config: num_speculative_tokens must be an integer >= 1 (the tokens drafted "
+                         f"per step), got {k!r}")
+    source = "--speculative-config"
+    if cfg.get("disable_by_batch_size") is not None:
+        _set(args, "speculative_disable_by_batch_size", cfg["disable_by_batch_size"], source)
+    if cfg.get("enforce_eager"):
+        args.eager = True
+    if cfg.get("revision") is not None:
+        _set(args, "draft_revision", cfg["revision"], source)
+    if method in ("ngram", "ngram_gpu"):
+        lo, hi = cfg.get("prompt_lookup_min"), cfg.get("prompt_lookup_max")
+        lo, hi = (5, 5) if lo is None and hi is None else (lo or hi, hi or lo)  # vLLM's defaults
+        if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+            raise ValueError(f"--speculative-config: prompt_lookup_min {lo!r} and prompt_lookup_max {hi!r} must be "
+                             "integers with 1 <= min <= max")
+        if args.draft is not None:
+            raise ValueError("--speculative-config method ngram takes no draft model; drop --draft")
+        args.no_speculation = True
+        _set(args, "lookup", k, source)
+        args.lookup_max_ngram, args.lookup_min_ngram = hi, lo
+        return
+    if model is None and method not in VLLM_MTP:
+        raise ValueError(f"--speculative-config: method {method!r} needs \"model\", the draft folder or hub id")
+    _set(args, "draft", model if model is not None else args.model, source)  # MTP: the target's own layers
+    if args.draft is None:
+        raise ValueError(f"--speculative-config method {method} without \"model\" drafts with the target's own MTP "
+                         "layers: give the target (vllm serve's MODEL, or --model)")
+    args.draft_kinds = None if method is None else ("mtp",) if method in VLLM_MTP else (method,)
+    for name, value in (("num_steps", k), ("topk", 1), ("num_draft_tokens", k + 1)):  # vLLM drafts a chain
+        _set(args, name, value, source)
+
+
+def check_kind(args: argparse.Namespace, kind: str) -> None:
+    """The draft folder holds `kind` (drafts.draft_kind); refuse it when the algorithm / method asked for another."""
+    if args.draft_kinds is not None and kind not in args.draft_kinds:
+        asked = (f"--speculative-algorithm {args.speculative_algorithm}" if args.speculative_algorithm else
+                 "--speculative-config's method")
+        wanted = " or ".join(KIND_WORDS[k] for k in args.draft_kinds)
+        sglang = {"eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN"}
+        name = sglang[kind] if args.speculative_algorithm else {"mtp": "mtp"}.get(kind, kind)
+        raise ValueError(f"{asked} asks for {wanted}, and the draft {args.draft} holds {KIND_WORDS[kind]}: ask for "
+                         f"{name}, or give a draft of that kind")
