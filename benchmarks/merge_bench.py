@@ -45,10 +45,13 @@ def merge_grouped(groups: list[dict], where: list[str], what: str) -> dict:
 def merge_run(parts: list[dict], where: list[str]) -> dict:
     """Summaries of one engine or transformers run, one per shard -> the run over every shard."""
     out = {}
-    for key in ("requests", "tokens", "verify_steps", "accepted_from_lookup"):
+    for key in ("requests", "tokens", "verify_steps", "accepted_from_lookup", "draft_tokens"):
         if all(key in p for p in parts):
             out[key] = sum(p[key] for p in parts)
     out["tau"] = weighted(parts, "tau")
+    if "draft_tokens" in out:  # accepted draft tokens are (tau - 1) x verify steps in each shard
+        accepted = sum((p["tau"] - 1) * p["verify_steps"] for p in parts)
+        out["draft_acceptance_rate"] = accepted / out["draft_tokens"] if out["draft_tokens"] else None
     if "accept_rate_by_position" in parts[0]:
         depth, steps = max(len(p["accept_rate_by_position"]) for p in parts), out["verify_steps"]
         rates = [p["accept_rate_by_position"] + [0.0] * (depth - len(p["accept_rate_by_position"])) for p in parts]

@@ -61,7 +61,8 @@ def fake_results(n: int, seed: int) -> list:
     for i in range(n):
         accepted = [rng.choice([0, 0, 1, 2, 4]) for _ in range(rng.randint(1, 12))]
         out.append(Result(tokens=[1] * (sum(accepted) + len(accepted) + 1), verify_steps=len(accepted),
-                          accepted=accepted, seconds={"prefill": 0.01, "draft": 0.02 * i, "verify": 0.03},
+                          accepted=accepted, checked=[4] * len(accepted),  # a chain of 4 at every step
+                          seconds={"prefill": 0.01, "draft": 0.02 * i, "verify": 0.03},
                           category=rng.choice(["math", "coding", "writing"]), turn=1 + i % 2))
     return out
 
@@ -114,8 +115,10 @@ def test_merged_shards_equal_one_run_over_every_prompt(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     m = json.loads(out.read_text())
     whole = summarize(spec, sum(walls), 4)
-    for key in ("requests", "tokens", "verify_steps", "accepted_length_histogram", "wall_seconds"):
+    for key in ("requests", "tokens", "verify_steps", "accepted_length_histogram", "wall_seconds", "draft_tokens"):
         assert m["speculative"][key] == whole[key], key
+    assert m["speculative"]["draft_acceptance_rate"] == pytest.approx(whole["draft_acceptance_rate"])
+    assert whole["draft_tokens"] == 4 * whole["verify_steps"] and 0 < whole["draft_acceptance_rate"] < 1
     assert m["speculative"]["tau"] == pytest.approx(whole["tau"])
     assert m["speculative"]["accept_rate_by_position"] == pytest.approx(whole["accept_rate_by_position"])
     assert m["speculative"]["tokens_per_second"] == pytest.approx(whole["tokens"] / sum(walls))

@@ -48,6 +48,10 @@ def test_bench_runs_everything_in_one_go(draft_dir, shared, tmp_path):
     s = r["speculative"]
     assert r["prompts"] == 2 and s["requests"] == 4  # two MT-bench questions, two turns each
     assert s["tau"] >= 1.0 and s["verify_steps"] > 0
+    # a tree of 5 checks 4 draft tokens a step (vLLM's count); the baseline drafts none
+    assert s["draft_tokens"] == 4 * s["verify_steps"] and r["baseline"]["draft_tokens"] == 0
+    assert s["draft_acceptance_rate"] == pytest.approx((s["tau"] - 1) / 4) and "draft acceptance rate" in done.stdout
+    assert r["baseline"]["draft_acceptance_rate"] is None
     # every draft position of the tree (--num-steps 3) is reported, accepted or not; other time is measured
     assert len(s["accept_rate_by_position"]) == 3 and len(s["accepted_length_histogram"]) == 4
     assert s["seconds"]["other"] >= 0 and r["baseline"]["accept_rate_by_position"] == []

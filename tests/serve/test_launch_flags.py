@@ -38,6 +38,8 @@ def test_vllm_names_and_its_positional_model_are_our_flags():
 
 @pytest.mark.parametrize("argv, lookup", [
     (["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"], (7, 3, 1)),
+    (["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-match-window-size", "5",
+      "--speculative-ngram-min-match-window-size", "2"], (10, 5, 2)),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'], (4, 5, 5)),  # vLLM's defaults
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'], (4, 3, 3)),
     (["--speculative-config", '{"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_min": 1, '

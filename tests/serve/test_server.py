@@ -503,3 +503,40 @@ def test_sglang_generate_with_the_tree_draft_reports_sglang_speculation_keys(ser
     assert (info["speculative_algorithm"], info["speculative_num_steps"], info["speculative_eagle_topk"],
             info["speculative_num_draft_tokens"]) == ("EAGLE3", 3, 2, 5)
     assert info["internal_states"][0]["avg_spec_accept_length"] >= 1.0
+
+
+def test_vllm_and_sglang_named_metrics_agree_with_the_replies(serve, tiny_draft):
+    """/metrics under vLLM's and SGLang's names (dashboards made for either read this server): drafts, draft
+    tokens, accepted tokens and acceptance by position as vLLM counts them, equal to what the replies' usage says."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    question = [{"role": "user", "content": "Name three colors."}]
+    with serve("--draft", str(tiny_draft), "--served-model-name", "tiny", "--num-steps", "3", "--max-seq-len",
+               "256") as (base, proc):
+        usages = [httpx.post(f"{base}/v1/chat/completions", json={"messages": question, "max_tokens": n,
+                                                                  "temperature": 0}).json()["usage"]
+                  for n in (8, 12, 16)]
+        samples = {}
+        for family in text_string_to_metric_families(httpx.get(f"{base}/metrics").text):
+            for s in family.samples:
+                key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine"))))
+                samples[key] = s.value
+                if s.name.startswith(("vllm:", "sglang:")):
+                    assert s.labels["model_name"] == "tiny" and s.labels.get("engine", "0") == "0"
+    got = lambda name, **labels: samples[(name, tuple(sorted(labels.items())))]  # noqa: E731
+    spec = [u["speculative"] for u in usages]
+    steps, accepted = sum(s["verify_steps"] for s in spec), sum(s["accepted_tokens"] for s in spec)
+    assert got("vllm:spec_decode_num_drafts_total") == steps > 0  # a chain drafts at every verify step
+    assert got("vllm:spec_decode_num_draft_tokens_total") == 3 * steps == sum(s["draft_tokens"] for s in spec)
+    assert got("vllm:spec_decode_num_accepted_tokens_total") == accepted
+    per_pos = [samples.get(("vllm:spec_decode_num_accepted_tokens_per_pos_total", (("position", str(p)),)), 0)
+               for p in range(3)]
+    assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
+    assert all(s["draft_acceptance_rate"] == s["accepted_tokens"] / s["draft_tokens"] for s in spec)
+    assert got("vllm:generation_tokens_total") == got("sglang:generation_tokens_total") == \
+        sum(u["completion_tokens"] for u in usages)
+    assert got("vllm:prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
+    assert sum(v for (name, _), v in samples.items() if name == "vllm:request_success_total") == 3
+    assert got("vllm:e2e_request_latency_seconds_count") == got("sglang:time_to_first_token_seconds_count") == 3
+    assert 1 <= got("sglang:spec_accept_length") <= 4
+    assert got("vllm:num_requests_running") == got("sglang:num_queue_reqs") == 0

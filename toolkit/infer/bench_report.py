@@ -29,6 +29,8 @@ def print_summary(report: dict, lookup_branch: bool) -> None:
     print(f"tau {s['tau']:.2f} over {s['verify_steps']} verify steps, {s['tokens_per_second']:.1f} tok/s; per "
           f"position {[round(r, 2) for r in s['accept_rate_by_position']]}; per turn "
           f"{ {t: round(v['tau'], 2) for t, v in report['per_turn'].items()} }")
+    if s.get("draft_acceptance_rate") is not None:  # vLLM's figure: accepted over checked draft tokens
+        print(f"draft acceptance rate {s['draft_acceptance_rate']:.1%} ({s['draft_tokens']} draft tokens checked)")
     if lookup_branch:
         print(f"lookup branch: {s['accepted_from_lookup']} of {s['tokens'] - s['requests'] - s['verify_steps']} "
               "accepted draft tokens were proposed by prompt lookup alone")

@@ -187,10 +187,15 @@ class Engine:
             if any(chains):  # else the round verifies the head's tree alone; rows pad to the largest merge
                 trees = graft_all(trees, chains)
         t2 = self.clock.mark()
-        paths, emitted, aux, logprobs = self._verify(trees, seqs, grafted=len(trees[0].tokens) > own)
+        grafted = len(trees[0].tokens) > own
+        paths, emitted, aux, logprobs = self._verify(trees, seqs, grafted=grafted)
         t3 = self.clock.mark()
-        for s, path, out, lp in zip(seqs, paths, emitted, logprobs):
+        # draft tokens each sequence's step checked: the head's own nodes, or (a branch grafted) the real nodes of
+        # its merged tree, padding left out (read after the verify, which has synced: no extra wait)
+        checked = [int((t.parents[1:] >= 0).sum()) for t in trees] if grafted else [own - 1] * len(seqs)
+        for s, path, out, lp, n in zip(seqs, paths, emitted, logprobs, checked):
             s.result.verify_steps += 1
+            s.result.checked.append(n)
             added = next((i + 1 for i, tok in enumerate(out) if s.add(tok)), len(out))  # stop where plain would
             s.result.logprobs += lp[:added]
             s.result.accepted.append(added - 1)  # tokens this step emitted, the bonus not counted

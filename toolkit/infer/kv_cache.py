@@ -31,7 +31,8 @@ def check_fits(config: ModelConfig, batch: int, max_len: int, dtype, device, spa
         rows = f"{batch} sequences" + (f" (+ {spare_rows} prefix-cache rows)" if spare_rows else "")
         raise ValueError(f"the KV cache for {rows} of {max_len} tokens needs {need / 1e9:.1f} GB and the "
                          f"{torch.device(device).type} has {free / 1e9:.1f} GB free: lower the batch "
-                         f"(--max-batch-size) or the length (--max-seq-len: {fits} fits this batch; 0 sizes it from free memory)")
+                         f"(--max-batch-size) or the length (--max-seq-len: {fits} fits this batch; 0 sizes it "
+                         "from free memory)")
 
 
 def free_memory_bytes(device: torch.device | str) -> int:

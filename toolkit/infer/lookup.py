@@ -41,10 +41,11 @@ def add_args(p: argparse.ArgumentParser, alone: str = "") -> None:
     p.add_argument("--lookup", type=int, default=0, metavar="N",
                    help="also propose up to N tokens by prompt lookup each round, merged into the head's tree as one "
                         f"more branch and verified in the same forward (0 = off){alone}")
-    p.add_argument("--lookup-max-ngram", type=int, default=3, metavar="M",
+    p.add_argument("--lookup-max-ngram", "--speculative-ngram-max-match-window-size", type=int, default=3, metavar="M",
                    help="the longest suffix the lookup matches (then shorter ones, down to --lookup-min-ngram)")
-    p.add_argument("--lookup-min-ngram", type=int, default=1, metavar="M",
-                   help="the shortest suffix the lookup matches (vLLM's prompt_lookup_min)")
+    p.add_argument("--lookup-min-ngram", "--speculative-ngram-min-match-window-size", type=int, default=1, metavar="M",
+                   help="the shortest suffix the lookup matches (vLLM's prompt_lookup_min; SGLang's name for both "
+                        "is the match window size)")
 
 
 def from_args(args: argparse.Namespace) -> LookupConfig | None:

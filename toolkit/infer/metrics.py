@@ -4,6 +4,9 @@ tau        tokens emitted per verify step, the bonus token included: mean(accept
 accept[k]  share of verify steps that accepted at least k draft tokens (k = 1..positions: the tree depth)
 histogram  count of verify steps by accepted length 0, 1, ..., positions
 from_lookup accepted draft tokens that only the prompt-lookup branch proposed (lookup.py; 0 without it)
+draft_tokens draft tokens the verify steps checked (tree nodes after the root; vLLM's num_draft_tokens), and
+           draft_acceptance_rate = accepted / draft_tokens (vLLM's "draft acceptance rate"; a tree's rate is low by
+           design: one path of its nodes can be accepted)
 seconds    prefill / draft / verify summed over the results; other = wall - those three (None without a wall)
 """
 from __future__ import annotations
@@ -36,6 +39,8 @@ def summarize(results: list[Result], seconds: float | None = None, positions: in
                                     for k in range(1, depth + 1)],
         "accepted_length_histogram": [hist.get(a, 0) for a in range(depth + 1)],
         "accepted_from_lookup": sum(r.from_lookup for r in results),
+        "draft_tokens": (checked := sum(sum(r.checked) for r in results)),
+        "draft_acceptance_rate": sum(accepted) / checked if checked else None,
         "seconds": {k: None if v is None else round(v, 4) for k, v in split.items()}, "wall_seconds": round(wall, 4),
         "tokens_per_second": tokens / wall if wall > 0 else 0.0,
     }

@@ -24,6 +24,7 @@ class Result:
     logprobs: list = field(default_factory=list)  # a TokenLogprob per token, when params.logprobs asks for them
     prompt_logprobs: list = field(default_factory=list)  # one per prompt token after the first, when asked for
     cached_tokens: int = 0              # prompt positions copied from the prefix cache, not prefilled
+    checked: list[int] = field(default_factory=list)  # draft tokens (tree nodes after the root) per verify step
 
     @property
     def tau(self) -> float:

@@ -180,6 +180,7 @@ class Batcher:
         for req in [r for r in self.active if r.cancelled]:
             self.engine.release(req.seq)
             self.active.remove(req)
+            self.metrics.finished("abort", time.perf_counter() - req.arrived)
             # said, so a response that cancelled at a stop string reads the counts once the engine has let go
             req.publish(Update([], True))
         before = dict(self.engine.seconds)
@@ -194,7 +195,8 @@ class Batcher:
         if stepped:  # SGLang's step_time_dict (SpecForge's tuning scripts read its 20th percentile)
             self.step_times.setdefault(len(stepped), deque(maxlen=1000)).append(time.perf_counter() - t0)
         self.metrics.step([s.result.accepted[-1] for s in stepped],
-                          {k: v - before[k] for k, v in self.engine.seconds.items()})
+                          {k: v - before[k] for k, v in self.engine.seconds.items()},
+                          [s.result.checked[-1] for s in stepped])
         self._log(stepped)
         now = time.perf_counter()
         for req in self.active:
@@ -211,6 +213,8 @@ class Batcher:
                 req.sent = len(toks)
             if req.seq.done and req.seq.result.verify_steps:
                 self.metrics.tau.observe(req.seq.result.tau)
+            if req.seq.done:
+                self.metrics.finished(req.seq.result.finish or "stop", now - req.arrived)
         self.active = [r for r in self.active if not r.seq.done]
 
     def _log(self, stepped: list[Sequence]) -> None:

@@ -35,6 +35,7 @@ def through(result: Result, n: int) -> Result:
         accepted.append(min(a, n - emitted - 1))
         emitted += accepted[-1] + 1
     return replace(result, tokens=result.tokens[:n], accepted=accepted, verify_steps=len(accepted),
+                   checked=result.checked[:len(accepted)],
                    from_lookup=min(result.from_lookup, sum(accepted)))  # per step it is not kept: a bound
 
 
@@ -197,4 +198,5 @@ def usage(choices: list[Choice], positions: int = 0, n: int = 1) -> dict:
                             "tau": s["tau"] if s["verify_steps"] else None,
                             "accept_rate_by_position": s["accept_rate_by_position"],
                             "accepted_length_histogram": s["accepted_length_histogram"],
-                            "accepted_from_lookup": s["accepted_from_lookup"]}}
+                            "accepted_from_lookup": s["accepted_from_lookup"], "draft_tokens": s["draft_tokens"],
+                            "draft_acceptance_rate": s["draft_acceptance_rate"]}}

@@ -196,7 +196,7 @@ def build(args: argparse.Namespace, tree, branch, max_queue: int, command: str) 
     engine.warm_up()  # --compile: compile every step shape now, not in the first requests
     recorded = recorded_target(args.draft) if args.draft else {}
     name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
-    metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1)  # the most tokens one verify step emits
+    metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1, name)  # the most tokens one verify step emits
     batcher = Batcher(engine, metrics, max_queue, args.log_every, args.speculative_disable_by_batch_size)
     defaults = sampling_defaults(args.generation_config, loaded.folder)
     served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher,
