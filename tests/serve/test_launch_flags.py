@@ -39,7 +39,7 @@ def test_vllm_names_and_its_positional_model_are_our_flags():
 @pytest.mark.parametrize("argv, lookup", [
     (["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"], (7, 3, 1)),
     (["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-match-window-size", "5",
-      "--speculative-ngram-min-match-window-size", "2"], (10, 5, 2)),
+      "--speculative-ngram-min-match-window-size", "2"], (11, 5, 2)),  # SGLang's 12 draft tokens by default
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'], (4, 5, 5)),  # vLLM's defaults
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'], (4, 3, 3)),
     (["--speculative-config", '{"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_min": 1, '
@@ -161,3 +161,30 @@ def test_a_draft_revision_is_read_from_either_servers_flag():
         parsed("--draft", "d", "--speculative-draft-model-revision", "v2")
     with pytest.raises(ValueError, match="the draft d is no hub id: drop the revision"):
         parsed("--speculative-config", '{"model": "d", "num_speculative_tokens": 2, "revision": "v2"}')
+
+
+def test_sglang_picks_the_tree_for_the_target_when_no_step_count_is_given(tmp_path, capsys):
+    """As SGLang's auto_choose_speculative_params: (5, 4, 8) for a Llama target, (3, 1, 4) for others; a chain's
+    draft tokens are steps + 1 whatever was given (SGLang adjusts them, warning)."""
+    head = tmp_path / "e3"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1}))
+    trees = {}
+    for arch in ("LlamaForCausalLM", "Qwen2ForCausalLM"):
+        (tmp_path / arch).mkdir()
+        (tmp_path / arch / "config.json").write_text(json.dumps({"architectures": [arch], "num_hidden_layers": 4}))
+        _, tree, _ = parsed("--model-path", str(tmp_path / arch), "--speculative-algorithm", "EAGLE3",
+                            "--speculative-draft-model-path", str(head))
+        trees[arch] = vars(tree)
+    assert trees == {"LlamaForCausalLM": {"num_steps": 5, "topk": 4, "num_draft_tokens": 8},
+                     "Qwen2ForCausalLM": {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}}
+    assert "as SGLang picks them for Qwen2ForCausalLM" in capsys.readouterr().err
+    _, tree, _ = parsed("--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(head),
+                        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+                        "--speculative-num-draft-tokens", "8")
+    assert vars(tree) == {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}
+    assert "--speculative-num-draft-tokens 8 is adjusted to --speculative-num-steps + 1 = 4" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--num-draft-tokens 8: must be in 2..4"):  # our own flags: no
+        parsed("--draft", str(head), "--num-steps", "3", "--topk", "1", "--num-draft-tokens", "8")  # silent change
+    with pytest.raises(ValueError, match="give --speculative-num-steps too, or none of the three"):
+        parsed("--speculative-algorithm", "EAGLE3", "--draft", str(head), "--speculative-eagle-topk", "4")

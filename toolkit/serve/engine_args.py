@@ -137,9 +137,6 @@ def check(args: argparse.Namespace, command: str):
             raise ValueError(f"{', '.join(drafting)} shape{'s' if len(drafting) == 1 else ''} the draft's rounds, "
                              "and --no-speculation runs without a draft: drop one or the other (prompt lookup "
                              "alone takes --lookup)")
-    steps = 5 if args.num_steps is None else args.num_steps
-    tree = TreeConfig(steps, 1 if args.topk is None else args.topk,
-                      steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
     branch = lookup.from_args(args)  # bad flags fail here
     from toolkit.data.chat import template_kwargs
 
@@ -148,6 +145,9 @@ def check(args: argparse.Namespace, command: str):
         from toolkit.serve.defaults import sampling_defaults
 
         sampling_defaults(args.generation_config, None)
+    # SGLang picks a line's tree from the target when it gives no step count: that waits for the target's config
+    auto = launch_flags.sglang_picks_tree(args)
+    tree = None if auto else launch_flags.tree_config(args, TreeConfig)
     # a hub id: fetched (or found in the HF cache) now, before loading
     args.draft = hub.draft_folder(args.draft, revision=args.draft_revision)
     args.token_map = hub.file(args.token_map, "--token-map")
@@ -155,6 +155,11 @@ def check(args: argparse.Namespace, command: str):
         from toolkit.infer.draft_folder import draft_kind
 
         launch_flags.check_kind(args, draft_kind(args.draft))
+    if auto:
+        from toolkit.infer.draft_folder import draft_target
+
+        launch_flags.sglang_tree(args, draft_target(args.draft, args.model))
+        tree = launch_flags.tree_config(args, TreeConfig)
     return tree, branch
 
 

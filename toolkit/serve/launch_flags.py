@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 SGLANG_KINDS = {"EAGLE": ("eagle", "mtp"), "EAGLE3": ("eagle3",), "NEXTN": ("mtp",)}  # SGLang serves MTP as EAGLE too
 KIND_WORDS = {"eagle": "an EAGLE-1/2 head", "eagle3": "an EAGLE-3 head", "mtp": "MTP layers"}
@@ -82,10 +83,10 @@ def _sglang(args, algorithm: str) -> None:
         if args.draft is not None:
             raise ValueError(f"{flag} drafts by n-gram lookup and takes no draft model; drop "
                              "--speculative-draft-model-path / --draft")
-        tokens = args.num_draft_tokens
+        tokens = args.num_draft_tokens or 12  # SGLang's default for NGRAM
         args.num_draft_tokens = None
         args.no_speculation = True
-        _set(args, "lookup", (tokens - 1) if tokens else 10, flag)
+        _set(args, "lookup", tokens - 1, flag)
         return
     if algorithm not in SGLANG_KINDS:
         served = ", ".join([*SGLANG_KINDS, "NGRAM"])
@@ -158,6 +159,44 @@ def _vllm(args, text: str) -> None:
     args.draft_kinds = None if method is None else ("mtp",) if method in VLLM_MTP else (method,)
     for name, value in (("num_steps", k), ("topk", 1), ("num_draft_tokens", k + 1)):  # vLLM drafts a chain
         _set(args, name, value, source)
+
+
+SGLANG_WIDE = ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM")  # SGLang's (5, 4, 8) targets
+
+
+def sglang_picks_tree(args: argparse.Namespace) -> bool:
+    """An EAGLE / EAGLE3 / NEXTN line with no --speculative-num-steps: SGLang picks steps, top-k and draft tokens
+    for the target (auto_choose_speculative_params), and then takes neither of the other two."""
+    if args.draft_kinds is None or args.speculative_algorithm is None or args.num_steps is not None:
+        return False
+    if args.topk is not None or args.num_draft_tokens is not None:
+        raise ValueError(f"--speculative-algorithm {args.speculative_algorithm} without --speculative-num-steps lets "
+                         "SGLang pick steps, top-k and draft tokens together: give --speculative-num-steps too, or "
+                         "none of the three")
+    return True
+
+
+def sglang_tree(args: argparse.Namespace, target) -> None:
+    """The tree SGLang picks for the target folder `target`: (5, 4, 8) for Llama and Grok, else (3, 1, 4)."""
+    cfg = json.loads((target / "config.json").read_text())
+    arch = ((cfg.get("architectures") or [""])[0])
+    args.num_steps, args.topk, args.num_draft_tokens = (5, 4, 8) if arch in SGLANG_WIDE else (3, 1, 4)
+    print(f"--speculative-algorithm {args.speculative_algorithm}: steps {args.num_steps}, top-k {args.topk}, draft "
+          f"tokens {args.num_draft_tokens}, as SGLang picks them for {arch or 'this target'} (give "
+          "--speculative-num-steps to choose)", file=sys.stderr)
+
+
+def tree_config(args: argparse.Namespace, make):
+    """make(steps, topk, draft tokens) (TreeConfig) from the flags; defaults 5 steps, a chain. On an SGLang line a
+    chain's draft tokens are steps + 1 whatever was given, as SGLang adjusts them (with its warning)."""
+    steps = 5 if args.num_steps is None else args.num_steps
+    topk = 1 if args.topk is None else args.topk
+    tokens = steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens
+    if args.speculative_algorithm is not None and topk == 1 and tokens != steps + 1:
+        print(f"--speculative-num-draft-tokens {tokens} is adjusted to --speculative-num-steps + 1 = {steps + 1} "
+              "when --speculative-eagle-topk is 1 (as SGLang adjusts it)", file=sys.stderr)
+        tokens = steps + 1
+    return make(steps, topk, tokens)
 
 
 def check_kind(args: argparse.Namespace, kind: str) -> None:
