@@ -32,6 +32,8 @@ class TrainConfig:
     init_lm_head: str = "target"             # "target": rows of the target's lm_head; "random" (SpecForge)
     init_block: str = "random"               # mtp: "target_last" starts the block from the target's last layer
     init_from: str | None = None             # a trained draft folder to start from (its vocabulary, aux layers)
+    draft_config: str | None = None          # eagle3: SpecForge's draft-model-config JSON, read as the head's shape
+    #                                          (layers, MLP width, attention heads, draft vocabulary, aux layers)
     regression_weight: float = 1.0           # eagle: smooth-L1 on the next hidden state (EAGLE paper: 1.0)
     token_weight: float = 0.1                # eagle: soft cross-entropy through the frozen lm_head (paper: 0.1)
     feature_noise: float | None = None       # eagle: U(-a, a) noise added to the target features the head
@@ -76,6 +78,10 @@ class TrainConfig:
 
     def __post_init__(self):
         problems = []
+        if self.draft_config:  # first: it fills num_layers, draft_intermediate_size, draft_vocab_size, aux_layers
+            from toolkit.train.draft_shape import merge
+
+            problems += merge(self)
         if self.feature_noise is None:
             self.feature_noise = 0.1 if self.head == "eagle" else 0.0
         if not (math.isfinite(self.feature_noise) and 0 <= self.feature_noise <= 10):
@@ -155,7 +161,8 @@ class TrainConfig:
 # (fc_bias, norm_before_residual, norm_before_fc) and what it reads (feature_noise). The
 # length (max_steps, epochs), the schedule's shape, the clock and the logging cadence may change.
 RESUME_FIXED = ("data", "max_len", "eval_samples", "seed", "batch_size", "grad_accum", "lr", "weight_decay",
-                "fc_bias", "norm_before_residual", "norm_before_fc", "feature_noise", "draft_intermediate_size")
+                "fc_bias", "norm_before_residual", "norm_before_fc", "feature_noise", "draft_intermediate_size",
+                "draft_config")
 
 
 def check_resume(saved: dict, cfg: TrainConfig) -> None:

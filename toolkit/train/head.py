@@ -81,12 +81,15 @@ def draft_vocab(assistant_ids: torch.Tensor | Iterable[torch.Tensor], size: int,
 
 
 def build_head(target_cfg: ModelConfig, vocab_ids: list[int], aux_layers: list[int], lm_head: torch.Tensor | None,
-               seed: int, num_layers: int = 1, intermediate_size: int | None = None, **variant) -> Eagle3Head:
+               seed: int, num_layers: int = 1, intermediate_size: int | None = None, shape=None,
+               **variant) -> Eagle3Head:
     """A fresh head; lm_head rows copied from the target's lm_head [V, H] when given, else torch's default init;
-    intermediate_size: its MLP width (None: the target's); variant: norm_before_residual / norm_before_fc."""
+    intermediate_size: its MLP width (None: the target's); shape: a function that gives the layer config its own
+    attention shape (draft_shape.draft_layer), None: the target's; variant: norm_before_residual / norm_before_fc."""
     ids = torch.tensor(sorted(vocab_ids))
     torch.manual_seed(seed)
-    head = Eagle3Head(draft_config(target_cfg, num_layers, intermediate_size), target_cfg.hidden_size,
+    layer = draft_config(target_cfg, num_layers, intermediate_size)
+    head = Eagle3Head(layer if shape is None else shape(layer), target_cfg.hidden_size,
                       ids - torch.arange(len(ids)), aux_layers, **variant)
     if lm_head is not None:
         with torch.no_grad():

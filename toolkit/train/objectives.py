@@ -69,8 +69,14 @@ class Eagle3(Objective):
         from toolkit.train.head import build_head
 
         lm_head = parts["lm_head.weight"] if cfg.init_lm_head == "target" else None
+        shape = None
+        if cfg.draft_config:  # SpecForge's draft-model-config: its attention shape over the target's layer
+            from toolkit.train import draft_shape
+
+            spec = draft_shape.read(cfg.draft_config)
+            shape = lambda layer: draft_shape.draft_layer(spec, layer, tcfg, cfg.draft_config)  # noqa: E731
         return build_head(tcfg, vocab_ids, aux_layers, lm_head, cfg.seed, cfg.num_layers,
-                          intermediate_size=cfg.draft_intermediate_size,
+                          intermediate_size=cfg.draft_intermediate_size, shape=shape,
                           norm_before_residual=cfg.norm_before_residual, norm_before_fc=cfg.norm_before_fc)
 
     def save(self, head, folder, *args):
