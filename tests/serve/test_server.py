@@ -289,6 +289,12 @@ def test_logs_acceptance_and_stops_cleanly(serve, tiny_target, tiny_draft, sig):
         assert proc.wait(timeout=30) == 0
         err = proc.stderr.read()
     assert "accept len" in err and "Traceback" not in err and "toolkit serve: stopped" in err
+    # vLLM's line too, over the steps that drafted: log parsers written for vLLM read it
+    line = next(x for x in err.splitlines() if "SpecDecoding metrics: Mean acceptance length: " in x)
+    accepted, drafted = (int(line.split(f"{k}: ")[1].split(" ")[0]) for k in ("Accepted", "Drafted"))
+    assert drafted % 5 == 0 and 0 <= accepted <= drafted  # a chain of 5 (the default) per drafting step
+    assert float(line.split("Mean acceptance length: ")[1].split(",")[0]) == pytest.approx(1 + accepted / (drafted / 5),
+                                                                                        abs=0.006)
 
 
 @pytest.mark.parametrize("flags", [["--no-speculation"], ["--speculative-disable-by-batch-size", "0"]],

@@ -92,7 +92,8 @@ class Batcher:
         self.wake = threading.Condition()
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="toolkit-batcher", daemon=True)
-        self.window = {"steps": 0, "seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0}
+        self.window = {"steps": 0, "seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0, "drafts": 0, "drafted": 0,
+                       "at": []}
         self.total_steps = 0
         self.totals = {"seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0}  # since the start
         self.flushing = False  # the prefix cache is to be emptied at the next step boundary (flush())
@@ -219,13 +220,18 @@ class Batcher:
 
     def _log(self, stepped: list[Sequence]) -> None:
         """Every log_every steps: running τ and generation throughput (busy time only) over the window, like
-        SGLang's `accept len` line."""
+        SGLang's `accept len` line, and vLLM's `SpecDecoding metrics` line over the steps that drafted."""
         if not stepped:
             return
         w = self.window
         w["steps"] += 1
         w["seq_steps"] += len(stepped)
         w["accepted"] += sum(s.result.accepted[-1] for s in stepped)
+        for s in (s for s in stepped if s.result.checked[-1]):
+            w["drafts"], w["drafted"] = w["drafts"] + 1, w["drafted"] + s.result.checked[-1]
+            w["at"] += [0] * (s.result.accepted[-1] - len(w["at"]))
+            for k in range(s.result.accepted[-1]):
+                w["at"][k] += 1
         self.totals["seq_steps"] += len(stepped)
         self.totals["accepted"] += sum(s.result.accepted[-1] for s in stepped)
         self.total_steps += 1
@@ -233,4 +239,11 @@ class Batcher:
             log.info("step %d: running %d, waiting %d, accept len %.2f, gen throughput %.1f tok/s",
                      self.total_steps, len(self.engine.running), len(self.waiting),
                      (w["accepted"] + w["seq_steps"]) / w["seq_steps"], w["tokens"] / max(w["busy"], 1e-9))
-            self.window = {"steps": 0, "seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0}
+            if w["drafts"]:  # as vLLM words it (log parsers read "Mean acceptance length")
+                accepted = sum(w["at"])
+                log.info("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
+                         "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, Per-position "
+                         "acceptance rate: %s, Avg Draft acceptance rate: %.1f%%", 1 + accepted / w["drafts"],
+                         accepted / max(w["busy"], 1e-9), w["drafted"] / max(w["busy"], 1e-9), accepted, w["drafted"],
+                         ", ".join(f"{n / w['drafts']:.3f}" for n in w["at"]), 100 * accepted / w["drafted"])
+            self.window = {**dict.fromkeys(w, 0), "busy": 0.0, "at": []}
