@@ -124,6 +124,36 @@ def test_a_slow_reader_holds_one_merged_update_not_one_per_step(tiny_target):
     assert box.qsize() == 1 and box.get_nowait().error == "boom" and box.qsize() == 0
 
 
+def test_the_kv_usage_gauge_follows_the_running_sequences(tiny_target):
+    """vllm:kv_cache_usage_perc / sglang:token_usage: the share of the batch's cache slots the running sequences
+    fill, set after every step; 0 once they are done."""
+    import asyncio
+
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.sequence import Sequence
+
+    tok = load_tokenizer(model=str(tiny_target))
+    metrics, seen = ServerMetrics(), []
+    batcher = Batcher(Engine(load_target(tiny_target), max_len=128, max_batch=2), metrics, log_every=0)
+    record = metrics.kv_usage.set
+    metrics.kv_usage.set = lambda value: (seen.append((value, [s.prefix for s in batcher.engine.running])),
+                                          record(value))
+
+    async def ask():
+        req = batcher.submit(Sequence(tok("Hello there").input_ids, SamplingParams(max_new_tokens=20)))
+        while not req.seq.done:
+            await asyncio.sleep(0.01)
+
+    batcher.start()
+    try:
+        asyncio.run(ask())
+    finally:
+        batcher.stop()
+    assert all(value == sum(prefixes) / (2 * 128) for value, prefixes in seen)  # the running rows' fill
+    assert max(v for v, _ in seen) > 0 and seen[-1][0] == 0
+    assert metrics.registry.get_sample_value("vllm:kv_cache_usage_perc", {"model_name": "toolkit", "engine": "0"}) == 0
+
+
 class HidingTokenizer:
     """The tiny target's tokenizer with one ordinary token it generates treated as special: text decoded with
     skip_special_tokens drops it, as it drops a special token (a chat or tool marker) a model emits mid-reply."""

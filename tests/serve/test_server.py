@@ -546,3 +546,4 @@ def test_vllm_and_sglang_named_metrics_agree_with_the_replies(serve, tiny_draft)
     assert got("vllm:e2e_request_latency_seconds_count") == got("sglang:time_to_first_token_seconds_count") == 3
     assert 1 <= got("sglang:spec_accept_length") <= 4
     assert got("vllm:num_requests_running") == got("sglang:num_queue_reqs") == 0
+    assert got("vllm:kv_cache_usage_perc") == got("sglang:token_usage") == 0  # nothing running: the cache is free

@@ -174,6 +174,8 @@ class Batcher:
                     req.publish(Update([], True, "internal error in the engine step; see the server log"))
                 self.active, self.engine.running = [], []
             self.metrics.running.set(len(self.engine.running))
+            self.metrics.kv_usage.set(sum(s.prefix for s in self.engine.running)
+                                      / (self.engine.max_batch * self.engine.max_len))
             self.window["busy"] += time.perf_counter() - t0
             self.totals["busy"] += time.perf_counter() - t0
 

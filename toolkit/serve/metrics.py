@@ -21,6 +21,7 @@ this server as they are (labels model_name, and engine="0" for vLLM's):
                                                  (position 0-based: the first draft token is position 0)
     vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total, vllm:generation_tokens_total,
     vllm:time_to_first_token_seconds, vllm:e2e_request_latency_seconds, vllm:request_success_total{finished_reason}
+    vllm:kv_cache_usage_perc, sglang:token_usage  share (0..1) of the batch's cache slots the running sequences fill
     sglang:spec_accept_length                    τ over the last 40 engine steps (SGLang's log interval)
     sglang:num_running_reqs, sglang:num_queue_reqs, sglang:prompt_tokens_total, sglang:generation_tokens_total,
     sglang:time_to_first_token_seconds, sglang:e2e_request_latency_seconds
@@ -144,6 +145,9 @@ class ServerMetrics:
         self.waiting = _Fan(Gauge("toolkit_waiting_requests", "requests queued for a batch slot", registry=r),
                             vllm(Gauge, "num_requests_waiting", "requests queued for a batch slot").labels(**vl),
                             sglang(Gauge, "num_queue_reqs", "requests queued for a batch slot"))
+        self.kv_usage = _Fan(vllm(Gauge, "kv_cache_usage_perc", "share of the KV cache's slots the running "
+                                  "sequences fill (0..1)").labels(**vl),
+                             sglang(Gauge, "token_usage", "share of the KV cache's slots the running sequences fill"))
         self.vl = vl
         if (read := heap_reader()) is not None:
             Gauge("toolkit_heap_in_use_bytes", "bytes held from the C allocator (mallinfo2)",
