@@ -82,13 +82,20 @@ def test_a_later_run_on_the_same_counts_adds_its_sizes_to_coverage_json(llama3_m
     before, after = (json.loads((d / "coverage.json").read_text()) for d in (out, tmp_path / "maps"))
     assert set(after["sizes"]) == set(before["sizes"]) | {"2048"}
     assert all(after["sizes"][n] == before["sizes"][n] for n in before["sizes"])
-    # a folder whose maps came from other counts lists the new run's sizes only
+    # a folder whose maps came from other counts lists the new run's sizes only, and the maps its coverage.json
+    # listed from those counts are gone (a freq_8192.pt of another corpus read as this one's); a file it never
+    # listed is left alone
     (tmp_path / "other").mkdir()
-    shutil.copy(out / "freq_8192.pt", tmp_path / "other")
+    for f in ("freq_8192.pt", "vocab_map_8192.safetensors"):
+        shutil.copy(out / f, tmp_path / "other")
+    shutil.copy(out / "freq_8192.pt", tmp_path / "other/freq_777.pt")
     (tmp_path / "other/coverage.json").write_text(json.dumps({**before, "total_tokens": 5}))
     done = run_cli("build-token-map", "--tokenizer", tok, "--from-counts", out / "token_counts.safetensors",
                    "--sizes", "2048", "--out", tmp_path / "other")
     assert done.returncode == 0 and set(json.loads((tmp_path / "other/coverage.json").read_text())["sizes"]) == {"2048"}
+    assert "8192" in before["sizes"] and not (tmp_path / "other/freq_8192.pt").exists()
+    assert not (tmp_path / "other/vocab_map_8192.safetensors").exists() and (tmp_path / "other/freq_777.pt").exists()
+    assert "removed freq_8192.pt, vocab_map_8192.safetensors, which its coverage.json listed" in done.stderr
 
 
 def test_from_counts_with_another_vocab_is_refused(llama3_maps, shared, tmp_path):

@@ -20,7 +20,8 @@ from toolkit.data.chat import BUILTIN_TEMPLATES, ChatRenderer, load_tokenizer
 from toolkit.embedded import DEFAULT_MODEL, sha256_file
 from toolkit.models import fingerprint, resolve_target
 from toolkit.tokenmap.count import count_tokens, usable_cpus
-from toolkit.tokenmap.maps import (TokenMapError, check_sizes, fit_counts, freq_list, load_counts, load_freq,
+from toolkit.tokenmap.folder import earlier_maps
+from toolkit.tokenmap.maps import (TokenMapError, check_sizes, fit_counts, freq_list, load_counts,
                                    save_counts, save_freq, save_vocab_map, vocab_map)
 from toolkit.tokenmap.report import write_coverage
 
@@ -164,28 +165,6 @@ def _from_counts(args, tok, vocab_size: int):
     return counts, {**meta, "vocab_size": vocab_size}, True
 
 
-def earlier_maps(out: Path, counts) -> dict[int, list[int]]:
-    """The freq_N.pt maps a folder already holds from these same counts (its coverage.json lists them and was
-    made from counts of the same totals), so that a later run with other --sizes (e.g. --from-counts) adds to
-    coverage.json instead of dropping the sizes still on disk. Maps from other counts are not listed."""
-    from toolkit.tokenmap.report import coverage
-
-    try:
-        old = json.loads((out / "coverage.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    now = coverage(counts, {})
-    if any(old.get(k) != now[k] for k in ("total_tokens", "distinct_tokens", "vocab_size")):
-        return {}
-    maps = {}
-    for n in old.get("sizes", {}):
-        try:
-            maps[int(n)] = load_freq(out / f"freq_{n}.pt")
-        except (ValueError, TokenMapError):
-            continue  # listed but gone or damaged: not a size this folder holds
-    return maps
-
-
 def build(args: argparse.Namespace) -> dict:
     """Do the work of `toolkit build-token-map`; returns what was written, coverage and phase timings."""
     if args.num_workers is not None:
@@ -240,7 +219,7 @@ def build(args: argparse.Namespace) -> dict:
         with atomic_path(counts_path) as tmp:
             shutil.copyfile(args.from_counts, tmp)
     title = f"{meta.get('tokenizer')} - {int(meta['total_tokens']):,} tokens ({meta.get('mode')})"
-    cov = write_coverage(out, counts, {**earlier_maps(out, counts), **maps}, title)
+    cov = write_coverage(out, counts, {**earlier_maps(out, counts, maps), **maps}, title)
     t3 = time.perf_counter()
     return {"out": str(out), "sizes": sizes, "coverage": cov, "forced_ids": forced,
             "seconds": {"tokenizer": t1 - t0, "count": t2 - t1, "write": t3 - t2, "total": t3 - t0}}
