@@ -105,3 +105,22 @@ def test_a_target_whose_states_overflow_is_refused_by_row(tiny_target, prepared,
     err = capsys.readouterr().err
     assert "the target's hidden states are not finite (its float32 range overflowed); give --dtype float32" in err
     assert not list((tmp_path / "out").glob("shard-*"))  # nothing half-written
+
+
+def test_a_resumed_dump_redoes_a_listed_shard_that_was_cut_short(tiny_target, prepared, tmp_path, capsys):
+    """A shard listed in index.json but cut short afterwards (a copy, a full disk) was kept by a resumed dump and
+    failed training later; now the resume dumps it (and the ones after it) again, and the dump equals a clean one."""
+    assert dump(tiny_target, prepared, tmp_path / "clean") == 0
+    assert dump(tiny_target, prepared, tmp_path / "h") == 0
+    index = json.loads((tmp_path / "h" / "index.json").read_text())
+    assert len(index["shards"]) == 5  # 24 rows, 5 a shard
+    cut = tmp_path / "h" / index["shards"][2]["file"]
+    cut.write_bytes(cut.read_bytes()[:1000])
+    capsys.readouterr()
+    assert dump(tiny_target, prepared, tmp_path / "h") == 0
+    err = capsys.readouterr().err
+    assert f"shard {cut}: unreadable" in err and "resuming from it: 3 listed shard(s) dumped again" in err
+    assert json.loads((tmp_path / "h" / "index.json").read_text())["shards"] == index["shards"]
+    clean, again = HiddenStateShards(tmp_path / "clean", 96), HiddenStateShards(tmp_path / "h", 96)
+    for r in range(24):
+        assert torch.equal(clean[r]["aux"], again[r]["aux"]) and torch.equal(clean[r]["input_ids"], again[r]["input_ids"])

@@ -110,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
     if differ:
         raise ValueError(f"--out {out} holds shards of another setup (" + ", ".join(
             f"{k} {index.get(k)!r} there, {head[k]!r} now" for k in differ) + "); use a new folder")
-    shards = index["shards"] if index else []
+    shards = readable(out, index["shards"] if index else [])
     store = getattr(torch, args.dtype)
     # this part's rows, resumed after the ones its listed shards hold: len(shards) x --shard-size would skip rows
     # (or dump some twice) when the resumed command gives another --shard-size
@@ -148,6 +148,23 @@ def parse_part(text: str | None) -> tuple[int, int]:
 
 
 @torch.no_grad()
+def readable(out: Path, shards: list[dict]) -> list[dict]:
+    """The listed shards a resumed dump keeps: those before the first missing or unreadable one (a file cut short
+    by a copy or a full disk after it was listed); that one and the rest are dumped again, under the same names."""
+    from toolkit.infer.weight_files import read_safetensors
+
+    for i, shard in enumerate(shards):
+        try:
+            with read_safetensors(out / shard["file"], "shard"):
+                pass
+        except (ValueError, OSError) as err:
+            why = err if isinstance(err, ValueError) else f"{shard['file']}: {err.strerror}"
+            print(f"dump-hidden-states: {why}; resuming from it: {len(shards) - i} listed shard(s) dumped again",
+                  file=sys.stderr)
+            return shards[:i]
+    return shards
+
+
 def dump_shard(target, data, rows: list[int], aux_layers: list[int], batch_size: int, store: torch.dtype,
                device) -> dict[str, torch.Tensor]:
     """One shard's tensors (docs/formats.md section 8), written into tensors allocated once (a list of rows joined
