@@ -188,3 +188,21 @@ def test_sglang_picks_the_tree_for_the_target_when_no_step_count_is_given(tmp_pa
         parsed("--draft", str(head), "--num-steps", "3", "--topk", "1", "--num-draft-tokens", "8")  # silent change
     with pytest.raises(ValueError, match="give --speculative-num-steps too, or none of the three"):
         parsed("--speculative-algorithm", "EAGLE3", "--draft", str(head), "--speculative-eagle-topk", "4")
+
+
+def test_the_rest_of_a_launch_line_is_taken_as_each_server_means_it():
+    """Copied lines carry flags beside the speculative ones: those that mean something here do it, the no-ops are
+    taken, and what one device cannot do is refused."""
+    args, _, _ = parsed("m", "--draft", "d", "--tensor-parallel-size", "1", "--trust-remote-code", "--enforce-eager",
+                        "--dtype", "half", "--disable-log-stats", "--disable-log-requests", "--enable-prefix-caching")
+    assert args.eager and args.dtype == "float16" and args.log_every == 0 and args.prefix_cache_rows == 4
+    args, _, _ = parsed("--model-path", "m", "--draft", "d", "--tp", "1", "--disable-cuda-graph", "--dtype", "bfloat16",
+                        "--disable-radix-cache")
+    assert args.eager and args.dtype == "bfloat16" and args.prefix_cache_rows == 0
+    assert parsed("m", "--draft", "d", "--dtype", "float")[0].dtype == "float32"
+    with pytest.raises(ValueError, match="--tensor-parallel-size 2: one device serves here"):
+        parsed("m", "--draft", "d", "--tp-size", "2")
+    with pytest.raises(ValueError, match="--enable-prefix-caching and a switch that turns prefix caching off"):
+        parsed("m", "--draft", "d", "--enable-prefix-caching", "--no-enable-prefix-caching")
+    with pytest.raises(SystemExit):  # argparse names the value and the choices
+        build_parser().parse_args(["serve", "--dtype", "float8"])

@@ -189,11 +189,16 @@ class Loaded:
     head: object    # the draft head, or None
 
 
+DTYPE_NAMES = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32"}
+
+
 def add_device_args(p, dtype_note: str = "a CPU that emulates bf16 / fp16 gets a warning") -> None:
     """--device and --dtype, as `load` takes them (bench, serve, regenerate)."""
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help=f"auto: bfloat16 on cuda (float16 before sm_80), float32 on cpu ({dtype_note})")
+                   type=lambda v: DTYPE_NAMES.get(v, v),
+                   help=f"auto: bfloat16 on cuda (float16 before sm_80), float32 on cpu ({dtype_note}); vLLM's half, "
+                        "float and bf16 / fp16 / fp32 name these too")
 
 
 def add_args(p) -> None:
@@ -206,8 +211,9 @@ def add_args(p) -> None:
     p.add_argument("--compile", action="store_true", help="CPU: run one sequence's decode / verify step "
                    "torch.compile'd (fuses the small ops between GEMMs; ~2-5 min to compile at start, every step shape "
                    "before the first request)")
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs (on a GPU the engine replays its decode, "
-                   "verify and draft steps from graphs per batch/token bucket)")
+    p.add_argument("--eager", "--enforce-eager", "--disable-cuda-graph", action="store_true",
+                   help="no CUDA graphs (on a GPU the engine replays its decode, verify and draft steps from graphs "
+                        "per batch/token bucket); vLLM's and SGLang's names too")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
                    help="auto: fused Triton kernels (attention over the cache, RMSNorm + residual, RoPE + cache "
                         "write, SiLU-mul) on a CUDA Llama-family target, torch's elsewhere (and for DeepSeek, Gemma "

@@ -70,8 +70,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-cache-rows", type=int, default=4, metavar="N",
                    help="cache rows beside the batch's that keep finished requests' KV, so a prompt that starts "
                    "alike (a later chat turn, a shared system prompt) prefills only the rest (default 4; 0 = off)")
-    p.add_argument("--no-enable-prefix-caching", dest="prefix_cache_rows", action="store_const", const=0,
-                   help="vLLM's switch: no prefix cache (--prefix-cache-rows 0)")
+    p.add_argument("--no-enable-prefix-caching", "--disable-radix-cache", dest="prefix_cache_rows",
+                   action="store_const", const=0,
+                   help="vLLM's and SGLang's switch: no prefix cache (--prefix-cache-rows 0)")
     p.add_argument("--log-every", type=int, default=50, help="log running tau and tok/s every N steps (0 = off)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     loading.add_args(p)

@@ -30,6 +30,16 @@ VLLM_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
+    # the rest of a launch line that changes nothing here, or one thing that is checked
+    p.add_argument("--tensor-parallel-size", "--tp-size", "--tp", type=int, default=1, metavar="1",
+                   help="vLLM's / SGLang's: one device serves here, so 1 (more is refused)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="taken from vLLM / SGLang lines; this engine runs no code from a model repository either way "
+                        "(it reads config.json as data)")
+    p.add_argument("--enable-prefix-caching", action="store_true", help="vLLM's: prefix caching, on by default here")
+    p.add_argument("--disable-log-stats", dest="log_every", action="store_const", const=0,
+                   help="vLLM's: no periodic acceptance / throughput log (--log-every 0)")
+    p.add_argument("--disable-log-requests", action="store_true", help="vLLM's: requests are not logged here anyway")
     p.add_argument("--speculative-algorithm", default=None, metavar="EAGLE|EAGLE3|NEXTN|NGRAM",
                    help="SGLang's flag: the kind of draft --speculative-draft-model-path holds (checked); NEXTN "
                         "without a draft path drafts with the target's own MTP layers; NGRAM is prompt lookup alone")
@@ -62,6 +72,11 @@ def apply(args: argparse.Namespace) -> None:
         if args.model not in (None, tag):
             raise ValueError(f"the model is given twice, as {tag} and --model {args.model}: give it once")
         args.model = tag
+    if args.tensor_parallel_size != 1:
+        raise ValueError(f"--tensor-parallel-size {args.tensor_parallel_size}: one device serves here; give 1 (or "
+                         "leave it out), and a model that fits one device")
+    if args.enable_prefix_caching and args.prefix_cache_rows == 0:
+        raise ValueError("--enable-prefix-caching and a switch that turns prefix caching off are both given: give one")
     for flag in ("accept_threshold_single", "accept_threshold_acc"):
         value = getattr(args, f"speculative_{flag}")
         if value is not None and value != 1.0:
