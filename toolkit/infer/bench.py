@@ -63,6 +63,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", default=None, metavar="S,K,N;S,K,N,L",
                    help="more runs over the same prompts: num_steps,topk,num_draft_tokens entries separated by ';'; "
                         "a fourth number is that entry's lookup branch length (0 = none; default: --lookup)")
+    p.add_argument("--compare-endpoint", default=None, metavar="URL",
+                   help="also answer the prompts on a running SGLang or vLLM server (or toolkit serve) serving this "
+                        "target and head: its τ, acceptance by position and tok/s beside the engine's, greedy texts "
+                        "checked identical (infer/bench_endpoint.py)")
+    p.add_argument("--endpoint-kind", default="auto", choices=["auto", "sglang", "vllm"],
+                   help="how --compare-endpoint reports acceptance: SGLang's /generate meta_info or vLLM's /metrics "
+                        "(auto: by what the server answers)")
     lookup.add_args(p, "; the baseline stays plain decoding")
     p.add_argument("--sample-draft", action="store_true", help="T > 0, chains (topk 1): draw the draft tokens from "
                    "the head's tempered distribution and verify with speculative sampling (min(1, p/q)) instead of "
@@ -163,6 +170,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-len {args.max_len}: give the KV cache length per sequence, at least 2 tokens")
     if args.prefix_cache_rows < 0:
         raise ValueError(f"--prefix-cache-rows {args.prefix_cache_rows}: give 0 (none) or more rows")
+    if args.compare_endpoint is not None and not args.compare_endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"--compare-endpoint {args.compare_endpoint}: give the server's URL, http://HOST:PORT")
     if args.compare_pld < 0:
         raise ValueError(f"--compare-pld {args.compare_pld}: give the lookup tokens per step (>= 1), or 0 for none")
     variables = template_kwargs(args.chat_template_kwargs)
@@ -244,6 +253,10 @@ def main(args: argparse.Namespace) -> int:
                                                         / report["hf_generate"]["tokens_per_second"])
         if params.greedy:
             report["greedy_identical_to_prompt_lookup"] = pld_answers == spec_answers
+    if args.compare_endpoint:
+        from toolkit.infer.bench_endpoint import compare_endpoint
+
+        compare_endpoint(report, args, tok, prompts, params, stops, spec_answers, dtype, depth(tree), differing)
     if sweep:
         report["sweep"] = []
         for cfg, own in sweep:

@@ -38,7 +38,11 @@ def print_summary(report: dict, lookup_branch: bool) -> None:
         pld = report["prompt_lookup"]
         print(f"prompt lookup: tau {pld['tau']:.2f}, {pld['tokens_per_second']:.1f} tok/s; per turn "
               f"{ {t: round(v['tau'], 2) for t, v in pld['per_turn'].items()} }")
+    if "endpoint" in report:
+        ep = report["endpoint"]
+        print(f"endpoint ({ep['kind']}, {ep['url']}): tau {ep['tau']:.2f}, {ep['tokens_per_second']:.1f} tok/s; per "
+              f"position {[round(r, 2) for r in ep['accept_rate_by_position']]}")
     for key in ("speedup_vs_baseline", "speedup_vs_hf", "greedy_identical_to_baseline", "greedy_identical_to_hf",
-                "greedy_identical_to_prompt_lookup"):
+                "greedy_identical_to_prompt_lookup", "tau_vs_endpoint", "greedy_identical_to_endpoint"):
         if key in report:
             print(f"{key}: {report[key]:.2f}" if isinstance(report[key], float) else f"{key}: {report[key]}")

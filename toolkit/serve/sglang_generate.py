@@ -77,8 +77,7 @@ class GenerateRequest(BaseModel):
 def add_generate_route(app, completion_sequences, queued, engine) -> None:
     """`completion_sequences(body)` a completions request's engine sequences and prompt texts, `queued` them queued
     with their Reply (app.py)."""
-    drafted_per_step = engine.tree.num_draft_tokens - 1 if engine.head is not None else (  # what a verify checks
-        engine.lookup.num_tokens if engine.lookup is not None else 0)
+    speculates = engine.head is not None or engine.lookup is not None
 
     def meta(c, done: bool, rid: str, start: float, logprobs: bool, with_text: bool, start_len: int) -> dict:
         n = c.sent_tokens()
@@ -92,10 +91,10 @@ def add_generate_route(app, completion_sequences, queued, engine) -> None:
                                     {"type": "stop", "matched": matched if matched is not None else
                                      (result.tokens[-1] if result.tokens else None)})
             out["cached_tokens"] = result.cached_tokens
-            if drafted_per_step:
+            if speculates:
                 s = summarize([result])
                 steps, accepted = s["verify_steps"], sum(result.accepted)
-                drafted = steps * drafted_per_step
+                drafted = sum(result.checked)  # the draft tokens its verify steps checked
                 out |= {"spec_verify_ct": steps, "spec_accept_length": n / steps if steps else 0.0,
                         "spec_accept_rate": accepted / drafted if drafted else 0.0,
                         "spec_accept_token_num": accepted, "spec_draft_token_num": drafted,
