@@ -417,12 +417,13 @@ def test_bench_takes_sglangs_flag_names_and_a_draft_as_a_hub_id(tmp_path, capsys
     the id (before the target is loaded), and --speculative-num-draft-tokens is read as --num-draft-tokens."""
     import huggingface_hub.constants
 
-    from conftest import ROOT
+    from pathlib import Path
+
     from toolkit.cli import main
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    prompts = str(ROOT / "examples/prompts.jsonl")
+    prompts = str(Path(__file__).resolve().parents[2] / "examples/prompts.jsonl")
     assert main(["bench", "--speculative-draft-model-path", "org/absent-head", "--prompts", prompts]) == 2
     assert "--draft org/absent-head: HF_HUB_OFFLINE is set and it is not in the local HF cache" in capsys.readouterr().err
     assert main(["bench", "--draft", "org/absent-head", "--prompts", prompts, "--speculative-num-draft-tokens", "9"]) == 2

@@ -46,8 +46,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-draft-model-revision", dest="draft_revision", default=None, metavar="REV",
                    help="SGLang's flag (vLLM: \"revision\" in --speculative-config): the branch, tag or commit of a "
                         "draft given as a hub id")
-    p.add_argument("--speculative-accept-threshold-single", type=float, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--speculative-accept-threshold-acc", type=float, default=None, help=argparse.SUPPRESS)
+    for which in ("single", "acc"):
+        p.add_argument(f"--speculative-accept-threshold-{which}", type=float, default=None, metavar="1.0",
+                       help="SGLang's: 1.0 (lossless) is taken; below it SGLang accepts tokens the target would not "
+                            "have sampled, which is refused here")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="vLLM's flag: {\"method\": \"eagle3\"|\"eagle\"|\"mtp\"|\"ngram\", \"model\": DRAFT, "
                         "\"num_speculative_tokens\": k (a chain of k), \"prompt_lookup_max\" / \"prompt_lookup_min\" "
