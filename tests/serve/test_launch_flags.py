@@ -206,3 +206,18 @@ def test_the_rest_of_a_launch_line_is_taken_as_each_server_means_it():
         parsed("m", "--draft", "d", "--enable-prefix-caching", "--no-enable-prefix-caching")
     with pytest.raises(SystemExit):  # argparse names the value and the choices
         build_parser().parse_args(["serve", "--dtype", "float8"])
+
+
+def test_several_served_model_names_are_each_accepted_and_replies_name_the_first(tiny_target, in_process_app):
+    """vLLM's `--served-model-name a b`: a request may send either; /v1/models lists both; replies name the first."""
+    from fastapi.testclient import TestClient
+
+    args, _, _ = parsed("m", "--draft", "d", "--served-model-name", "tiny", "tiny-latest")
+    assert args.served_model_name == ["tiny", "tiny-latest"]
+    with in_process_app(tiny_target, aliases=("tiny-latest",)) as (app, _), TestClient(app) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny", "tiny-latest"]
+        assert client.get("/v1/models/tiny-latest").json()["root"] == "tiny"
+        r = client.post("/v1/completions", json={"model": "tiny-latest", "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == "tiny"
+        r = client.post("/v1/completions", json={"model": "other", "prompt": "Hi", "max_tokens": 2})
+        assert r.status_code == 404 and "this server serves 'tiny' or 'tiny-latest'" in r.json()["error"]["message"]

@@ -53,6 +53,11 @@ class Served:
     defaults: SamplingDefaults = SamplingDefaults()  # what a request that names no temperature etc. gets
     reasoning_parser: str | None = None  # --reasoning-parser: chat replies' thinking split out (reasoning.py)
     tool_parser: str | None = None  # --tool-call-parser with --enable-auto-tool-choice: tool_choice auto read with it
+    aliases: tuple = ()  # more names requests may send (--served-model-name A B ...); replies name `name`
+
+    @property
+    def names(self) -> tuple:
+        return (self.name, *self.aliases)
 
     def __post_init__(self):
         if self.tool_parser == "openai" and self.reasoning_parser != "gpt_oss":  # its calls are read by that split
@@ -82,8 +87,9 @@ def build_app(served: Served) -> FastAPI:
 
     async def parse(request: Request, model):
         body = validated(model, await read_object(request))
-        if body.model is not None and body.model != served.name:
-            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {served.name!r}",
+        if body.model is not None and body.model not in served.names:
+            raise ApiError(404, f"the model {body.model!r} does not exist; this server serves "
+                                f"{' or '.join(map(repr, served.names))}",
                            "model", "model_not_found")
         return body
 
@@ -106,20 +112,20 @@ def build_app(served: Served) -> FastAPI:
 
         return {"version": __version__}
 
-    def model_card() -> dict:
-        return {"id": served.name, "object": "model", "created": served.created, "owned_by": "toolkit",
-                "max_model_len": engine.max_len}
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": served.created, "owned_by": "toolkit",
+                "max_model_len": engine.max_len, "root": served.name}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(n) for n in served.names]}
 
     @app.get("/v1/models/{model_id:path}")  # the OpenAI client's models.retrieve (an id may hold slashes)
     async def model(model_id: str):
-        if model_id != served.name:
-            raise ApiError(404, f"model {model_id!r} is not served here; this server serves {served.name!r}",
-                           "model", "model_not_found")
-        return model_card()
+        if model_id not in served.names:
+            raise ApiError(404, f"model {model_id!r} is not served here; this server serves "
+                                f"{' or '.join(map(repr, served.names))}", "model", "model_not_found")
+        return model_card(model_id)
 
     @app.get("/metrics")
     async def prometheus():

@@ -27,8 +27,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help=f"target (default: the one the draft records, else {DEFAULT_MODEL})")
     p.add_argument("--token-map", "--speculative-token-map", default=None,
                    help="FR-Spec freq_N.pt for an EAGLE-1/2 or MTP head (a file, or org/name/freq_N.pt on the hub)")
-    p.add_argument("--served-model-name", default=None, help="the name requests send as `model` (default: --model, "
-                                                             "else the draft's recorded target)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the name requests send as `model` (default: --model, else the draft's recorded target); "
+                        "several: each is accepted, the first is the one replies name (as vLLM's flag)")
     p.add_argument("--num-steps", "--speculative-num-steps", type=int, default=None,
                    help="draft depth per round (default 5)")
     p.add_argument("--topk", "--speculative-eagle-topk", type=int, default=None,
@@ -201,11 +202,12 @@ def build(args: argparse.Namespace, tree, branch, max_queue: int, command: str) 
                     prefix_cache_rows=args.prefix_cache_rows)
     engine.warm_up()  # --compile: compile every step shape now, not in the first requests
     recorded = recorded_target(args.draft) if args.draft else {}
-    name = args.served_model_name or args.model or recorded.get("target") or DEFAULT_MODEL
+    names = args.served_model_name or [args.model or recorded.get("target") or DEFAULT_MODEL]
+    name = names[0]
     metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1, name)  # the most tokens one verify step emits
     batcher = Batcher(engine, metrics, max_queue, args.log_every, args.speculative_disable_by_batch_size)
     defaults = sampling_defaults(args.generation_config, loaded.folder)
-    served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher,
+    served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher, aliases=tuple(names[1:]),
                     template_kwargs=args.template_kwargs, defaults=defaults, reasoning_parser=args.reasoning_parser,
                     tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
     if served.tool_parser and "tools" not in (tok.chat_template or ""):
