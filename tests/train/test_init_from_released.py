@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -81,3 +82,26 @@ def test_a_recipe_trains_the_variants_and_init_from_may_not_add_one(tiny_target,
     assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(tmp_path / "e"),
                  "head=eagle", "norm_before_fc=true", *COMMON]) == 2
     assert "EAGLE-3 variants, not for an eagle head" in capsys.readouterr().err
+
+
+def test_init_from_takes_a_released_head_by_its_hub_id(tiny_target, tiny_draft, tmp_path, monkeypatch):
+    """init_from=org/name (a released head) is read from the HF cache (fetched first when the hub is reachable)."""
+    import huggingface_hub.constants
+
+    from toolkit.infer.config import ModelConfig
+    from toolkit.train.head import start_from, target_tensors
+
+    repo = tmp_path / "hub" / "models--org--head"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("a" * 40)
+    (repo / "snapshots" / ("a" * 40)).mkdir(parents=True)
+    for f in tiny_draft.iterdir():
+        (repo / "snapshots" / ("a" * 40) / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    parts = target_tensors(tiny_target, ["embed_tokens.weight", "lm_head.weight"])
+    head = start_from("eagle3", "org/head", ModelConfig.from_folder(tiny_target), parts)
+    local = start_from("eagle3", tiny_draft, ModelConfig.from_folder(tiny_target), parts)
+    assert all(torch.equal(a, b) for a, b in zip(head.state_dict().values(), local.state_dict().values()))
+    with pytest.raises(ValueError, match="init_from org/absent: HF_HUB_OFFLINE is set"):
+        start_from("eagle3", "org/absent", ModelConfig.from_folder(tiny_target), parts)

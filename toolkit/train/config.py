@@ -31,7 +31,8 @@ class TrainConfig:
     draft_vocab_size: int = 32000            # used when token_map is absent (capped at the target vocab)
     init_lm_head: str = "target"             # "target": rows of the target's lm_head; "random" (SpecForge)
     init_block: str = "random"               # mtp: "target_last" starts the block from the target's last layer
-    init_from: str | None = None             # a trained draft folder to start from (its vocabulary, aux layers)
+    init_from: str | None = None             # a trained draft folder (or hub id) to start from (its vocabulary,
+    #                                          aux layers)
     draft_config: str | None = None          # eagle3: SpecForge's draft-model-config JSON, read as the head's shape
     #                                          (layers, MLP width, attention heads, draft vocabulary, aux layers)
     regression_weight: float = 1.0           # eagle: smooth-L1 on the next hidden state (EAGLE paper: 1.0)

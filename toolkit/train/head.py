@@ -108,6 +108,9 @@ def start_from(kind: str, folder: str | Path, target_cfg: ModelConfig, parts: di
     from toolkit.infer.draft_folder import draft_kind
     from toolkit.infer.mtp import load_mtp
 
+    from toolkit import hub
+
+    folder = hub.draft_folder(str(folder), "init_from")  # a released head as a hub id: fetched, or from the HF cache
     found = draft_kind(folder)
     if found != kind:
         raise ValueError(f"init_from {folder}: holds an {found} draft, but the recipe trains an {kind} head")
