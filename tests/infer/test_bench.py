@@ -425,6 +425,8 @@ def test_bench_takes_sglangs_flag_names_and_a_draft_as_a_hub_id(tmp_path, capsys
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     prompts = str(Path(__file__).resolve().parents[2] / "examples/prompts.jsonl")
     assert main(["bench", "--speculative-draft-model-path", "org/absent-head", "--prompts", prompts]) == 2
-    assert "--draft org/absent-head: HF_HUB_OFFLINE is set and it is not in the local HF cache" in capsys.readouterr().err
-    assert main(["bench", "--draft", "org/absent-head", "--prompts", prompts, "--speculative-num-draft-tokens", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "--draft org/absent-head: HF_HUB_OFFLINE is set and it is not in the local HF cache" in err
+    assert main(["bench", "--draft", "org/absent-head", "--prompts", prompts,
+                 "--speculative-num-draft-tokens", "9"]) == 2
     assert "--num-draft-tokens 9: must be in 2..6" in capsys.readouterr().err

@@ -152,7 +152,8 @@ def test_launch_lines_of_both_servers_answer_as_our_flags_do(tiny_target, random
         got[name] = [json.loads(s)["response"]["body"] for s in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
     text = {name: [b["choices"][0]["message"]["content"] for b in bodies] for name, bodies in got.items()}
     assert text["ours"] == text["sglang"] == text["vllm"] == text["plain"]
-    steps = {name: [b["usage"]["speculative"]["verify_steps"] for b in got[name]] for name in ("ours", "sglang", "vllm")}
+    steps = {name: [b["usage"]["speculative"]["verify_steps"] for b in got[name]]
+             for name in ("ours", "sglang", "vllm")}
     assert steps["ours"] == steps["sglang"] == steps["vllm"] and all(s > 0 for s in steps["ours"])
 
 
