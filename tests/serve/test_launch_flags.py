@@ -222,3 +222,34 @@ def test_several_served_model_names_are_each_accepted_and_replies_name_the_first
         assert r.status_code == 200 and r.json()["model"] == "tiny"
         r = client.post("/v1/completions", json={"model": "other", "prompt": "Hi", "max_tokens": 2})
         assert r.status_code == 404 and "this server serves 'tiny' or 'tiny-latest'" in r.json()["error"]["message"]
+
+
+def test_gpu_memory_utilization_sizes_each_sequences_cache(monkeypatch, capsys):
+    """vLLM's --gpu-memory-utilization / SGLang's --mem-fraction-static: the KV cache gets what keeps memory in use
+    within that share once the model is loaded; each sequence's length follows, capped by --max-seq-len."""
+    import torch
+
+    from toolkit.infer import kv_cache
+    from toolkit.infer.config import ModelConfig
+    from toolkit.serve.launch_flags import utilization_len
+
+    c = ModelConfig(model_type="llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2,
+                    num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=100_000)
+    per_token = kv_cache.cache_bytes(c, 1, 1, torch.float32)  # 2 layers x 1 KV head x (8 + 8) x 4 bytes = 128
+    real, asked = kv_cache.utilization_budget, []
+    monkeypatch.setattr(kv_cache, "utilization_budget", lambda device, u: asked.append(u) or 128 * 3 * 500)
+    args = parsed("m", "--draft", "d", "--gpu-memory-utilization", "0.9")[0]
+    assert utilization_len(args, c, 4096, 3, torch.float32, "cpu") == 500 and asked == [0.9] and per_token == 128
+    assert utilization_len(args, c, 200, 3, torch.float32, "cpu") == 200  # --max-seq-len caps it
+    assert "--gpu-memory-utilization 0.9: 0.00 GB for the KV cache of 3 rows: 200 tokens each" in \
+        capsys.readouterr().err
+    assert parsed("m", "--draft", "d", "--mem-fraction-static", "0.8")[0].gpu_memory_utilization == 0.8
+    assert utilization_len(parsed("m", "--draft", "d")[0], c, 4096, 3, torch.float32, "cpu") == 4096  # not given
+    monkeypatch.setattr(kv_cache, "utilization_budget", lambda device, u: -5)  # the model takes more than that
+    with pytest.raises(ValueError, match="--gpu-memory-utilization 0.9: with the model loaded, -0.00 GB is left"):
+        utilization_len(args, c, 4096, 3, torch.float32, "cpu")
+    for bad in ("0", "1.5"):
+        with pytest.raises(ValueError, match=f"--gpu-memory-utilization {float(bad)}: give the share"):
+            parsed("m", "--draft", "d", "--gpu-memory-utilization", bad)
+    budget = real("cpu", 1.0)  # this machine: all of RAM less what is in use = free RAM
+    assert abs(budget - kv_cache.free_memory_bytes("cpu")) < 2**30

@@ -35,6 +35,20 @@ def check_fits(config: ModelConfig, batch: int, max_len: int, dtype, device, spa
                          "from free memory)")
 
 
+def utilization_budget(device: torch.device | str, utilization: float) -> int:
+    """Bytes a KV cache may take so that the process holds at most `utilization` of the device's memory (vLLM's
+    --gpu-memory-utilization, SGLang's --mem-fraction-static): that share of the total less what is in use now
+    (the loaded model, by this and any other process). On a CPU, of RAM (Linux /proc/meminfo)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+    else:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        free, total = (int(info[k].split()[0]) * 1024 for k in ("MemAvailable", "MemTotal"))
+    return int(utilization * total - (total - free))
+
+
 def free_memory_bytes(device: torch.device | str) -> int:
     """Free accelerator memory, or available RAM on CPU (Linux /proc/meminfo)."""
     device = torch.device(device)

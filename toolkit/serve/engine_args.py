@@ -196,6 +196,8 @@ def build(args: argparse.Namespace, tree, branch, max_queue: int, command: str) 
             [{"role": "user", "content": "Explain what a hash map is, briefly."}], tokenize=False,
             add_generation_prompt=True, **args.template_kwargs))  # the prompt as a request without its own is read
     max_len = min(args.max_seq_len, target.config.max_position_embeddings) if args.max_seq_len else None
+    max_len = launch_flags.utilization_len(args, target.config, max_len, args.max_batch_size + args.prefix_cache_rows,
+                                           target.embed_tokens.weight.dtype, target.embed_tokens.weight.device)
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
                     cuda_graphs=False if args.eager else None, compile=args.compile,
                     sample_draft=args.sample_draft and head is not None, lookup=branch,

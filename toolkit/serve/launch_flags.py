@@ -36,6 +36,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="taken from vLLM / SGLang lines; this engine runs no code from a model repository either way "
                         "(it reads config.json as data)")
+    p.add_argument("--gpu-memory-utilization", "--mem-fraction-static", type=float, default=None, metavar="U",
+                   help="vLLM's / SGLang's: the target's KV cache takes what keeps memory in use within U (0..1] of "
+                        "the device's once the model is loaded (the draft's cache and activations come on top): "
+                        "each sequence's length is sized from it, capped by --max-seq-len")
     p.add_argument("--enable-prefix-caching", action="store_true", help="vLLM's: prefix caching, on by default here")
     p.add_argument("--disable-log-stats", dest="log_every", action="store_const", const=0,
                    help="vLLM's: no periodic acceptance / throughput log (--log-every 0)")
@@ -77,6 +81,9 @@ def apply(args: argparse.Namespace) -> None:
     if args.tensor_parallel_size != 1:
         raise ValueError(f"--tensor-parallel-size {args.tensor_parallel_size}: one device serves here; give 1 (or "
                          "leave it out), and a model that fits one device")
+    u = args.gpu_memory_utilization
+    if u is not None and not 0 < u <= 1:
+        raise ValueError(f"--gpu-memory-utilization {u}: give the share of the device's memory to use, in (0, 1]")
     if args.enable_prefix_caching and args.prefix_cache_rows == 0:
         raise ValueError("--enable-prefix-caching and a switch that turns prefix caching off are both given: give one")
     for flag in ("accept_threshold_single", "accept_threshold_acc"):
@@ -226,3 +233,23 @@ def check_kind(args: argparse.Namespace, kind: str) -> None:
         name = sglang[kind] if args.speculative_algorithm else {"mtp": "mtp"}.get(kind, kind)
         raise ValueError(f"{asked} asks for {wanted}, and the draft {args.draft} holds {KIND_WORDS[kind]}: ask for "
                          f"{name}, or give a draft of that kind")
+
+
+def utilization_len(args: argparse.Namespace, config, max_len: int | None, rows: int, dtype, device) -> int | None:
+    """The per-sequence cache length --gpu-memory-utilization allows (None: not given, max_len stands), capped by
+    max_len (--max-seq-len) and the model's; refused when the loaded model leaves no room under it."""
+    from toolkit.infer.kv_cache import cache_bytes, max_len_for_memory, utilization_budget
+
+    u = args.gpu_memory_utilization
+    if u is None:
+        return max_len
+    budget = utilization_budget(device, u)
+    fits = max_len_for_memory(config, max(budget, 0), rows, dtype)
+    if fits < 2:
+        raise ValueError(f"--gpu-memory-utilization {u}: with the model loaded, {budget / 1e9:.2f} GB is left under "
+                         f"that share for a KV cache of {rows} rows ({cache_bytes(config, rows, 1, dtype)} bytes a "
+                         "token): raise it, or lower --max-batch-size")
+    length = min(fits, max_len or config.max_position_embeddings)
+    print(f"--gpu-memory-utilization {u}: {budget / 1e9:.2f} GB for the KV cache of {rows} rows: {length} tokens "
+          "each", file=sys.stderr)
+    return length
