@@ -46,11 +46,11 @@ def draft_folder(name: str | None, flag: str = "--draft", revision: str | None =
     """A draft given as a folder stays as given; one given as a hub id (no such folder here) becomes its cached
     snapshot folder (at `revision`). Anything else is returned unchanged, for the loader to name what is wrong."""
     if name is None or Path(name).expanduser().exists() or not HUB_ID.match(name):
-        if revision is not None:
+        if revision not in (None, "main"):  # "main" is what SGLang passes by default: nothing to pick locally
             raise ValueError(f"a draft revision ({revision}) picks a version of a hub repository, and the draft "
                              f"{name} is {'no hub id' if name else 'not given'}: drop the revision")
         return name
-    return str(snapshot(name, flag, DRAFT_FILES, "a local draft folder", revision))
+    return str(snapshot(name, flag, DRAFT_FILES, "a local draft folder", None if revision == "main" else revision))
 
 
 def file(value: str | None, flag: str) -> str | None:

@@ -17,6 +17,20 @@ def test_accepted_lengths_rebuilt_from_sglangs_histogram():
     assert from_histogram([]) == []
 
 
+def test_sglangs_meta_info_read_in_each_of_its_forms():
+    """The histogram under its new name or its old; without one, the counts spread over the verify steps (τ exact:
+    it once read 30 steps of one token where 10 steps accepted 30); no spec keys (no verify step ran): none."""
+    from toolkit.infer.bench_endpoint import sglang_accepted
+
+    assert sorted(sglang_accepted({"spec_correct_drafts_histogram": [1, 2], "spec_verify_ct": 3}, 6)) == [0, 1, 1]
+    assert sorted(sglang_accepted({"spec_accept_histogram": [0, 0, 1], "spec_verify_ct": 1}, 4)) == [2]
+    spread = sglang_accepted({"spec_verify_ct": 10, "spec_num_correct_drafts": 31}, 42)
+    assert len(spread) == 10 and sum(spread) == 31 and (sum(spread) + len(spread)) / len(spread) == 4.1
+    assert sum(sglang_accepted({"spec_verify_ct": 4, "spec_accept_token_num": 6}, 11)) == 6
+    assert sum(sglang_accepted({"spec_verify_ct": 4}, 11)) == 6  # no counts: the tokens after prefill tell them
+    assert sglang_accepted({"completion_tokens": 1}, 1) == []  # SGLang wrote no spec keys: no verify step
+
+
 def test_accepted_lengths_rebuilt_from_vllms_counters(monkeypatch):
     """Counters before and after a request: drafts 5, accepted at positions 0, 1, 2 -> 4, 2, 1: steps accepting 0, 1,
     2, 3 tokens are 1, 2, 1, 1; and steps that drafted nothing make up the generated tokens."""

@@ -37,7 +37,7 @@ def test_vllm_names_and_its_positional_model_are_our_flags():
 
 
 @pytest.mark.parametrize("argv, lookup", [
-    (["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"], (7, 3, 1)),
+    (["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"], (7, 12, 1)),  # SGLang's window
     (["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-match-window-size", "5",
       "--speculative-ngram-min-match-window-size", "2"], (11, 5, 2)),  # SGLang's 12 draft tokens by default
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'], (4, 5, 5)),  # vLLM's defaults
@@ -253,3 +253,29 @@ def test_gpu_memory_utilization_sizes_each_sequences_cache(monkeypatch, capsys):
             parsed("m", "--draft", "d", "--gpu-memory-utilization", bad)
     budget = real("cpu", 1.0)  # this machine: all of RAM less what is in use = free RAM
     assert abs(budget - kv_cache.free_memory_bytes("cpu")) < 2**30
+
+
+def test_what_an_audit_of_copied_lines_found_is_read_as_there(tmp_path):
+    """-tp, --max-model-len 32k / auto, SGLang's --speculative-draft-model, an NGRAM line with steps and top-k
+    (SGLang derives them), vLLM's newer *_mtp names and keys at their defaults, SGLang's default revision main."""
+    assert parsed("m", "--draft", "d", "-tp", "1")[0].tensor_parallel_size == 1
+    assert [parsed("m", "--draft", "d", "--max-model-len", v)[0].max_seq_len for v in ("32k", "32K", "auto", "-1")] \
+        == [32000, 32768, 1 << 40, 1 << 40]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--max-model-len", "lots"])
+    assert parsed("--model-path", "m", "--speculative-draft-model", "d")[0].draft == "d"
+    args, _, branch = parsed("--model-path", "m", "--speculative-algorithm", "NGRAM", "--speculative-num-steps", "7",
+                             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8")
+    assert args.no_speculation and (branch.num_tokens, branch.max_ngram) == (7, 12)  # SGLang's match window: 12
+    mtp = tmp_path / "mtp"
+    mtp.mkdir()
+    (mtp / "config.json").write_text(json.dumps({"architectures": ["MiMoMTP"], "num_nextn_predict_layers": 1,
+                                                 "toolkit": {"head": "mtp"}}))
+    args = parsed("--speculative-config", json.dumps({"method": "qwen3_5_mtp", "model": str(mtp),
+                                                      "num_speculative_tokens": 2, "rejection_sample_method": "strict",
+                                                      "disable_padded_drafter_batch": False}))[0]
+    assert args.draft == str(mtp) and args.draft_kinds == ("mtp",)
+    with pytest.raises(ValueError, match="rejection_sample_method not served here"):
+        parsed("--speculative-config", json.dumps({"model": str(mtp), "num_speculative_tokens": 2,
+                                                   "rejection_sample_method": "probabilistic"}))
+    assert parsed("--draft", str(mtp), "--speculative-draft-model-revision", "main")[0].draft == str(mtp)

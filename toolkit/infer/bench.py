@@ -179,7 +179,7 @@ def main(args: argparse.Namespace) -> int:
                       args.num_steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     branch = lookup.from_args(args)
-    sweep = parse_sweep(args.sweep, branch, args.lookup_max_ngram, args.lookup_min_ngram) if args.sweep else []
+    sweep = parse_sweep(args.sweep, branch, args.lookup_max_ngram or 3, args.lookup_min_ngram) if args.sweep else []
     for cfg, own in sweep:
         if own is not None and args.sample_draft and cfg.topk == 1:
             raise ValueError(f"--sweep entry {cfg.num_steps},1,{cfg.num_draft_tokens},{own.num_tokens}: "

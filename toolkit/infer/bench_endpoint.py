@@ -17,8 +17,9 @@ SPEC = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens",
 
 
 def detect(client, root: str) -> str:
-    """sglang when the server answers SGLang's /get_server_info, vllm when its /metrics has vLLM's counters."""
-    if client.get(f"{root}/get_server_info").status_code == 200:
+    """sglang when the server answers SGLang's /server_info (or the older /get_server_info), vllm when its
+    /metrics has vLLM's counters."""
+    if any(client.get(f"{root}/{path}").status_code == 200 for path in ("server_info", "get_server_info")):
         return "sglang"
     metrics = client.get(f"{root}/metrics")
     if metrics.status_code == 200 and "vllm:" in metrics.text:
@@ -53,6 +54,22 @@ def from_histogram(hist: list[int]) -> list[int]:
     return [a for a, n in enumerate(hist) for _ in range(int(n))]
 
 
+def sglang_accepted(meta: dict, tokens: int) -> list[int]:
+    """The verify steps' accepted lengths SGLang's meta_info gives: its histogram (spec_correct_drafts_histogram,
+    or the older spec_accept_histogram), else its counts spread over its verify steps (τ exact, positions not);
+    no spec keys (SGLang writes none when no verify step ran): none."""
+    hist = meta.get("spec_correct_drafts_histogram") or meta.get("spec_accept_histogram")
+    if hist:
+        return from_histogram(hist)
+    steps = int(meta.get("spec_verify_ct") or 0)
+    if not steps:
+        return []
+    total = next((int(meta[k]) for k in ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
+                  if meta.get(k) is not None), max(tokens - 1 - steps, 0))
+    each, extra = divmod(total, steps)
+    return [each + 1] * extra + [each] * (steps - extra)
+
+
 class Endpoint:
     def __init__(self, url: str, kind: str, params, stops: set[int], seed: int, timeout: float = 600.0):
         import httpx
@@ -82,20 +99,19 @@ class Endpoint:
         self.asked += 1
         start = time.perf_counter()
         if self.kind == "sglang":
+            # every sampling value given: a server that fills the unset ones from the model's generation_config
+            # (SGLang's and vLLM's default) would otherwise sample otherwise than the engine
             sampling = {"max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
-                        "stop_token_ids": self.stops, "sampling_seed": seed, **({"top_k": p.top_k} if p.top_k else {})}
+                        "top_k": p.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                        "stop_token_ids": self.stops, "sampling_seed": seed}
             out = self._post("/generate", {"input_ids": ids, "sampling_params": sampling})
-            meta, tokens = out["meta_info"], out["output_ids"]
-            if "spec_accept_histogram" in meta:
-                accepted = from_histogram(meta["spec_accept_histogram"])
-            else:  # an SGLang without the histogram: its counts, not by step (τ exact, positions not)
-                total = int(meta.get("spec_accept_token_num", len(tokens) - 1 - meta["spec_verify_ct"]))
-                accepted = [1] * total + [0] * (int(meta["spec_verify_ct"]) - total)
+            tokens = out["output_ids"]
+            accepted = sglang_accepted(out["meta_info"], len(tokens))
         else:
             before = vllm_counters(self.client, self.root)
             body = {"model": self.model, "prompt": ids, "max_tokens": p.max_new_tokens, "temperature": p.temperature,
-                    "top_p": p.top_p, "stop_token_ids": self.stops, "seed": seed, "return_token_ids": True,
-                    **({"top_k": p.top_k} if p.top_k else {})}
+                    "top_p": p.top_p, "top_k": p.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                    "stop_token_ids": self.stops, "seed": seed, "return_token_ids": True}
             tokens = self._post("/v1/completions", body)["choices"][0]["token_ids"]
             after = vllm_counters(self.client, self.root)
             drafts, at = int(after[0] - before[0]), {k: int(v - before[2].get(k, 0)) for k, v in after[2].items()}

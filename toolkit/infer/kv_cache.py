@@ -36,17 +36,23 @@ def check_fits(config: ModelConfig, batch: int, max_len: int, dtype, device, spa
 
 
 def utilization_budget(device: torch.device | str, utilization: float) -> int:
-    """Bytes a KV cache may take so that the process holds at most `utilization` of the device's memory (vLLM's
-    --gpu-memory-utilization, SGLang's --mem-fraction-static): that share of the total less what is in use now
-    (the loaded model, by this and any other process). On a CPU, of RAM (Linux /proc/meminfo)."""
+    """Bytes a KV cache may take so that this process holds at most `utilization` of the device's memory (vLLM's
+    --gpu-memory-utilization, SGLang's --mem-fraction-static: a limit per server, whatever others hold): that share
+    of the total less what this process holds now (the loaded model), and no more than is free. On a CPU, of RAM
+    (Linux /proc/meminfo; what the process holds: its resident pages)."""
+    import os
+
     device = torch.device(device)
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
+        held = torch.cuda.memory_reserved(device)
     else:
         with open("/proc/meminfo") as f:
             info = dict(line.split(":", 1) for line in f)
         free, total = (int(info[k].split()[0]) * 1024 for k in ("MemAvailable", "MemTotal"))
-    return int(utilization * total - (total - free))
+        with open("/proc/self/statm") as f:
+            held = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return int(min(utilization * total - held, free))
 
 
 def free_memory_bytes(device: torch.device | str) -> int:

@@ -41,8 +41,10 @@ def add_args(p: argparse.ArgumentParser, alone: str = "") -> None:
     p.add_argument("--lookup", type=int, default=0, metavar="N",
                    help="also propose up to N tokens by prompt lookup each round, merged into the head's tree as one "
                         f"more branch and verified in the same forward (0 = off){alone}")
-    p.add_argument("--lookup-max-ngram", "--speculative-ngram-max-match-window-size", type=int, default=3, metavar="M",
-                   help="the longest suffix the lookup matches (then shorter ones, down to --lookup-min-ngram)")
+    p.add_argument("--lookup-max-ngram", "--speculative-ngram-max-match-window-size", type=int, default=None,
+                   metavar="M",
+                   help="the longest suffix the lookup matches (then shorter ones, down to --lookup-min-ngram; "
+                        "default 3, 12 on an SGLang NGRAM line as SGLang's)")
     p.add_argument("--lookup-min-ngram", "--speculative-ngram-min-match-window-size", type=int, default=1, metavar="M",
                    help="the shortest suffix the lookup matches (vLLM's prompt_lookup_min; SGLang's name for both "
                         "is the match window size)")
@@ -55,7 +57,8 @@ def from_args(args: argparse.Namespace) -> LookupConfig | None:
     if args.lookup and args.sample_draft:
         raise ValueError("--sample-draft and --lookup do not mix: a sampled chain's draft law does not cover the "
                          "lookup branch; drop one of them")
-    return LookupConfig(args.lookup, args.lookup_max_ngram, args.lookup_min_ngram) if args.lookup else None
+    top = 3 if args.lookup_max_ngram is None else args.lookup_max_ngram
+    return LookupConfig(args.lookup, top, args.lookup_min_ngram) if args.lookup else None
 
 
 def propose(context: list[int], cfg: LookupConfig) -> list[int]:

@@ -19,8 +19,21 @@ from toolkit.serve.tool_calls import ALIASES as TOOL_ALIASES
 from toolkit.serve.tool_calls import PARSERS as TOOL_PARSERS
 
 
+def context_length(text: str) -> int:
+    """--max-seq-len as vLLM's --max-model-len reads it too: 4096, 32k (x1000), 32K (x1024), and auto / -1 for the
+    model's own length (a number past any model's, capped by it)."""
+    if text.strip().lower() in ("auto", "-1"):
+        return 1 << 40
+    units = {"k": 1000, "m": 1000 ** 2, "K": 1024, "M": 1024 ** 2}
+    try:
+        return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of tokens (4096, 32k, 32K), 0 to size the cache "
+                                         "from free memory, or auto / -1 for the model's length") from None
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--draft", "--speculative-draft-model-path", default=None,
+    p.add_argument("--draft", "--speculative-draft-model-path", "--speculative-draft-model", default=None,
                    help="EAGLE-3, EAGLE-1/2 or MTP draft folder or hub id, or a target that ships MTP layers (without "
                         "it: plain decoding)")
     p.add_argument("--model", "--model-path", default=None,
@@ -65,7 +78,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "max_new_tokens), vllm = neutral (T 1, top_p 1), or a folder's generation_config.json")
     p.add_argument("--max-batch-size", "--max-num-seqs", "--max-running-requests", type=int, default=16,
                    help="sequences in the running batch")
-    p.add_argument("--max-seq-len", "--max-model-len", "--context-length", type=int, default=4096,
+    p.add_argument("--max-seq-len", "--max-model-len", "--context-length", type=context_length, default=4096,
                    help="prompt + generation per sequence (capped by the model); 0 = size the KV cache from free "
                         "memory")
     p.add_argument("--prefix-cache-rows", type=int, default=4, metavar="N",

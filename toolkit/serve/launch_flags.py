@@ -23,7 +23,11 @@ import sys
 SGLANG_KINDS = {"EAGLE": ("eagle", "mtp"), "EAGLE3": ("eagle3",), "NEXTN": ("mtp",)}  # SGLang serves MTP as EAGLE too
 KIND_WORDS = {"eagle": "an EAGLE-1/2 head", "eagle3": "an EAGLE-3 head", "mtp": "MTP layers"}
 VLLM_MTP = ("mtp", "deepseek_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp", "qwen3_next_mtp", "longcat_flash_mtp")
-VLLM_SERVED = ("eagle", "eagle3", "ngram", "ngram_gpu", *VLLM_MTP)
+VLLM_SERVED = ("eagle", "eagle3", "ngram", "ngram_gpu", *VLLM_MTP, "(any *_mtp)")
+# keys vLLM takes that change nothing here at these values (their defaults), so a copied config with them reads
+VLLM_NEUTRAL = {"disable_padded_drafter_batch": False, "parallel_drafting": False, "use_local_argmax_reduction": False,
+                "rejection_sample_method": "strict", "draft_sampling_method": "greedy", "max_model_len": None,
+                "code_revision": None, "tensor_parallel_size": None}
 # keys of vLLM's SpeculativeConfig taken here; the others change what is drafted or how it is accepted
 VLLM_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
              "disable_by_batch_size", "revision", "draft_tensor_parallel_size", "enforce_eager", "quantization")
@@ -31,7 +35,7 @@ VLLM_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "
 
 def add_args(p: argparse.ArgumentParser) -> None:
     # the rest of a launch line that changes nothing here, or one thing that is checked
-    p.add_argument("--tensor-parallel-size", "--tp-size", "--tp", type=int, default=1, metavar="1",
+    p.add_argument("--tensor-parallel-size", "--tp-size", "--tp", "-tp", type=int, default=1, metavar="1",
                    help="vLLM's / SGLang's: one device serves here, so 1 (more is refused)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="taken from vLLM / SGLang lines; this engine runs no code from a model repository either way "
@@ -108,9 +112,11 @@ def _sglang(args, algorithm: str) -> None:
             raise ValueError(f"{flag} drafts by n-gram lookup and takes no draft model; drop "
                              "--speculative-draft-model-path / --draft")
         tokens = args.num_draft_tokens or 12  # SGLang's default for NGRAM
-        args.num_draft_tokens = None
+        args.num_draft_tokens = args.num_steps = args.topk = None  # SGLang derives them for NGRAM from its trie
         args.no_speculation = True
         _set(args, "lookup", tokens - 1, flag)
+        if args.lookup_max_ngram is None:
+            args.lookup_max_ngram = 12  # SGLang's speculative_ngram_max_match_window_size default
         return
     if algorithm not in SGLANG_KINDS:
         served = ", ".join([*SGLANG_KINDS, "NGRAM"])
@@ -135,7 +141,8 @@ def _vllm(args, text: str) -> None:
                          '\'{"method": "eagle3", "model": "./ckpt", "num_speculative_tokens": 3}\'') from None
     if not isinstance(cfg, dict):
         raise ValueError(f"--speculative-config {text!r}: a JSON object is expected")
-    other = sorted(k for k in cfg if k not in VLLM_KEYS and cfg[k] is not None)
+    other = sorted(k for k in cfg if k not in VLLM_KEYS and cfg[k] is not None
+                   and not (k in VLLM_NEUTRAL and cfg[k] == VLLM_NEUTRAL[k]))
     if other:
         tree = (" (for a static speculative_token_tree give --topk and --num-draft-tokens: the engine drafts a "
                 "dynamic tree)" if "speculative_token_tree" in other else "")
@@ -149,6 +156,8 @@ def _vllm(args, text: str) -> None:
     method, model, k = cfg.get("method"), cfg.get("model"), cfg.get("num_speculative_tokens")
     if method is None and model in ("ngram", "[ngram]"):
         method = "ngram"
+    if method is not None and method.endswith("_mtp"):
+        method = "mtp"  # vLLM maps every *_mtp name to its mtp method
     if method is not None and method not in VLLM_SERVED:
         raise ValueError(f"--speculative-config: method {method!r} is not served here (accepted: "
                          f"{', '.join(VLLM_SERVED)}); a separate draft model, Medusa and MLP speculators are not")

@@ -107,6 +107,8 @@ class ServerMetrics:
         self.vllm_accepted = vllm(Counter, "spec_decode_num_accepted_tokens", "draft tokens accepted").labels(**vl)
         self.vllm_per_pos = vllm(Counter, "spec_decode_num_accepted_tokens_per_pos", "accepted at draft position",
                                  ["position"])
+        for position in range(max_tau - 1):  # every position at 0 from the start, as vLLM: a ratio reads 0, not no data
+            self.vllm_per_pos.labels(**vl, position=str(position))
         self.vllm_success = vllm(Counter, "request_success", "finished requests", ["finished_reason"])
         self.e2e = _Fan(vllm(Histogram, "e2e_request_latency_seconds", "arrival to the last token",
                              buckets=E2E_BUCKETS).labels(**vl),
