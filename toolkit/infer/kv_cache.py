@@ -47,9 +47,7 @@ def utilization_budget(device: torch.device | str, utilization: float) -> int:
         free, total = torch.cuda.mem_get_info(device)
         held = torch.cuda.memory_reserved(device)
     else:
-        with open("/proc/meminfo") as f:
-            info = dict(line.split(":", 1) for line in f)
-        free, total = (int(info[k].split()[0]) * 1024 for k in ("MemAvailable", "MemTotal"))
+        free, total = meminfo_bytes("MemAvailable", "MemTotal")
         with open("/proc/self/statm") as f:
             held = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     return int(min(utilization * total - held, free))
@@ -60,9 +58,14 @@ def free_memory_bytes(device: torch.device | str) -> int:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    return meminfo_bytes("MemAvailable")[0]
+
+
+def meminfo_bytes(*keys: str) -> list[int]:
+    """The named entries of Linux's /proc/meminfo, in bytes."""
     with open("/proc/meminfo") as f:
         info = dict(line.split(":", 1) for line in f)
-    return int(info["MemAvailable"].split()[0]) * 1024
+    return [int(info[k].split()[0]) * 1024 for k in keys]
 
 
 class KVCache:
