@@ -90,6 +90,24 @@ def test_graphed_engine_equals_eager(target, tree):
         assert ("loop", 4) in calls and ("loop", 1) in calls  # the whole draft loop replayed too
 
 
+def test_an_eager_draft_beside_a_graphed_target_equals_eager(target):
+    """draft_graphs=False (vLLM's enforce_eager in its speculative config): the target's verify steps replay
+    graphs, the draft runs eagerly, and the output and acceptances are the eager engine's."""
+    head, tree = random_head(target.config, seed=1), TreeConfig(3, 3, 8)
+    params = SamplingParams(max_new_tokens=12)
+    want = Engine(target, head, tree, max_len=64, max_batch=4, cuda_graphs=False).generate_batch(PROMPTS, params)
+    calls = []
+    engine = Engine(target, head, tree, max_len=64, max_batch=4, cuda_graphs=True, graph_capture=counting(calls),
+                    draft_graphs=False)
+    assert engine.runner.target_graphs is not None
+    assert engine.runner.draft_graphs is None and engine.runner.draft_loop is None
+    calls.clear()
+    got = engine.generate_batch(PROMPTS, params)
+    assert [r.tokens for r in got] == [r.tokens for r in want] and [r.accepted for r in got] == [r.accepted
+                                                                                                 for r in want]
+    assert (4, tree.num_draft_tokens) in calls and not any(c[0] == "loop" for c in calls)
+
+
 def test_graphed_sampled_chain_equals_eager(target):
     """The draft loop of a sampled chain (noise and 1 / T as graph inputs, the draft's log-probs as an output)
     replays what the eager loop draws, from the same generator."""

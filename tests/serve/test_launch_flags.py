@@ -60,7 +60,11 @@ def test_ngram_is_prompt_lookup_alone(argv, lookup):
     (["--draft", "d", "--speculative-accept-threshold-acc", "0.7"], "(lossy); toolkit verifies losslessly only"),
     (["--speculative-config", "{bad"], "not JSON"),
     (["--speculative-config", "[1]"], "a JSON object is expected"),
-    (["--speculative-config", '{"model": "d"}'], "num_speculative_tokens must be an integer >= 1"),
+    (["--speculative-config", '{"model": "d", "num_speculative_tokens": 0}'],
+     "num_speculative_tokens must be an integer >= 1"),
+    (["--speculative-config", '{"model": "d"}'], "num_speculative_tokens is needed, as vLLM needs it, when the "
+                                                 "draft's config.json (d/config.json) gives no n_predict"),
+    (["--speculative-config", '{"method": "ngram"}'], "method ngram needs num_speculative_tokens"),
     (["--speculative-config", '{"method": "medusa", "model": "d", "num_speculative_tokens": 2}'],
      "method 'medusa' is not served here"),
     (["--speculative-config", '{"model": "d", "num_speculative_tokens": 2, "speculative_token_tree": "[(0,)]"}'],
@@ -275,7 +279,88 @@ def test_what_an_audit_of_copied_lines_found_is_read_as_there(tmp_path):
                                                       "num_speculative_tokens": 2, "rejection_sample_method": "strict",
                                                       "disable_padded_drafter_batch": False}))[0]
     assert args.draft == str(mtp) and args.draft_kinds == ("mtp",)
+    args = parsed("--speculative-config", json.dumps({"model": str(mtp), "num_speculative_tokens": 2,
+                                                      "enforce_eager": True}))[0]
+    assert args.eager_draft and not args.eager  # vLLM's: the drafter eager, the target's steps still graphed
     with pytest.raises(ValueError, match="rejection_sample_method not served here"):
         parsed("--speculative-config", json.dumps({"model": str(mtp), "num_speculative_tokens": 2,
                                                    "rejection_sample_method": "probabilistic"}))
     assert parsed("--draft", str(mtp), "--speculative-draft-model-revision", "main")[0].draft == str(mtp)
+
+
+def as_speculators(draft, folder, verifier: str, tokens: int = 3):
+    """Our EAGLE-3 export rewritten as speculators saves one (the layer config nested, layers.0.*), naming its
+    verifier and its proposal's speculative_tokens."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((draft / "config.json").read_text())
+    layer = {k: cfg[k] for k in ("model_type", "hidden_size", "intermediate_size", "num_attention_heads",
+                                 "num_key_value_heads", "head_dim", "num_hidden_layers", "vocab_size",
+                                 "rms_norm_eps", "max_position_embeddings", "rope_theta")}
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "norm_before_residual": False,
+        "draft_vocab_size": cfg["draft_vocab_size"], "transformer_layer_config": layer,
+        "eagle_aux_hidden_state_layer_ids": cfg["eagle_aux_hidden_state_layer_ids"],
+        "speculators_config": {"algorithm": "eagle3", "proposal_methods": [{"proposal_type": "greedy",
+                                                                            "speculative_tokens": tokens}],
+                               "default_proposal_method": "greedy", "verifier": {"name_or_path": verifier}}}))
+    w = load_file(str(draft / "model.safetensors"))
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in w.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_without_num_speculative_tokens_the_chain_is_the_drafts_as_vllm_takes_it(tmp_path, capsys):
+    """vLLM's default for num_speculative_tokens: a speculators proposal's speculative_tokens, n_predict, or the MTP
+    layers a target declares; a draft whose config.json gives none is refused as vLLM refuses it."""
+    spec = tmp_path / "spec"
+    spec.mkdir()
+    (spec / "config.json").write_text(json.dumps({
+        "speculators_model_type": "eagle3", "speculators_config": {"proposal_methods": [{"speculative_tokens": 4}],
+                                                                   "verifier": {"name_or_path": "org/t"}}}))
+    _, tree, _ = parsed("m", "--speculative-config", json.dumps({"method": "eagle3", "model": str(spec)}))
+    assert vars(tree) == {"num_steps": 4, "topk": 1, "num_draft_tokens": 5}
+    assert f"num_speculative_tokens 4, from {spec / 'config.json'} (as vLLM takes it)" in capsys.readouterr().err
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 4,
+                                                    "num_nextn_predict_layers": 2}))
+    _, tree, _ = parsed(str(target), "--speculative-config", '{"method": "deepseek_mtp"}')
+    assert vars(tree) == {"num_steps": 2, "topk": 1, "num_draft_tokens": 3}
+    head = tmp_path / "e3"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "n_predict": 3}))
+    assert parsed("m", "--speculative-config", json.dumps({"model": str(head)}))[1].num_steps == 3
+    with pytest.raises(ValueError, match="--speculative-config sets --num-steps 3, and --num-steps 2 is given too"):
+        parsed("m", "--speculative-config", json.dumps({"model": str(head)}), "--num-steps", "2")
+    (head / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "n_predict": 0}))
+    with pytest.raises(ValueError, match="num_speculative_tokens is needed, as vLLM needs it"):
+        parsed("m", "--speculative-config", json.dumps({"method": "eagle3", "model": str(head)}))
+
+
+def test_a_speculators_folder_given_as_the_model_drafts_for_its_verifier(tiny_target, random_draft, tmp_path, capsys):
+    """vLLM's `vllm serve SPECULATOR`: the folder drafts for the verifier it names, with its speculative_tokens as
+    the chain: the same answers and verify steps as our flags with that draft and chain, the replies naming the
+    verifier; with a draft flag too it is refused, as it names its draft itself."""
+    draft = random_draft(tiny_target, tmp_path / "draft", str(tiny_target))
+    spec = as_speculators(draft, tmp_path / "spec", str(tiny_target), tokens=3)
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "messages": [{"role": "user", "content": text}], "max_tokens": 12, "temperature": 0}}) + "\n"
+        for i, text in enumerate(["Write a poem", "What is 2+2?"])))
+    common = ["run-batch", "-i", str(src), "--threads", "1", "--log-every", "0", "--max-seq-len", "256"]
+    lines = {"ours": ["--model", str(tiny_target), "--draft", str(draft), "--num-steps", "3", "--topk", "1"],
+             "speculators": ["--model", str(spec)]}
+    got = {}
+    for name, argv in lines.items():
+        assert main([*common, *argv, "-o", str(tmp_path / f"{name}.jsonl")]) == 0, name
+        got[name] = [json.loads(s)["response"]["body"] for s in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert f"is a speculators eagle3 folder: it drafts for its verifier {tiny_target}" in capsys.readouterr().err
+    for key in (lambda b: b["choices"][0]["message"]["content"], lambda b: b["usage"]["speculative"]["verify_steps"],
+                lambda b: b["model"]):
+        assert [key(b) for b in got["ours"]] == [key(b) for b in got["speculators"]]
+    assert got["ours"][0]["model"] == str(tiny_target)
+    with pytest.raises(ValueError, match="is a speculators folder, which names its draft .* drop --draft"):
+        parsed(str(spec), "--draft", str(draft))
+    args, tree, _ = parsed(str(spec), "--no-speculation")  # the verifier alone
+    assert args.draft == str(spec) and args.model is None and tree is None

@@ -39,9 +39,11 @@ class Engine:
     def __init__(self, target: Transformer, head: Eagle3Head | None = None, tree: TreeConfig | None = None,
                  max_len: int | None = 2048, max_batch: int = 1, memory_fraction: float = 0.3,
                  cuda_graphs: bool | None = None, graph_capture=None, compile: bool = False,
-                 sample_draft: bool = False, lookup: LookupConfig | None = None, prefix_cache_rows: int = 0):
+                 sample_draft: bool = False, lookup: LookupConfig | None = None, prefix_cache_rows: int = 0,
+                 draft_graphs: bool = True):
         """max_len None: size the KV cache from free memory (memory_fraction of it), capped by the
-        target's max_position_embeddings. cuda_graphs, graph_capture, compile: how the forwards run (Runner).
+        target's max_position_embeddings. cuda_graphs, graph_capture, compile, draft_graphs: how the forwards run
+        (Runner).
         sample_draft: a chain draws its draft tokens from the head's tempered distribution for sequences that
         sample, verified with speculative sampling (verify.sample_chain_verify), instead of proposing the
         head's top-1; greedy sequences are drafted and verified as before.
@@ -77,7 +79,7 @@ class Engine:
         check_fits(target.config, max_batch, max_len, dtype, self.device, prefix_cache_rows)
         self.max_len, self.max_batch = max_len, max_batch
         self.runner = Runner(target, head, self.tree, extra, max_len, max_batch, cuda_graphs, graph_capture, compile,
-                             sample_draft, prefix_cache_rows)
+                             sample_draft, prefix_cache_rows, draft_graphs)
         self.prefix_cache = PrefixCache(max_batch, prefix_cache_rows) if prefix_cache_rows else None
         self.cache, self.draft_cache = self.runner.cache, self.runner.draft_cache  # row i: running sequence i
         self.aux_layers, self._host = self.runner.aux_layers, self.runner.host

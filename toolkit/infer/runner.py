@@ -19,14 +19,16 @@ from toolkit.infer.tree import Tree, TreeConfig, draft_trees
 class Runner:
     def __init__(self, target: Transformer, head: Eagle3Head | None, tree: TreeConfig, extra: int, max_len: int,
                  max_batch: int, cuda_graphs: bool | None = None, graph_capture=None, compile: bool = False,
-                 sample_draft: bool = False, spare_rows: int = 0):
+                 sample_draft: bool = False, spare_rows: int = 0, draft_graphs: bool = True):
         """extra: the most nodes a lookup branch adds to a round (0 without lookup). cuda_graphs (default: on
         for a CUDA target) replays the verify / decode step and the draft step from graphs; False is eager.
+        draft_graphs False: the draft runs eagerly while the target's steps replay graphs (vLLM's enforce_eager in
+        its speculative config).
         graph_capture: how graphs are captured (default torch.cuda.graph; tests pass eager_capture).
         compile: on CPU, one sequence's decode / verify step runs torch.compile'd. spare_rows: cache rows after
         the running batch's, where the prefix cache keeps finished sequences' KV (prefix_cache.py)."""
         self.target, self.head, self.tree, self.extra = target, head, tree, extra
-        self.max_batch, self.sample_draft = max_batch, sample_draft
+        self.max_batch, self.sample_draft, self.draft_graphs_on = max_batch, sample_draft, draft_graphs
         dtype, self.device = target.embed_tokens.weight.dtype, target.embed_tokens.weight.device
         # a MoE target's routing reads the experts hit on the host, so it runs eagerly; a dense draft is graphed
         graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
@@ -65,7 +67,7 @@ class Runner:
         counts = {1, t.num_draft_tokens, self.widest()}  # a lookup branch's nodes are verified too
         if self.target.graphable:
             self.target_graphs = graph_target(self.target, self.cache, self.aux_layers, sizes, sorted(counts), capture)
-        if self.head is not None and self.head.graphable:
+        if self.head is not None and self.head.graphable and self.draft_graphs_on:
             width = len(self.aux_layers) * self.target.config.hidden_size
             self.draft_graphs = graph_draft(self.head, self.draft_cache, width, sizes, list(range(1, t.num_steps + 2)),
                                             capture)

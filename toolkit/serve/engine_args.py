@@ -162,10 +162,13 @@ def check(args: argparse.Namespace, command: str):
         sampling_defaults(args.generation_config, None)
     # SGLang picks a line's tree from the target when it gives no step count: that waits for the target's config
     auto = launch_flags.sglang_picks_tree(args)
-    tree = None if auto else launch_flags.tree_config(args, TreeConfig)
+    later = auto or args.chain_from_draft is not None  # vLLM's chain from the draft's config.json: that too
+    tree = None if later else launch_flags.tree_config(args, TreeConfig)
     # a hub id: fetched (or found in the HF cache) now, before loading
     args.draft = hub.draft_folder(args.draft, revision=args.draft_revision)
     args.token_map = hub.file(args.token_map, "--token-map")
+    if launch_flags.steps_from_draft(args):
+        tree = launch_flags.tree_config(args, TreeConfig)
     if args.draft_kinds is not None and not args.no_speculation:  # the algorithm / method named a kind of draft
         from toolkit.infer.draft_folder import draft_kind
 
@@ -214,7 +217,7 @@ def build(args: argparse.Namespace, tree, branch, max_queue: int, command: str) 
     engine = Engine(target, head, tree if head is not None else None, max_len, max_batch=args.max_batch_size,
                     cuda_graphs=False if args.eager else None, compile=args.compile,
                     sample_draft=args.sample_draft and head is not None, lookup=branch,
-                    prefix_cache_rows=args.prefix_cache_rows)
+                    prefix_cache_rows=args.prefix_cache_rows, draft_graphs=not args.eager_draft)
     engine.warm_up()  # --compile: compile every step shape now, not in the first requests
     recorded = recorded_target(args.draft) if args.draft else {}
     names = args.served_model_name or [args.model or recorded.get("target") or DEFAULT_MODEL]

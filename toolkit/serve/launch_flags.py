@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 SGLANG_KINDS = {"EAGLE": ("eagle", "mtp"), "EAGLE3": ("eagle3",), "NEXTN": ("mtp",)}  # SGLang serves MTP as EAGLE too
 KIND_WORDS = {"eagle": "an EAGLE-1/2 head", "eagle3": "an EAGLE-3 head", "mtp": "MTP layers"}
@@ -77,11 +78,14 @@ def apply(args: argparse.Namespace) -> None:
     """Translate the SGLang / vLLM launch flags into ours (args changed in place); sets args.draft_kinds to the
     kinds of draft the algorithm or method accepts (None: any), checked by check_kind once the folder is found."""
     args.draft_kinds = None
+    args.eager_draft = False  # vLLM's drafter enforce_eager: the draft runs eagerly, the target from graphs
+    args.chain_from_draft = None  # which flag left the chain to the draft's config.json (vLLM's default)
     tag = getattr(args, "model_tag", None)  # vLLM's `vllm serve MODEL`
     if tag is not None:
         if args.model not in (None, tag):
             raise ValueError(f"the model is given twice, as {tag} and --model {args.model}: give it once")
         args.model = tag
+    speculators_model(args)
     if args.tensor_parallel_size != 1:
         raise ValueError(f"--tensor-parallel-size {args.tensor_parallel_size}: one device serves here; give 1 (or "
                          "leave it out), and a model that fits one device")
@@ -161,14 +165,16 @@ def _vllm(args, text: str) -> None:
     if method is not None and method not in VLLM_SERVED:
         raise ValueError(f"--speculative-config: method {method!r} is not served here (accepted: "
                          f"{', '.join(VLLM_SERVED)}); a separate draft model, Medusa and MLP speculators are not")
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"--speculative-config: num_speculative_tokens must be an integer >= 1 (the tokens drafted "
-                         f"per step), got {k!r}")
+    if k is None and method in ("ngram", "ngram_gpu"):
+        raise ValueError("--speculative-config: method ngram needs num_speculative_tokens, the tokens looked up per "
+                         "step (vLLM's too)")
+    if k is not None:
+        _chain_length(k, "--speculative-config: num_speculative_tokens")
     source = "--speculative-config"
     if cfg.get("disable_by_batch_size") is not None:
         _set(args, "speculative_disable_by_batch_size", cfg["disable_by_batch_size"], source)
     if cfg.get("enforce_eager"):
-        args.eager = True
+        args.eager_draft = True  # the drafter's enforce_eager, as vLLM's: the target's steps keep their graphs
     if cfg.get("revision") is not None:
         _set(args, "draft_revision", cfg["revision"], source)
     if method in ("ngram", "ngram_gpu"):
@@ -190,8 +196,90 @@ def _vllm(args, text: str) -> None:
         raise ValueError(f"--speculative-config method {method} without \"model\" drafts with the target's own MTP "
                          "layers: give the target (vllm serve's MODEL, or --model)")
     args.draft_kinds = None if method is None else ("mtp",) if method in VLLM_MTP else (method,)
+    if k is None:  # vLLM takes the draft config's n_predict: read once the folder is found (steps_from_draft)
+        args.chain_from_draft = source
+    else:
+        _chain(args, k, source)
+
+
+def _chain_length(k, what: str) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"{what} must be an integer >= 1 (the tokens drafted per step), got {k!r}")
+    return k
+
+
+def _chain(args, k: int, source: str) -> None:
     for name, value in (("num_steps", k), ("topk", 1), ("num_draft_tokens", k + 1)):  # vLLM drafts a chain
         _set(args, name, value, source)
+
+
+def draft_chain_length(cfg: dict) -> int | None:
+    """The chain length a draft's config.json gives vLLM when num_speculative_tokens is not: a speculators
+    proposal's speculative_tokens, n_predict, or the MTP layers declared (num_nextn_predict_layers); None: none."""
+    spec = cfg.get("speculators_config") or {}
+    methods = spec.get("proposal_methods") or []
+    if methods and isinstance(methods[0], dict) and methods[0].get("speculative_tokens") is not None:
+        return methods[0]["speculative_tokens"]  # vLLM's extract_vllm_speculative_config takes the first
+    text = cfg.get("text_config") or cfg
+    return cfg.get("n_predict") or text.get("num_nextn_predict_layers") or None
+
+
+def steps_from_draft(args: argparse.Namespace) -> bool:
+    """A vLLM line without num_speculative_tokens, once args.draft is a folder: the chain its config gives (vLLM's
+    default), refused as vLLM refuses it when the config gives none. True when the chain was set here."""
+    source = getattr(args, "chain_from_draft", None)
+    if source is None or args.no_speculation:
+        return False
+    path = Path(args.draft) / "config.json"
+    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    k = draft_chain_length(cfg if isinstance(cfg, dict) else {})
+    if k is None:
+        raise ValueError(f"{source}: num_speculative_tokens is needed, as vLLM needs it, when the draft's config.json "
+                         f"({path}) gives no n_predict, speculators speculative_tokens or num_nextn_predict_layers")
+    _chain(args, _chain_length(k, f"{path}'s chain length"), source)
+    print(f"{source}: num_speculative_tokens {k}, from {path} (as vLLM takes it)", file=sys.stderr)
+    return True
+
+
+def speculators_model(args: argparse.Namespace) -> None:
+    """vLLM's `vllm serve SPECULATOR`: a speculators folder (or hub id) given as the model names its verifier as the
+    target and itself as the draft, with its first proposal's speculative_tokens as the chain."""
+    model = args.model
+    if model is None:
+        return
+    if Path(model).expanduser().is_dir():
+        path = Path(model).expanduser() / "config.json"
+    else:
+        from toolkit import hub
+
+        if not hub.HUB_ID.match(model):
+            return
+        try:  # only config.json: a target's weights are fetched when it is loaded
+            path = Path(hub.file(f"{model}/config.json", "--model"))
+        except ValueError:
+            return  # not reachable now: the target's loader names what is wrong
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(cfg, dict) or not cfg.get("speculators_model_type"):
+        return
+    given = [flag for flag, on in (("--draft", args.draft is not None),
+                                   ("--speculative-config", args.speculative_config is not None),
+                                   ("--speculative-algorithm", args.speculative_algorithm is not None)) if on]
+    if given:
+        raise ValueError(f"the model {model} is a speculators folder, which names its draft (itself) and its target "
+                         f"(the verifier) as vLLM serves it: drop {', '.join(given)}, or give the verifier as the "
+                         "model")
+    verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    if not verifier:
+        raise ValueError(f"the model {model} is a speculators folder without speculators_config.verifier."
+                         "name_or_path: give the target with --model and the folder with --draft")
+    args.draft, args.model = model, None  # draft_target takes the verifier
+    args.draft_kinds = None
+    args.chain_from_draft = f"the speculators model {model}"
+    print(f"{model} is a speculators {cfg['speculators_model_type']} folder: it drafts for its verifier {verifier}, "
+          "as vLLM serves it", file=sys.stderr)
 
 
 SGLANG_WIDE = ("LlamaForCausalLM", "Grok1ForCausalLM", "Grok1VForCausalLM")  # SGLang's (5, 4, 8) targets
