@@ -157,7 +157,7 @@ def test_bench_serves_bf16_with_fp32_logits(draft_dir, shared, tmp_path):
 
 
 def test_sweep_entries_take_their_own_lookup_length_or_the_runs():
-    from toolkit.infer.bench import parse_sweep
+    from toolkit.infer.bench_sweep import parse_sweep
     from toolkit.infer.lookup import LookupConfig
     from toolkit.infer.tree import TreeConfig
 

@@ -24,6 +24,7 @@ from toolkit.embedded import DEFAULT_MODEL
 from toolkit import hub
 from toolkit.infer import loading, lookup
 from toolkit.infer.bench_report import print_summary, write_png
+from toolkit.infer.bench_sweep import parse_sweep, run_sweep
 from toolkit.infer.prompts import answer_records, answer_turns, parse_shard, prompt_text, read_prompts, warm_up_ids
 from toolkit.infer.tree import TreeConfig
 from toolkit.seeds import seed_arg
@@ -114,30 +115,6 @@ def run_engine(engine, tok, prompts, params, seed, stops: set[int]) -> tuple[lis
 
     answers = answer_turns(tok, prompts, generate)
     return results, answers, time.perf_counter() - start
-
-
-def parse_sweep(text: str, branch: lookup.LookupConfig | None = None,
-                max_ngram: int = 3, min_ngram: int = 1) -> list[tuple[TreeConfig, lookup.LookupConfig | None]]:
-    """'S,K,N;S,K,N,L' -> [(tree, lookup branch or None)]: an entry's fourth number is its lookup branch's
-    length (0 = none); an entry of three takes the run's --lookup (`branch`)."""
-    entries = []
-    for item in (x for x in text.split(";") if x.strip()):
-        try:
-            numbers = [int(x) for x in item.split(",")]
-        except ValueError:
-            numbers = []
-        if len(numbers) not in (3, 4):
-            raise ValueError(f"--sweep {text!r}: entry {item.strip()!r} is not num_steps,topk,num_draft_tokens "
-                             "[,lookup]; separate entries with ';'")
-        if len(numbers) == 4 and numbers[3] < 0:
-            raise ValueError(f"--sweep entry {item.strip()!r}: the lookup length must be >= 0 (0 = no branch)")
-        own = branch if len(numbers) == 3 else (
-            lookup.LookupConfig(numbers[3], max_ngram, min_ngram) if numbers[3] else None)
-        try:
-            entries.append((TreeConfig(*numbers[:3]), own))
-        except ValueError as e:  # TreeConfig names the run's flags, not this entry
-            raise ValueError(f"--sweep entry {item.strip()!r}: {e}") from None
-    return entries
 
 
 def main(args: argparse.Namespace) -> int:
@@ -258,18 +235,9 @@ def main(args: argparse.Namespace) -> int:
 
         compare_endpoint(report, args, tok, prompts, params, stops, spec_answers, dtype, depth(tree), differing)
     if sweep:
-        report["sweep"] = []
-        for cfg, own in sweep:
-            res, answers, w = run_engine(make(head, cfg, own), tok, prompts, params, args.seed, stops)
-            s = summarize(res, w, depth(cfg, own))
-            report["sweep"].append({**vars(cfg), "sample_draft": sampled(head, cfg),
-                                    "lookup": own.num_tokens if own is not None else 0, **s})
-            if params.greedy:  # every tree must give the main run's text (which the baseline checks)
-                report["sweep"][-1]["greedy_identical_to_speculative"] = answers == spec_answers
-        best = max(report["sweep"], key=lambda r: r["tokens_per_second"])
-        print(f"best of sweep: num_steps {best['num_steps']} topk {best['topk']} num_draft_tokens "
-              f"{best['num_draft_tokens']} lookup {best['lookup']}: tau {best['tau']:.2f}, "
-              f"{best['tokens_per_second']:.1f} tok/s")
+        run_sweep(report, sweep, lambda cfg, own: run_engine(make(head, cfg, own), tok, prompts, params, args.seed,
+                                                             stops), depth, lambda cfg: sampled(head, cfg),
+                  params.greedy, spec_answers)
     if args.answers is not None:  # the speculative run's: greedy, every other run's text equals it (checked above)
         model_id = args.model_id or args.draft.rstrip("/\\") or args.draft
         records = answer_records(prompts, spec_answers, results, model_id)
