@@ -122,3 +122,55 @@ def test_unrolled_steps_equal_what_the_engine_drafts(kind, num_layers):
                 tok = ids[:, t + i + 1:t + i + 2] if t + i + 1 < L else ids.new_zeros(1, 1)
                 logp, h = head(embed(tok), h, torch.tensor([[t + i]]), cache)
                 assert torch.allclose(logp[0, 0], ttt[i][0, t].log_softmax(-1), atol=1e-4), (t, i)
+
+
+def _saved_bytes(fn) -> int:
+    """Bytes of the distinct storages autograd keeps for the backward of fn()."""
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def test_what_is_kept_for_the_backward_grows_with_the_length_not_its_square():
+    """Each block's [rows, L] scores are recomputed in the backward, not kept: doubling L doubles what autograd
+    holds (an L x L fp32 score matrix per head would quadruple it; the blocks kept whole held 29 MB here at L = 1024, 1.75x that matrix)."""
+    g = torch.Generator().manual_seed(0)
+    B, H, D, steps = 1, 4, 16, 3
+
+    def kept(L, recompute=True):
+        q = torch.randn(B, H, L, D, generator=g, requires_grad=True)
+        ks = [torch.randn(B, H, L, D, generator=g, requires_grad=True) for _ in range(steps)]
+        vs = [torch.randn(B, H, L, D, generator=g, requires_grad=True) for _ in range(steps)]
+        return _saved_bytes(lambda: ttt_attention(q, ks, vs, block=64, recompute=recompute).sum())
+
+    small, big = kept(512), kept(1024)
+    assert big < 2.5 * small
+    assert big < B * H * 1024 * 1024 * 4 / 10
+    assert kept(1024, recompute=False) > 8 * big  # short rows keep their scores: faster, and they fit
+    assert kept(1024, recompute=None) > 8 * big
+    from toolkit.train import ttt
+
+    old, ttt.RECOMPUTE_BYTES = ttt.RECOMPUTE_BYTES, B * H * 1000 * 1000 * 4  # past it: recomputed
+    try:
+        assert kept(1024, recompute=None) < 2.5 * small
+    finally:
+        ttt.RECOMPUTE_BYTES = old
+
+
+def test_recomputed_blocks_give_the_same_values_and_gradients():
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 37, 16, generator=g, requires_grad=True)
+    ks = [torch.randn(2, 2, 37, 16, generator=g, requires_grad=True) for _ in range(3)]
+    vs = [torch.randn(2, 2, 37, 16, generator=g, requires_grad=True) for _ in range(3)]
+    outs = [ttt_attention(q, ks, vs, block=8, recompute=r) for r in (False, True)]
+    assert torch.equal(outs[0], outs[1])
+    w = torch.randn(outs[0].shape, generator=g)
+    grads = [torch.autograd.grad((o * w).sum(), [q, *ks, *vs]) for o in outs]
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -2,8 +2,9 @@
 
 At step i the query at position t attends to the causal prefix of step-0 keys (k_0[0..t]) plus its own
 diagonal keys from steps 1..i (k_1[t], ..., k_i[t]): what the head sees at inference after i draft steps.
-Computed blockwise over query rows, so no L x L score matrix is ever held (memory O(block x L)); the
-diagonal terms join the same softmax through a shared running max. Shapes: B batch, H query heads, Hkv
+Computed blockwise over query rows; where the L x L scores of a call would be large (long rows, big heads)
+each block is recomputed in the backward pass, so no such matrix is held, in the forward or for the backward
+(memory O(block x L)); the diagonal terms join the same softmax through a shared running max. Shapes: B batch, H query heads, Hkv
 key/value heads, L positions, D head dim.
 """
 from __future__ import annotations
@@ -13,41 +14,67 @@ import math
 import torch
 
 
+RECOMPUTE_BYTES = 1 << 30  # a call whose L x L fp32 scores (over all heads) pass this recomputes its blocks
+
+
 def ttt_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], block: int = 128,
-                  valid: torch.Tensor | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                  valid: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+                  recompute: bool | None = None) -> torch.Tensor:
     """q [B, H, L, D]; ks/vs: step 0..i keys/values [B, Hkv, L, D]; valid bool [B, L] marks real (not padded)
     key positions of step 0; sinks [H] (an MTP block of a GPT-OSS target): a logit per head that joins every
-    softmax with no value. Returns [B, H, L, D]."""
+    softmax with no value. Returns [B, H, L, D]. recompute: under autograd, each block is recomputed in the
+    backward pass (activation checkpointing), so what is kept for it is its inputs, not its [rows, L] scores,
+    which are L x L per head and step kept whole (~36 GB over 7 steps at L = 4096 for an 8B head). None: when
+    those scores would pass RECOMPUTE_BYTES; below that, keeping them is faster (no second forward)."""
     B, H, L, D = q.shape
     groups = H // ks[0].shape[1]
     ks = [k.repeat_interleave(groups, 1) if groups > 1 else k for k in ks]
     vs = [v.repeat_interleave(groups, 1) if groups > 1 else v for v in vs]
     scale = 1.0 / math.sqrt(D)
-    chunks = []
     # diagonal scores of steps 1..i: [B, H, L, i]
     diag = torch.stack([(q * k).sum(-1) for k in ks[1:]], -1) * scale if len(ks) > 1 else None
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, *ks, *vs))
+    if recompute is None:
+        recompute = B * H * L * L * 4 > RECOMPUTE_BYTES
+    chunks = []
     for r0 in range(0, L, block):
         r1 = min(r0 + block, L)
-        s = (q[:, :, r0:r1] @ ks[0][:, :, :r1].transpose(-1, -2)).float() * scale   # [B, H, rows, r1]
-        causal = torch.arange(r1, device=q.device)[None, :] <= torch.arange(r0, r1, device=q.device)[:, None]
-        allowed = causal[None, None] if valid is None else causal[None, None] & valid[:, None, None, :r1]
-        s = s.masked_fill(~allowed, float("-inf"))
-        parts = [s] if diag is None else [s, diag[:, :, r0:r1].float()]
-        sink = None if sinks is None else sinks.float().view(1, H, 1, 1).expand(B, H, r1 - r0, 1)
-        m = torch.cat([p.amax(-1, keepdim=True) for p in parts + ([sink] if sink is not None else [])], -1)
-        m = m.amax(-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p0 = (s - m).exp()                                                             # [B, H, rows, r1]
-        total = p0.sum(-1, keepdim=True) + (0 if sink is None else (sink - m).exp())
-        pd = None if diag is None else (diag[:, :, r0:r1].float() - m).exp()          # [B, H, rows, i]
-        if pd is not None:
-            total = total + pd.sum(-1, keepdim=True)
-        total = total.clamp_min(1e-30)  # normalized in fp32 before the sums over values: unnormalized, L rows
-        acc = (p0 / total).to(vs[0].dtype) @ vs[0][:, :, :r1]  # of |v| ~ 40 overflowed fp16 at L = 2048
-        for j, v in enumerate(vs[1:]):
-            acc = acc + (pd[..., j:j + 1] / total).to(v.dtype) * v[:, :, r0:r1]
-        chunks.append(acc.to(q.dtype))
+        args = (q[:, :, r0:r1], ks[0][:, :, :r1], vs[0][:, :, :r1],
+                None if diag is None else diag[:, :, r0:r1], [v[:, :, r0:r1] for v in vs[1:]],
+                None if valid is None else valid[:, :r1], sinks, r0, scale)
+        if grad and recompute:
+            from torch.utils.checkpoint import checkpoint
+
+            chunks.append(checkpoint(_block, *args, use_reentrant=False))
+        else:
+            chunks.append(_block(*args))
     return torch.cat(chunks, 2)
+
+
+def _block(q, k0, v0, diag, vds: list, valid, sinks, r0: int, scale: float) -> torch.Tensor:
+    """Query rows r0..r0+rows-1: q [B, H, rows, D] over the causal step-0 prefix k0/v0 [B, H, r1, D] and the
+    rows' own diagonal scores diag [B, H, rows, i] with values vds (each [B, H, rows, D]) -> [B, H, rows, D]."""
+    B, H, rows, _ = q.shape
+    r1 = k0.shape[2]
+    s = (q @ k0.transpose(-1, -2)).float() * scale                                     # [B, H, rows, r1]
+    causal = torch.arange(r1, device=q.device)[None, :] <= torch.arange(r0, r1, device=q.device)[:, None]
+    allowed = causal[None, None] if valid is None else causal[None, None] & valid[:, None, None, :]
+    s = s.masked_fill(~allowed, float("-inf"))
+    parts = [s] if diag is None else [s, diag.float()]
+    sink = None if sinks is None else sinks.float().view(1, H, 1, 1).expand(B, H, rows, 1)
+    m = torch.cat([p.amax(-1, keepdim=True) for p in parts + ([sink] if sink is not None else [])], -1)
+    m = m.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p0 = (s - m).exp()                                                                 # [B, H, rows, r1]
+    total = p0.sum(-1, keepdim=True) + (0 if sink is None else (sink - m).exp())
+    pd = None if diag is None else (diag.float() - m).exp()                           # [B, H, rows, i]
+    if pd is not None:
+        total = total + pd.sum(-1, keepdim=True)
+    total = total.clamp_min(1e-30)  # normalized in fp32 before the sums over values: unnormalized, L rows
+    acc = (p0 / total).to(v0.dtype) @ v0  # of |v| ~ 40 overflowed fp16 at L = 2048
+    for j, v in enumerate(vds):
+        acc = acc + (pd[..., j:j + 1] / total).to(v.dtype) * v
+    return acc.to(q.dtype)
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, head) -> torch.Tensor:
