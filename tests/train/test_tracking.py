@@ -21,14 +21,16 @@ class OneRank:
 
 def test_a_window_is_a_token_mean_over_its_micro_batches():
     w = Window()
-    # micro-batch 1: 30 tokens at step 0 (loss 1.0), 10 at step 1 (loss 3.0); micro-batch 2: 10 and 30 tokens
-    w.add(torch.tensor(5.0), torch.tensor([1.0, 3.0]), torch.tensor([0.5, 0.1]), torch.tensor([30, 10]), 40)
-    w.add(torch.tensor(7.0), torch.tensor([2.0, 1.0]), torch.tensor([1.0, 0.3]), torch.tensor([10, 30]), 40)
+    # micro-batch 1: 30 tokens at step 0 (loss 1.0), 10 at step 1 (loss 3.0); micro-batch 2: 10 and 30 tokens;
+    # the accuracies over all assistant tokens, more than the loss's (targets outside the draft vocabulary)
+    w.add(torch.tensor(5.0), torch.tensor([1.0, 3.0]), torch.tensor([0.5, 0.1]), torch.tensor([[30, 10], [40, 20]]), 40)
+    w.add(torch.tensor(7.0), torch.tensor([2.0, 1.0]), torch.tensor([1.0, 0.3]), torch.tensor([[10, 30], [10, 30]]), 40)
     rec = w.record(OneRank(), epoch=2, lr=1e-3, grad_norm=None)
     assert rec["loss"] == pytest.approx(6.0)
     assert rec["loss_i"] == pytest.approx([(30 * 1.0 + 10 * 2.0) / 40, (10 * 3.0 + 30 * 1.0) / 40])
-    assert rec["acc_i"] == pytest.approx([(30 * 0.5 + 10 * 1.0) / 40, (10 * 0.1 + 30 * 0.3) / 40])
-    assert rec["simulated_tau"] == pytest.approx(1 + 0.625 + 0.625 * 0.25)  # 1 + a0 + a0 a1
+    a0, a1 = (40 * 0.5 + 10 * 1.0) / 50, (20 * 0.1 + 30 * 0.3) / 50
+    assert rec["acc_i"] == pytest.approx([a0, a1])
+    assert rec["simulated_tau"] == pytest.approx(1 + a0 + a0 * a1)
     assert rec["epoch"] == 2 and rec["lr"] == 1e-3 and rec["grad_norm"] is None
     assert rec["tokens_per_second"] > 0
 

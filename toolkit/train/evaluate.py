@@ -40,8 +40,8 @@ def evaluate(head, target, rows: list[dict], steps: int, decay: float, max_new_t
         logits, aux = target(ids, aux_layers=head.aux_layers)
         step_logits, _ = unroll(head, target.embed_tokens, torch.cat(aux, -1), ids, steps)
         _, _, acc, count = ttt_loss(step_logits, logits, mask, t2d, decay)
-        accs.append(acc * count)
-        counts.append(count)
+        accs.append(acc * count[1])  # over every assistant token
+        counts.append(count[1])
         lengths = accept_lengths(step_logits, logits.argmax(-1), draft_ids)[0]
         replayed.append(replay_chain(lengths, len(prompt), len(res.tokens)))
         differing += replayed[-1] != res.accepted

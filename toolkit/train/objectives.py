@@ -53,7 +53,7 @@ class Objective:
         return feats
 
     def loss(self, cfg, step_logits, step_hidden, feats, target_logits, loss_mask, t2d, norm=None):
-        """-> (weighted loss, per-step token losses [K], per-step accuracies [K], per-step counted rows [K]);
+        """-> (weighted loss, per-step token losses [K], per-step accuracies [K], counts [2, K] (losses.ttt_loss));
         norm [K]: each step's denominator (losses.step_counts over the optimizer step), None: this batch's rows."""
         return ttt_loss(step_logits, target_logits, loss_mask, t2d, cfg.loss_decay, norm)
 

@@ -46,10 +46,11 @@ class Window:
 
     def add(self, loss: torch.Tensor, losses: torch.Tensor, accs: torch.Tensor, counts: torch.Tensor,
             tokens: int) -> None:
-        """A micro-batch: its loss, per-TTT-step mean losses and accuracies [ttt] over counts [ttt] tokens."""
+        """A micro-batch: its loss, per-TTT-step mean losses and accuracies [ttt] over counts [2, ttt] tokens
+        (the loss's rows, the accuracy's)."""
         self.loss += float(loss.detach())
-        self.losses = self.losses + losses.detach() * counts
-        self.acc = self.acc + accs * counts
+        self.losses = self.losses + losses.detach() * counts[0]
+        self.acc = self.acc + accs * counts[1]
         self.count = self.count + counts
         self.tokens += tokens
         self.n += 1
@@ -60,15 +61,15 @@ class Window:
         from toolkit.train.losses import simulated_tau
 
         device = acc.device
-        sums = acc.reduce(torch.stack([self.losses, self.acc, self.count.float()]), "sum")
+        sums = acc.reduce(torch.stack([self.losses, self.acc, *self.count.float()]), "sum")
         tokens = int(acc.reduce(torch.tensor(self.tokens, device=device), "sum"))
         # with the step-wide denominators the micro-batch losses' mean is each step's token mean
         loss_sum, n = acc.reduce(torch.tensor([self.loss, float(self.n)], device=device), "sum").tolist()
         # the epoch of the step's last micro-batch, which the last rank holds (one process accumulating logs that)
         epoch = int(acc.reduce(torch.tensor(epoch, device=device), "max"))
-        n_i = sums[2].clamp_min(1)
-        acc_i = (sums[1] / n_i).cpu()
-        return {"epoch": epoch, "loss": loss_sum / n, "loss_i": (sums[0] / n_i).tolist(), "acc_i": acc_i.tolist(),
+        acc_i = (sums[1] / sums[3].clamp_min(1)).cpu()
+        return {"epoch": epoch, "loss": loss_sum / n, "loss_i": (sums[0] / sums[2].clamp_min(1)).tolist(),
+                "acc_i": acc_i.tolist(),
                 "simulated_tau": simulated_tau(acc_i), "tokens_per_second": tokens / (time.perf_counter() - self.t0),
                 **extra}
 
