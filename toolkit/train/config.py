@@ -251,8 +251,11 @@ def load_config(path: str | None, overrides: list[str] = (), default_head: str |
     if unknown:
         import difflib
 
+        from toolkit.train.specforge_keys import explain
+
         close = {k: difflib.get_close_matches(k.replace("-", "_"), fields, n=1) for k in unknown}
-        meant = "; ".join(f"{k}: did you mean {m[0]}?" for k, m in close.items() if m)
+        meant = "; ".join(explain(k) or f"{k}: did you mean {close[k][0]}?" for k in unknown
+                          if explain(k) or close[k])
         raise ValueError(f"unknown config keys {unknown}" + (f" ({meant})" if meant else "")
                          + f"; accepted: {', '.join(fields)}")
     typed = {k: _coerce(k, fields[k], v) for k, v in values.items()}
