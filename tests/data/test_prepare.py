@@ -49,7 +49,7 @@ def test_masked_tokens_decode_to_exactly_the_assistant_texts(name, request):
             assert text in (answer, answer.strip())  # templates that trim content (Llama-3) store it trimmed
 
 
-def test_prepare_data_cli_writes_the_documented_folder(smollm2_dir, tmp_path):
+def test_prepare_data_cli_writes_the_documented_folder(smollm2_dir, tmp_path, capsys):
     src = tmp_path / "chats.jsonl"
     long = {"messages": [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "one " * 400}]}
     lines = [json.dumps({"messages": c}) for c in CONVS] + [json.dumps(long), "{broken", json.dumps({"text": "x"})]
@@ -63,6 +63,8 @@ def test_prepare_data_cli_writes_the_documented_folder(smollm2_dir, tmp_path):
     meta = json.loads((out / "toolkit_prepare.json").read_text())
     assert meta["truncated"] == 1 and meta["bad"] == 1 and meta["plain_text"] == 1 and meta["kept"] == 3
     assert meta["target_fingerprint"]
+    err = capsys.readouterr().err  # plain text is said apart from conversations without answers
+    assert "without assistant tokens 0, broken 1, plain text 1 (skipped: a draft trains on chat turns" in err
     # an existing folder is kept unless --overwrite
     assert main(["prepare-data", "--data", str(src), "--out", str(out)]) == 2
     assert main(["prepare-data", "--data", str(src), "--out", str(out), "--overwrite"]) == 0

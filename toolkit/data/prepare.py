@@ -158,7 +158,9 @@ def main(args: argparse.Namespace) -> int:
     tmp.rename(out)
     print(f"prepare-data: {totals['kept']} samples, {totals['tokens']} tokens ({totals['assistant_tokens']} "
           f"assistant) -> {out}; truncated {totals['truncated']}, without assistant tokens "
-          f"{totals['no_assistant'] + totals['plain_text']}, broken {totals['bad']}"
+          f"{totals['no_assistant']}, broken {totals['bad']}"
+          + (f", plain text {totals['plain_text']} (skipped: a draft trains on chat turns, whose template and "
+             "assistant mask plain text lacks; build-token-map counts it)" if totals["plain_text"] else "")
           + (f", {totals['per_turn']} conversations one sample per answer (the template rewrites earlier answers)"
              if totals["per_turn"] else "") + (f"; the first refused: {refused[0]}" if refused else ""),
           file=sys.stderr)
