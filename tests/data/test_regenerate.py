@@ -225,6 +225,12 @@ def test_engine_settings_with_an_endpoint_are_refused(data, tmp_path, capsys):
                  "http://127.0.0.1:9/v1", "--dtype", "bfloat16"]) == 2
     assert "with --endpoint the server answers with its own settings" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists() or (tmp_path / "o.jsonl").read_text() == ""
+    assert main(["regenerate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--endpoint",
+                 "http://127.0.0.1:9/v1", "--chat-template", "chatml-tools"]) == 2
+    assert "a server renders with its own: start it with that template" in capsys.readouterr().err
+    assert main(["regenerate", "--data", str(data), "--out", str(tmp_path / "o.jsonl"), "--chat-template",
+                 "nope.jinja"]) == 2
+    assert "--chat-template nope.jinja: not a file and not one of the built-in templates" in capsys.readouterr().err
 
 
 def test_several_greedy_samples_are_refused(data, tmp_path, capsys):
@@ -474,3 +480,52 @@ def test_endpoints_of_different_models_or_given_twice_are_refused(tmp_path, caps
     assert main(["regenerate", "--data", str(tmp_path / "many.jsonl"), "--out", str(tmp_path / "o.jsonl"),
                  "--endpoint", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1"]) == 2
     assert "a URL given twice" in capsys.readouterr().err
+
+
+def test_a_tool_conversation_keeps_its_calls_and_results_and_the_target_answers_the_rest(tiny_target, tmp_path,
+                                                                                          monkeypatch):
+    """The target cannot run tools: an assistant turn that calls them stays as written, with its results, and
+    the target answers what follows them (and every other turn). An endpoint is sent the tools, the calls'
+    arguments as JSON text with ids, and each result naming its call; the in-process engine renders the tools
+    in the template; the output keeps them as the record's `tools`, which prepare-data reads back."""
+    from test_tool_data import OPENAI, SHAREGPT, WEATHER
+
+    src = tmp_path / "tools.jsonl"
+    src.write_text(json.dumps(OPENAI) + "\n" + json.dumps(SHAREGPT) + "\n")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    FakeServer.seen = []
+    try:
+        out = tmp_path / "api.jsonl"
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        assert main(["regenerate", "--endpoint", url, "--data", str(src), "--out", str(out)]) == 0
+    finally:
+        server.shutdown()
+    recs = {r["id"]: r for r in read(out)}
+    openai, sharegpt = recs["tools.jsonl:0"], recs["tools.jsonl:1"]
+    assert openai["tools"] == [WEATHER] and sharegpt["tools"] == [WEATHER]
+    msgs = openai["messages"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    assert msgs[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}  # as written
+    assert msgs[5]["content"] == "answer to {\"temp\": \"4C\", \"sky\": \"snow\"} after 5 messages"
+    sent = next(b for b in FakeServer.seen if len(b["messages"]) == 5)
+    assert sent["tools"] == [WEATHER] and "toolkit_tools" not in sent["messages"][0]
+    assert sent["messages"][2]["tool_calls"][1] == {"id": "c2", "type": "function", "function": {
+        "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}
+    rome = next(b for b in FakeServer.seen if len(b["messages"]) == 3)  # ShareGPT's call had no id: one is given
+    assert rome["messages"][2]["tool_call_id"] == rome["messages"][1]["tool_calls"][0]["id"]
+    # the engine in-process: the tools reach its prompt; prepare-data reads the output back
+    from transformers import PreTrainedTokenizerBase
+
+    real, prompts = PreTrainedTokenizerBase.apply_chat_template, []
+    monkeypatch.setattr(PreTrainedTokenizerBase, "apply_chat_template",
+                        lambda self, *a, **k: prompts.append(real(self, *a, **k)) or prompts[-1])
+    local = tmp_path / "local.jsonl"
+    assert main(["regenerate", "--model", str(tiny_target), "--data", str(src), "--out", str(local),
+                 "--max-new-tokens", "4", "--chat-template", "chatml-tools"]) == 0
+    asked = [p for p in prompts if "<tool_response>" in p]
+    assert len(asked) == 2 and all('<tools>\n{"type": "function", "function": {"name": "get_weather"' in p
+                                   for p in asked)
+    assert {r["id"]: r["tools"] for r in read(local)} == {"tools.jsonl:0": [WEATHER], "tools.jsonl:1": [WEATHER]}
+    assert main(["prepare-data", "--model", str(tiny_target), "--data", str(local), "--out",
+                 str(tmp_path / "prepared"), "--chat-template", "chatml-tools"]) == 0

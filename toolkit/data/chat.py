@@ -185,8 +185,11 @@ class TemplateRenderer:
     def __call__(self, conv: Conversation, add_generation_prompt: bool = False) -> str:
         from jinja2 import TemplateError
 
+        from toolkit.data.tools import split_tools
+
+        conv, tools = split_tools(conv)  # a tool conversation's definitions ride on its first message
         try:
-            return self.compiled.render(messages=conv, tools=None, documents=None,
+            return self.compiled.render(messages=conv, tools=tools, documents=None,
                                         add_generation_prompt=add_generation_prompt, **self.names)
         except TemplateError as e:  # raise_exception(...) in the template: e.g. no system turn (Gemma, Mistral)
             raise BadRecord(f"the chat template refused this conversation: {e}") from None
@@ -238,6 +241,13 @@ class ChatRenderer:
             # templates that render earlier turns differently once more follow (Qwen3's thinking) search on
             upto = self.render(conv[:i + 1])
             bound = len(upto) if text.startswith(upto) else len(text)
+            if msg.get("tool_calls"):  # the calls as the template writes them: the whole turn is the target's
+                if not text.startswith(upto) or len(upto.rstrip()) <= cursor:
+                    raise BadRecord("the chat template renders a tool-calling turn differently once more follows; "
+                                    "its tokens cannot be located")
+                spans.append((cursor, len(upto.rstrip())))  # up to its end of turn; the newline after is not
+                cursor = len(upto.rstrip())
+                continue
             content = msg["content"]
             for candidate in (content, content.strip()):  # some templates (Llama-3) trim message content
                 start = text.find(candidate, cursor, bound)

@@ -12,6 +12,7 @@ parser's `reasoning_content` is kept beside the answer (toolkit/data/samples.py 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import sys
@@ -19,12 +20,32 @@ from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Iterator
 
+from toolkit.data.tools import split_tools
 from toolkit.data.turns import Answer, Turns
 
 # how vLLM, SGLang and OpenAI word a prompt (+ max_tokens) beyond the context: such a 400 ends the conversation
 # at its answered turns, as a prompt over --max-len does in the engine; any other 400 is a failure with its reason
 CONTEXT_ERROR = re.compile(r"context length|context window|maximum context|max_model_len|too long|longer than",
                            re.IGNORECASE)
+
+
+def wire_messages(messages: list[dict]) -> tuple[list[dict], list[dict] | None]:
+    """A conversation as the OpenAI API takes it: its tools apart, each call's arguments as JSON text with an id,
+    and each tool turn naming the call it answers (in order, where the data named none: ShareGPT's)."""
+    messages, tools = split_tools(messages)
+    sent, pending = [], []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [{**c, "id": c.get("id") or f"call_{len(sent)}_{i}", "function": {
+                **c["function"], "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False)}}
+                for i, c in enumerate(m["tool_calls"])]
+            m, pending = {**m, "tool_calls": calls}, [c["id"] for c in calls]
+        elif m["role"] == "tool" and "tool_call_id" not in m and pending:
+            m = {**m, "tool_call_id": pending[0]}
+        if m["role"] == "tool" and m.get("tool_call_id") in pending:
+            pending.remove(m["tool_call_id"])
+        sent.append(m)
+    return sent, tools
 
 
 def request_seed(seed: int, cid: str, turn: int) -> int:
@@ -91,7 +112,9 @@ def endpoint_runner(args):
         if "reasoning_effort" in args.variables:  # vLLM's gpt-oss prompt takes it from this field, not the kwargs
             options["reasoning_effort"] = args.variables["reasoning_effort"]
         try:
-            r = server.client.chat.completions.create(model=server.model, messages=messages, **options)
+            messages, tools = wire_messages(messages)
+            r = server.client.chat.completions.create(model=server.model, messages=messages,
+                                                      **({"tools": tools} if tools else {}), **options)
         except BadRequestError as e:
             reason = str(e.message).splitlines()[0][:300]
             return Answer(too_long=True) if CONTEXT_ERROR.search(reason) else Answer(error=f"HTTP 400: {reason}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterator
 
+from toolkit.data.tools import split_tools
 from toolkit.data.harmony import is_harmony, reply_parts
 from toolkit.data.turns import Answer, Turns
 
@@ -19,7 +20,7 @@ def engine_runner(args):
     from toolkit.infer.sampling import SamplingParams, seeded_generator
     from toolkit.infer.sequence import Sequence
 
-    loaded = load(None, args.model, None, args.device, args.dtype)
+    loaded = load(None, args.model, None, args.device, args.dtype, chat_template=args.chat_template)
     tok, target = loaded.tok, loaded.target
     max_len = min(args.max_len, target.config.max_position_embeddings)
     engine = Engine(target, None, None, max_len, max_batch=args.batch_size)
@@ -30,7 +31,9 @@ def engine_runner(args):
 
     def encode(messages: list[dict]) -> list[int] | Answer:
         try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **args.variables)
+            messages, tools = split_tools(messages)  # a tool conversation's definitions, for the template
+            text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
+                                           **args.variables)
         except TemplateError as e:  # e.g. a template that takes no system turn (Gemma): this conversation only
             return Answer(error=f"the chat template refused it: {e}")
         ids = tok(text, add_special_tokens=False).input_ids

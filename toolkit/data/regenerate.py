@@ -27,6 +27,7 @@ from typing import Iterator
 
 from toolkit.cpu_speed import threads_problem
 from toolkit.data.schemas import ReadStats, read_places
+from toolkit.data.tools import split_tools
 from toolkit.data.turns import ON_LENGTH
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.seeds import seed_arg
@@ -46,6 +47,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
                    help='extra template variables, e.g. \'{"enable_thinking": false}\' (Qwen3: answers without '
                         "thinking); sent to --endpoint as chat_template_kwargs, as vLLM / SGLang read them")
+    p.add_argument("--chat-template", default=None, metavar="NAME|FILE",
+                   help="the in-process engine's chat template over the target's (a built-in name, e.g. chatml-tools "
+                        "for tool conversations, or a .jinja file); a server applies its own (vLLM / SGLang "
+                        "--chat-template), so it is refused with --endpoint")
     p.add_argument("--on-length", choices=ON_LENGTH, default="keep",
                    help="an answer cut at --max-new-tokens: keep it (as SpecForge does), or drop it and the turns "
                         "after it; either way the summary counts them")
@@ -91,15 +96,27 @@ def conversations(files: list[str], num_samples: int, limit: int | None) -> Iter
             if limit is not None and n >= limit:
                 return
             n += 1
-            turns = [m for m in sample if m["role"] != "assistant"]
-            skeleton = []
-            for m in turns:
-                skeleton.append(m)
-                if m["role"] == "user":
-                    skeleton.append(None)
+            skeleton = answer_slots(sample)
             for k in range(num_samples):
                 yield f"{Path(f).name}:{i}" + (f"/{k}" if num_samples > 1 else ""), place, skeleton
         stats.warn_bad()
+
+
+def answer_slots(conv: list[dict]) -> list:
+    """The conversation with None where the target answers: each written answer's place, and after a user turn
+    (or tool results) that nothing answers. An assistant turn that calls tools stays as written, with the results
+    that follow it: the target cannot run the tools, so what it answers next reads those results."""
+    skeleton = []
+    for i, m in enumerate(conv):
+        if m["role"] == "assistant" and not m.get("tool_calls"):
+            if skeleton and skeleton[-1] is not None:
+                skeleton.append(None)
+            continue
+        skeleton.append(m)
+        after = conv[i + 1]["role"] if i + 1 < len(conv) else None
+        if m["role"] == "user" and after != "assistant" or m["role"] == "tool" and after not in ("assistant", "tool"):
+            skeleton.append(None)
+    return skeleton
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -175,6 +192,16 @@ def main(args: argparse.Namespace) -> int:
     if args.endpoint and (args.device, args.dtype) != ("auto", "auto"):
         raise ValueError(f"--device {args.device} / --dtype {args.dtype} set the in-process engine; with --endpoint "
                          "the server answers with its own settings: drop them (or drop --endpoint)")
+    if args.endpoint and args.chat_template is not None:
+        raise ValueError(f"--chat-template {args.chat_template} sets the in-process engine's template; a server "
+                         "renders with its own: start it with that template (vLLM / SGLang --chat-template), or drop "
+                         "--endpoint")
+    if args.chat_template is not None:  # a bad one fails here, before loading
+        from toolkit.data.chat import BUILTIN_TEMPLATES
+
+        if args.chat_template not in BUILTIN_TEMPLATES and not Path(args.chat_template).is_file():
+            raise ValueError(f"--chat-template {args.chat_template}: not a file and not one of the built-in "
+                             f"templates {', '.join(BUILTIN_TEMPLATES)}")
     if args.threads:
         import torch
 
@@ -225,7 +252,9 @@ def main(args: argparse.Namespace) -> int:
                         ef.write(json.dumps({"id": cid, "source": source, "turn": outcome.turn,
                                              "error": outcome.error}, ensure_ascii=False) + "\n")
                 elif outcome.answered:
-                    fh.write(json.dumps({"id": cid, "source": source, "messages": conv}, ensure_ascii=False) + "\n")
+                    conv, tools = split_tools(conv)
+                    fh.write(json.dumps({"id": cid, "source": source, "messages": conv,
+                                         **({"tools": tools} if tools else {})}, ensure_ascii=False) + "\n")
                     counts["written"] += 1
                 bar.update(1)
                 if time.monotonic() - synced > 2:  # a killed run loses at most ~2 s of answers

@@ -15,24 +15,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Union
 
-Conversation = list  # [{"role": "system"|"user"|"assistant", "content": str, "reasoning_content"?: str}, ...]
+Conversation = list  # [{"role": "system"|"user"|"assistant"|"tool", "content": str, "reasoning_content"?: str,
+#                        "tool_calls"?: [...], "tool_call_id"?: str, "name"?: str}, ...]; tools: see TOOLS
 Sample = Union[Conversation, str]
 REASONING = "reasoning_content"  # an answer's reasoning, apart from its content (toolkit/data/samples.py renders it)
 # where records keep it: OpenAI-compatible servers' reasoning parsers and Qwen3's template, vLLM's newer name,
 # gpt-oss's template
 REASONING_KEYS = (REASONING, "reasoning", "thinking")
+# a conversation's tool definitions ride on its first message under this key (every rendered prefix keeps that
+# message), taken off there by the renderer and passed to the template as `tools` (tools.py)
+TOOLS = "toolkit_tools"
 
 SCHEMAS = (
-    "OpenAI chat: {messages: [{role, content, reasoning_content? (or reasoning, thinking)}]}",
-    "ShareGPT: {conversations: [{from, value}]}",
+    "OpenAI chat: {messages: [{role, content, reasoning_content? (or reasoning, thinking), tool_calls?, "
+    "tool_call_id?}], tools?}",
+    "ShareGPT: {conversations: [{from, value}], tools?} (from function_call / observation: a tool call and its "
+    "result)",
     "Alpaca: {instruction, input?, output} or seed tasks {instruction, instances: [{input, output}]}",
     "GPTeacher: {instruction, input?, response}",
     "Q&A: {question, answer}",
     "MT-bench: {turns: [str, ...]} (user turns only)",
     "plain text: {text} or a .txt file",
 )
-ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
-         "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "human": "user", "assistant": "assistant",
+         "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant",
+         "tool": "tool", "ipython": "tool", "function": "tool", "observation": "tool",
+         "function_call": "assistant"}
 FILE_KINDS = ".jsonl, .json, .txt, .parquet, or a `datasets` folder saved with save_to_disk"
 
 
@@ -95,6 +103,8 @@ def to_samples(rec: Any, joined_turns: bool = False) -> list[Sample]:
     if not isinstance(rec, dict):
         raise BadRecord(f"a record should be a JSON object, got {type(rec).__name__}")
     if "messages" in rec or "conversations" in rec:
+        from toolkit.data.tools import TOOL_ROLES, tool_definitions, tool_message
+
         turns = rec.get("messages", rec.get("conversations"))
         if not isinstance(turns, list) or not turns:
             raise BadRecord("messages/conversations should be a non-empty list")
@@ -105,10 +115,13 @@ def to_samples(rec: Any, joined_turns: bool = False) -> list[Sample]:
             role = t.get("role", t.get("from"))
             if not isinstance(role, str) or role not in ROLES:
                 raise BadRecord(f"unsupported role {role!r}; accepted: {sorted(ROLES)}")
-            conv.append({"role": ROLES[role], "content": _text(t.get("content", t.get("value")), "content")})
+            conv.append(tool_message(t, role, ROLES[role]) if role in TOOL_ROLES or t.get("tool_calls") else
+                        {"role": ROLES[role], "content": _text(t.get("content", t.get("value")), "content")})
             thought = next((t[k] for k in REASONING_KEYS if t.get(k) is not None), "")
             if conv[-1]["role"] == "assistant" and _text(thought, "an answer's reasoning").strip():
                 conv[-1][REASONING] = thought
+        if rec.get("tools") not in (None, "", []):
+            conv[0] = {**conv[0], TOOLS: tool_definitions(rec["tools"])}
         return [conv]
     if "instruction" in rec and "instances" in rec:
         if not isinstance(rec["instances"], list) or not all(isinstance(i, dict) for i in rec["instances"]):
