@@ -382,3 +382,22 @@ def test_rows_beyond_a_sliding_window_give_transformers_windowed_features(tiny_t
     aux = torch.cat([want[i + 1][0] for i in index["aux_layer_ids"]], -1)
     assert (shard["aux_hidden_states"][lo:hi] - aux).abs().max() < 1e-4
     assert train(mistral, prepared, tmp_path / "run", "max_steps=1", "save_every=1") == 0
+
+
+def test_eval_data_is_evaluated_on_and_every_row_of_data_trained(tiny_target, prepared, tmp_path, capsys):
+    """eval_data (SpecForge's eval-data-path): its first eval_samples rows are the engine's evaluation, and no row
+    of data is held back; a folder prepared for another target is refused, naming both."""
+    import shutil
+
+    out = tmp_path / "run"
+    assert train(tiny_target, prepared, out, "max_steps=1", f"eval_data={prepared}") == 0
+    assert "data: 24 training rows of" in capsys.readouterr().out
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval_engine_tau" in line]
+    assert evals and evals[-1]["eval_engine_tau"] >= 1
+    other = tmp_path / "other"
+    shutil.copytree(prepared, other)
+    meta = json.loads((other / "toolkit_prepare.json").read_text())
+    (other / "toolkit_prepare.json").write_text(json.dumps({**meta, "target": "org/another",
+                                                            "target_fingerprint": "0" * 16}))
+    assert train(tiny_target, prepared, tmp_path / "x", "max_steps=1", f"eval_data={other}") == 2
+    assert "was prepared for org/another and data" in capsys.readouterr().err

@@ -71,6 +71,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     eval_every: int = 0                      # 0 = only at the end
     eval_samples: int = 8                    # held back from training; engine tau measured on their prompts
+    eval_data: str | None = None             # a prepared folder evaluated on (its first eval_samples rows);
+    #                                          then every row of data is trained on
     eval_max_new_tokens: int = 64
     wandb_project: str | None = None
     wandb_run: str | None = None
@@ -156,14 +158,14 @@ class TrainConfig:
         return json.dumps(dataclasses.asdict(self), indent=2)
 
 
-# what a resumed run must keep: the rows it trains on and their order (data, max_len, eval_samples, seed), what a
-# step is (batch_size, grad_accum: the data is skipped by steps done x micro-batches per step), what the
+# what a resumed run must keep: the rows it trains on and their order (data, max_len, eval_samples, eval_data,
+# seed), what a step is (batch_size, grad_accum: the data is skipped by steps done x micro-batches per step), what the
 # optimizer's saved state restores over the recipe (lr, weight_decay) and the head's parameters and forward
 # (fc_bias, norm_before_residual, norm_before_fc) and what it reads (feature_noise). The
 # length (max_steps, epochs), the schedule's shape, the clock and the logging cadence may change.
-RESUME_FIXED = ("data", "max_len", "eval_samples", "seed", "batch_size", "grad_accum", "lr", "weight_decay",
-                "fc_bias", "norm_before_residual", "norm_before_fc", "feature_noise", "draft_intermediate_size",
-                "draft_config")
+RESUME_FIXED = ("data", "max_len", "eval_samples", "eval_data", "seed", "batch_size", "grad_accum", "lr",
+                "weight_decay", "fc_bias", "norm_before_residual", "norm_before_fc", "feature_noise",
+                "draft_intermediate_size", "draft_config")
 
 
 def check_resume(saved: dict, cfg: TrainConfig) -> None:

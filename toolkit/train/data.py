@@ -201,6 +201,29 @@ def micro_batches(lengths, rows, batch_size, seed, rank, world, skip: int = 0) -
         epoch += 1
 
 
+def held_out(cfg, data: PreparedData) -> tuple[list[int], list[dict]]:
+    """(training rows of data, evaluation rows): the first eval_samples rows of cfg.eval_data (a prepared folder)
+    when given, all of data trained on; else data's last eval_samples rows, held back. A row cut at max_len before
+    its answer has no prompt + answer to evaluate on: left out."""
+    if cfg.eval_data:
+        other = PreparedData(cfg.eval_data, cfg.max_len)
+        if other.meta.get("target_fingerprint") != data.meta.get("target_fingerprint"):
+            raise ValueError(f"eval_data {cfg.eval_data} was prepared for {other.meta.get('target')} and data "
+                             f"{cfg.data} for {data.meta.get('target')}: prepare both for the target trained for")
+        source, rows, train = other, range(min(cfg.eval_samples, len(other))), list(range(len(data)))
+    else:
+        if cfg.eval_samples >= len(data):
+            raise ValueError(f"eval_samples {cfg.eval_samples} leaves no training rows of the {len(data)} in "
+                             f"{cfg.data}; give fewer, or eval_data (a prepared folder to evaluate on)")
+        source, rows = data, range(len(data) - cfg.eval_samples, len(data))
+        train = list(range(len(data) - cfg.eval_samples))
+    held = [source[r] for r in rows if source[r]["loss_mask"].any()]
+    if cfg.eval_samples and not held:
+        raise ValueError(f"none of the {cfg.eval_samples} evaluation rows keeps an assistant token within max_len "
+                         f"{cfg.max_len}; raise max_len or eval_samples")
+    return train, held
+
+
 def collate(items: list[dict]) -> dict:
     """Right-pad to the longest row: input_ids 0, loss_mask 0, valid False (keys never attended)."""
     L = max(len(x["input_ids"]) for x in items)

@@ -28,8 +28,8 @@ SPECFORGE = {
     "report_to": (None, "metrics.jsonl is always written; give wandb_project for Weights & Biases"),
     "chat_template": (None, "give it to `toolkit prepare-data --chat-template` (default: the target's own)"),
     "is_preformatted": (None, "prepare-data renders the chat template itself from messages / conversations rows"),
-    "eval_data_path": (None, "the last eval_samples rows of `data` are held out and answered by the engine"),
-    "eval_hidden_states_path": (None, "the held-out rows are evaluated online, with the engine"),
+    "eval_data_path": ("eval_data", "a prepared folder; its first eval_samples rows are answered by the engine"),
+    "eval_hidden_states_path": (None, "evaluation runs the target online, with the engine, on eval_data's rows"),
     "embedding_key": (None, "the target's embedding is found by its checkpoint's names"),
     "lm_head_key": (None, "the target's lm_head is found by its checkpoint's names"),
     "tp_size": (None, "the target is loaded whole on each process; data parallelism comes from accelerate launch "

@@ -39,7 +39,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.tokenmap.maps import save_vocab_map
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.config import check_resume, load_config
-    from toolkit.train.data import HiddenStateShards, PreparedData, collate, micro_batches, prefetch
+    from toolkit.train.data import (HiddenStateShards, PreparedData, collate, held_out, micro_batches,
+                                     prefetch)
     from toolkit.train.head import (check_signature, head_signature, keep_variant, pick_vocabulary, serving_notes,
                                      start_from, take_weights, target_tensors)
     from toolkit.train.health import Health
@@ -85,20 +86,13 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     # held-out evaluation in the dtype `toolkit bench` serves in by default: the GPU's half precision, fp32 on CPU
     eval_dtype = dtype if device.type == "cuda" else torch.float32
     data = PreparedData(cfg.data, cfg.max_len)
-    if cfg.eval_samples >= len(data):
-        raise ValueError(f"eval_samples {cfg.eval_samples} leaves no training rows of the {len(data)} in {cfg.data}")
-    held = list(range(len(data) - cfg.eval_samples, len(data)))  # the last rows: never trained on
-    # a row cut at max_len before its answer has no prompt + answer to evaluate on
-    held = [r for r in held if data[r]["loss_mask"].any()]
-    if cfg.eval_samples and not held:
-        raise ValueError(f"none of the {cfg.eval_samples} held-out rows keeps an assistant token within max_len "
-                         f"{cfg.max_len}; raise max_len or eval_samples")
-    train_rows = list(range(len(data) - cfg.eval_samples))
+    train_rows, held = held_out(cfg, data)  # rows of eval_data, or data's last rows (never trained on)
     offline = cfg.hidden_states is not None
     shards = HiddenStateShards(cfg.hidden_states, cfg.max_len) if offline else None
     if offline:
         shards.check_fits(cfg.hidden_states, data, cfg.data, train_rows, folder)
-    acc.print(f"data: {len(train_rows)} training rows of {cfg.data}, {len(held)} held out for evaluation; "
+    acc.print(f"data: {len(train_rows)} training rows of {cfg.data}, {len(held)} "
+              + (f"of {cfg.eval_data} for evaluation; " if cfg.eval_data else "held out for evaluation; ")
               + (f"offline, the target's states read from {cfg.hidden_states}" if offline
                  else f"online, the target {cfg.model} run per batch in {str(dtype).removeprefix('torch.')}"))
     target = load_target(folder, dtype, device).requires_grad_(False) if not offline else None
@@ -187,7 +181,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                 evaluator["target"] = target if target is not None and dtype == eval_dtype else load_target(
                     folder, eval_dtype, device)
             full = evaluator["target"]
-            res = evaluate(template.to(device, eval_dtype), full, [data[r] for r in held], cfg.ttt_steps,
+            res = evaluate(template.to(device, eval_dtype), full, held, cfg.ttt_steps,
                            cfg.loss_decay, cfg.eval_max_new_tokens, stop_ids)
             template.to("cpu", torch.float32)
             tracker.log(step, res)
