@@ -4,6 +4,8 @@ folder's own rules, its kind and its target, are draft_folder.py's), the stop to
 the load-time sanity probe."""
 from __future__ import annotations
 
+import math
+
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +61,7 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     missing or unexpected tensor is an error naming it (no weight is ever left random)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
+    check_weights_fit(folder, dtype, device)
     tensors = _read_tensors(folder, config, read_json(folder / "config.json"), dtype, device)
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
@@ -76,6 +79,31 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     if config.local_inv_freq() is not None:  # Gemma 3's sliding layers' RoPE
         model.inv_freq_local = config.local_inv_freq().to(device)
     return model.to(device).eval().fuse()
+
+
+def check_weights_fit(folder: Path, dtype: torch.dtype, device, slack: float = 1.1) -> None:
+    """Refuse a target whose weights, in `dtype`, take more than the device's free memory (x slack: a vision tower
+    or MTP layers in the files are not loaded), naming both, before a CUDA out-of-memory error or the kernel's OOM
+    killer stops the load half-way. Counted from the files' headers alone."""
+    from toolkit.infer.kv_cache import free_memory_bytes
+
+    numel = 0
+    for f in weight_files(folder):
+        with read_safetensors(f, "target weights") as sf:
+            for name in sf.keys():
+                shape = sf.get_slice(name).get_shape()
+                numel += math.prod(shape) if shape else 1
+    need = numel * torch.empty((), dtype=dtype).element_size()
+    try:
+        free = free_memory_bytes(device)
+    except OSError:  # no /proc/meminfo: unknown, not refused
+        return
+    if need > free * slack:
+        where = "GPU memory" if torch.device(device).type == "cuda" else "available RAM"
+        raise ValueError(f"the target {folder} takes {need / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')} "
+                         f"({numel / 1e9:.2f} B parameters) and {device} has {free / 2**30:.1f} GiB of {where} free: "
+                         "it is loaded whole on each process; use a device with more memory, a half precision "
+                         "(dtype bfloat16), or free the memory other processes hold")
 
 
 def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dtype, device: str) -> dict:
