@@ -31,8 +31,9 @@ def test_overrides_are_typed_and_flags_win(tmp_path):
     (["eval_sample=2", "max-steps=3"], "(eval_sample: did you mean eval_samples?; max-steps: did you mean max_steps?)"),
     # SpecForge's names say what is meant here, not a near miss (difflib read total_steps as ttt_steps)
     (["total_steps=100", "learning_rate=1e-4"], "(learning_rate is SpecForge's; here it is lr; total_steps is "
-                                                "SpecForge's; here it is max_steps (it sets the cosine's length "
-                                                "and stops the run there))"),
+                                                "SpecForge's; here it is schedule_steps (the schedule's length; "
+                                                "max_steps stops the run))"),
+    (["schedule_steps=0"], "schedule_steps 0: must be at least 1"),
     (["ttt-length=7"], "ttt-length is SpecForge's; here it is ttt_steps"),
     (["tp_size=2"], "tp_size is SpecForge's, not taken here: the target is loaded whole on each process"),
     (["init_lm_head=zeros"], "accepted target, random"),

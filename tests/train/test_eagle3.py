@@ -401,3 +401,18 @@ def test_eval_data_is_evaluated_on_and_every_row_of_data_trained(tiny_target, pr
                                                             "target_fingerprint": "0" * 16}))
     assert train(tiny_target, prepared, tmp_path / "x", "max_steps=1", f"eval_data={other}") == 2
     assert "was prepared for org/another and data" in capsys.readouterr().err
+
+
+def test_a_run_stopped_inside_a_longer_schedule_resumes_into_it_unchanged(tiny_target, prepared, tmp_path):
+    """schedule_steps (SpecForge's total-steps): 2 steps of a 4-step cosine, resumed to 4, train at the lrs of an
+    uninterrupted 4-step run (without it the resume re-stretched the cosine, its lr jumping back up)."""
+    lrs = lambda out: [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert train(tiny_target, prepared, whole, "max_steps=4", "save_every=2") == 0
+    assert train(tiny_target, prepared, part, "max_steps=2", "schedule_steps=4", "save_every=2") == 0
+    assert lrs(part) == pytest.approx(lrs(whole)[:2])
+    assert train(tiny_target, prepared, part, "max_steps=4", "schedule_steps=4", "save_every=2",
+                 flags=["--resume"]) == 0
+    got = {r["step"]: r["lr"] for r in map(json.loads, (part / "metrics.jsonl").read_text().splitlines())
+           if "loss" in r}
+    assert [got[s] for s in (1, 2, 3, 4)] == pytest.approx(lrs(whole)) and lrs(whole)[1] > lrs(whole)[3] > 0

@@ -57,6 +57,8 @@ class TrainConfig:
     scheduler: str = "cosine"                # cosine | linear | constant
     max_grad_norm: float = 0.5
     max_steps: int | None = None             # optimizer steps; default: epochs over the data
+    schedule_steps: int | None = None        # the lr schedule's length (warm-up share, decay) when it differs from
+    #                                          the run's: stop early in a longer cosine, resume into it unchanged
     epochs: float = 1.0
     max_minutes: float | None = None         # wall-clock budget: stop, save and export at the first step past it
     seed: int = 0
@@ -133,6 +135,8 @@ class TrainConfig:
                 problems.append(f"{name} {getattr(self, name)}: must be at least 1")
         if self.max_steps is not None and self.max_steps < 1:
             problems.append(f"max_steps {self.max_steps}: must be at least 1")
+        if self.schedule_steps is not None and self.schedule_steps < 1:
+            problems.append(f"schedule_steps {self.schedule_steps}: must be at least 1")
         if self.max_minutes is not None and not self.max_minutes > 0:
             problems.append(f"max_minutes {self.max_minutes}: must be > 0 (or null: no time limit)")
         if not (self.lr > 0 and 0 < self.loss_decay <= 1 and self.epochs > 0 and 0 <= self.warmup_ratio < 1):

@@ -13,8 +13,8 @@ SPECFORGE = {
     "learning_rate": ("lr", ""),
     "max_length": ("max_len", ""),
     "ttt_length": ("ttt_steps", ""),
-    "total_steps": ("max_steps", "it sets the cosine's length and stops the run there"),
-    "max_num_steps": ("max_steps", "it sets the cosine's length and stops the run there"),
+    "total_steps": ("schedule_steps", "the schedule's length; max_steps stops the run"),
+    "max_num_steps": ("max_steps", "the run stops there; the schedule spans schedule_steps, by default the same"),
     "draft_accumulation_steps": ("grad_accum", ""),
     "ckpt_dir": ("init_from", "a trained draft folder to start from; `--resume` goes on with a run's own "
                               "checkpoint"),

@@ -138,8 +138,9 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay)
     # the schedule counts optimizer steps; accelerate steps it once per process per step, hence the scaling
-    sched = get_scheduler(cfg.scheduler, opt, int(cfg.warmup_ratio * total) * acc.num_processes,
-                          total * acc.num_processes)
+    span = cfg.schedule_steps or total  # a run may stop inside a longer schedule (and resume into it)
+    sched = get_scheduler(cfg.scheduler, opt, int(cfg.warmup_ratio * span) * acc.num_processes,
+                          span * acc.num_processes)
     model, opt, sched = acc.prepare(model, opt, sched)
     progress = ckpt.Progress(rows_per_step, ckpt.launch_of(acc))
     acc.register_for_checkpointing(progress)
