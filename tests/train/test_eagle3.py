@@ -279,6 +279,22 @@ def test_wandb_logs_offline(tiny_target, prepared, tmp_path, monkeypatch):
     assert runs and any(f.suffix == ".wandb" for f in runs[0].iterdir())
 
 
+def test_tensorboard_logs_each_step_under_the_output_dir(tiny_target, prepared, tmp_path):
+    """report_to (SpecForge's report-to, accelerate's trackers): tensorboard's event file holds every logged step's
+    loss and per-TTT-step accuracy; a tracker accelerate does not know is refused by name."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tb"
+    assert train(tiny_target, prepared, out, "max_steps=3", "report_to=[tensorboard]") == 0
+    (events,) = (out / "runs" / "tb").glob("events.out.tfevents.*")  # the project: output_dir's name
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3] and "acc_i/6" in acc.Tags()["scalars"]
+    assert not (out / "wandb").exists()
+    assert train(tiny_target, prepared, tmp_path / "x", "max_steps=1", "report_to=[tensorbored]") == 2
+
+
 def test_a_two_layer_head_trains_and_exports(tiny_target, prepared, tmp_path):
     from toolkit.infer.config import ModelConfig
     from toolkit.infer.drafts import load_eagle3

@@ -76,8 +76,10 @@ class TrainConfig:
     eval_data: str | None = None             # a prepared folder evaluated on (its first eval_samples rows);
     #                                          then every row of data is trained on
     eval_max_new_tokens: int = 64
-    wandb_project: str | None = None
+    wandb_project: str | None = None         # the trackers' project (default: output_dir's name)
     wandb_run: str | None = None
+    report_to: list[str] | None = None       # accelerate's trackers: wandb, tensorboard (under output_dir/runs),
+    #                                          mlflow, swanlab, ...; default wandb when wandb_project is set
     threads: int | None = None               # torch CPU threads
     extra: dict = field(default_factory=dict)  # free-form notes recorded with the run
 
@@ -151,6 +153,13 @@ class TrainConfig:
         for name in ("lr", "epochs", "regression_weight", "token_weight"):
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name} {getattr(self, name)}: must be a finite number")
+        if self.report_to is not None:
+            from accelerate.utils import LoggerType
+
+            known = [t.value for t in LoggerType if t.value != "all"]
+            if bad := [t for t in self.report_to if t not in known]:
+                problems.append(f"report_to {bad}: accepted {', '.join(known)} (accelerate's trackers), or [] for "
+                                "metrics.jsonl alone")
         if problem := threads_problem(self.threads, "threads"):
             problems.append(problem)
         if problem := seed_problem(self.seed, "seed"):

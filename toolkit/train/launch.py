@@ -41,14 +41,20 @@ def parse_with_overrides(parser: argparse.ArgumentParser, argv: list[str] | None
     return args
 
 
+def trackers(cfg) -> list[str]:
+    """The trackers a run reports to besides metrics.jsonl: report_to, or wandb when wandb_project is set."""
+    chosen = getattr(cfg, "report_to", None)
+    return list(chosen) if chosen is not None else ["wandb"] if cfg.wandb_project else []
+
+
 def make_accelerator(cfg):
     from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
+    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
 
     # CPU ranks talk over gloo (without this handler accelerate + DeepSpeed on CPU see 1 process per rank)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not torch.cuda.is_available() else []
-    log_with = ["wandb"] if cfg.wandb_project else None
+    log_with = trackers(cfg) or None
     # mixed_precision "auto" keeps a half precision the launch named; else on a CPU it follows this CPU's GEMM
     # rates (emulated bf16, without AVX512-BF16 / AMX, trained ~60x slower) and on a GPU it is bf16 where the card
     # has a bf16 matrix unit, fp16 before it (precision.py: the target runs in that half precision already;
@@ -67,7 +73,8 @@ def make_accelerator(cfg):
         requested = gpu_training_precision(requested, launched, has_bf16())
     precision = {} if requested == "auto" else {"mixed_precision": requested}
     acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers,
-                      **precision)
+                      project_config=ProjectConfiguration(cfg.output_dir, logging_dir=f"{cfg.output_dir}/runs"),
+                      **precision)  # tensorboard writes under output_dir/runs/<project>
     if acc.state.deepspeed_plugin is not None:  # fill the DeepSpeed config's "auto" values from the recipe
         ds = acc.state.deepspeed_plugin.deepspeed_config
         ds["train_micro_batch_size_per_gpu"] = cfg.batch_size

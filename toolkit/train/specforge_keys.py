@@ -25,7 +25,7 @@ SPECFORGE = {
     "log_steps": ("log_every", ""),
     "wandb_name": ("wandb_run", ""),
     "wandb_key": (None, "set WANDB_API_KEY in the environment (or `wandb login`)"),
-    "report_to": (None, "metrics.jsonl is always written; give wandb_project for Weights & Biases"),
+
     "chat_template": (None, "give it to `toolkit prepare-data --chat-template` (default: the target's own)"),
     "is_preformatted": (None, "prepare-data renders the chat template itself from messages / conversations rows"),
     "eval_data_path": ("eval_data", "a prepared folder; its first eval_samples rows are answered by the engine"),

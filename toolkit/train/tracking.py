@@ -1,5 +1,6 @@
-"""Run logging: one JSON line per logged step in output_dir/metrics.jsonl (always, main process), and wandb
-through accelerate's tracker when `wandb_project` is set (WANDB_MODE=offline works with no network)."""
+"""Run logging: one JSON line per logged step in output_dir/metrics.jsonl (always, main process), and accelerate's
+trackers: `report_to` (wandb, tensorboard, mlflow, ...), or wandb when `wandb_project` is set (WANDB_MODE=offline
+works with no network)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +14,13 @@ import torch
 class Tracker:
     def __init__(self, accelerator, output_dir: Path, cfg):
         self.acc, self.path = accelerator, output_dir / "metrics.jsonl"
-        self.wandb = bool(cfg.wandb_project)
-        if self.wandb:
-            accelerator.init_trackers(cfg.wandb_project, config=dataclasses.asdict(cfg),
+        from toolkit.train.launch import trackers
+
+        self.trackers = bool(trackers(cfg))  # any tracker of accelerate's (wandb the first kind)
+        if self.trackers:
+            config = {k: (v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v))
+                      for k, v in dataclasses.asdict(cfg).items()}  # tensorboard's hparams take scalars only
+            accelerator.init_trackers(cfg.wandb_project or Path(cfg.output_dir).name, config=config,
                                       init_kwargs={"wandb": {"name": cfg.wandb_run, "dir": str(output_dir)}})
 
     def log(self, step: int, values: dict) -> None:
@@ -23,7 +28,7 @@ class Tracker:
             return
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"step": step, **values}) + "\n")
-        if self.wandb:
+        if self.trackers:
             flat = {}
             for k, v in values.items():
                 if isinstance(v, list):
@@ -33,7 +38,7 @@ class Tracker:
             self.acc.log(flat, step=step)
 
     def finish(self) -> None:
-        if self.wandb:
+        if self.trackers:
             self.acc.end_training()
 
 
