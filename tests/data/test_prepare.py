@@ -234,3 +234,30 @@ def test_conversations_the_template_refuses_are_said_with_its_reason(tiny_target
             assert rc == 2 and "3 refused, the first: the chat template refused this conversation" in err
         else:
             assert rc == 0 and "; the first refused: the chat template refused this conversation" in err
+
+
+def test_several_processes_write_the_same_rows_in_the_same_order(smollm2_dir, tmp_path, capsys):
+    """--num-proc (SpecForge's build-dataset-num-proc): batches rendered and tokenized in worker processes come
+    back in order; the folder's rows and counts equal one process's. Bad values are refused."""
+    import random
+
+    rng = random.Random(0)
+    words = "apple river moon bread chess rain list prime".split()
+    convs = [{"messages": [{"role": "user", "content": " ".join(rng.choices(words, k=rng.randint(1, 30)))},
+                           {"role": "assistant", "content": " ".join(rng.choices(words, k=rng.randint(1, 60)))}]}
+             for _ in range(2500)]
+    src = tmp_path / "many.jsonl"
+    src.write_text("".join(json.dumps(c) + "\n" for c in convs) + "{broken\n" + json.dumps({"text": "x"}) + "\n")
+    outs = {}
+    for n in (1, 3):
+        outs[n] = tmp_path / f"p{n}"
+        assert main(["prepare-data", "--data", str(src), "--out", str(outs[n]), "--max-len", "48",
+                     "--num-proc", str(n)]) == 0
+    one, three = (datasets.load_from_disk(str(outs[n])) for n in (1, 3))
+    meta = [json.loads((outs[n] / "toolkit_prepare.json").read_text()) for n in (1, 3)]
+    assert len(one) == meta[0]["kept"] > 1000 and one.to_dict() == three.to_dict()
+    assert {k: v for k, v in meta[0].items() if k != "data"} == {k: v for k, v in meta[1].items() if k != "data"}
+    assert meta[0]["truncated"] > 0 and meta[0]["bad"] == 1
+    assert "TOKENIZERS_PARALLELISM" not in capsys.readouterr().err
+    assert main(["prepare-data", "--data", str(src), "--out", str(tmp_path / "x"), "--num-proc", "0"]) == 2
+    assert "--num-proc 0: give a number of processes from 1 to 1024" in capsys.readouterr().err

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from toolkit.data.schemas import BadRecord, ReadStats, read_places
+from toolkit.data.tokenize_pool import TokenizePool
 from toolkit.embedded import DEFAULT_MODEL
 
 
@@ -34,6 +35,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output datasets folder")
     p.add_argument("--max-len", type=int, default=2048, help="tokens per sample; longer ones are truncated")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument("--num-proc", type=int, default=1, metavar="N",
+                   help="processes rendering and tokenizing (SpecForge's build-dataset-num-proc); the rows and "
+                        "their order are the same for any N")
 
 
 def tokenize(renderer, convs: list[list[dict]], max_len: int) -> tuple[list[dict], dict]:
@@ -79,6 +83,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.max_len < 2:
         raise ValueError(f"--max-len {args.max_len}: give at least 2 tokens")
+    if not 1 <= args.num_proc <= 1024:
+        raise ValueError(f"--num-proc {args.num_proc}: give a number of processes from 1 to 1024")
     variables = template_kwargs(args.chat_template_kwargs)
     out = Path(args.out)
     if out.exists() and not args.overwrite:
@@ -93,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
               "bad": 0, "plain_text": 0, "per_turn": 0}
 
     def rows():
+        pool = TokenizePool(renderer, args.max_len, args.num_proc)
         for f in args.data:
             stats, batch, sources = ReadStats(f), [], []
             for place, sample in read_places(f, stats):
@@ -103,14 +110,19 @@ def main(args: argparse.Namespace) -> int:
                 batch.append(sample)
                 sources.append(place)
                 if len(batch) == 1000:
-                    yield from flush(batch, sources)
+                    for done, tag in pool.submit(batch, sources):
+                        yield from flush(done, tag)
                     batch, sources = [], []
-            yield from flush(batch, sources)
+            if batch:
+                for done, tag in pool.submit(batch, sources):
+                    yield from flush(done, tag)
             totals["bad"] += stats.bad
             stats.warn_bad()
+        for done, tag in pool.finish():
+            yield from flush(done, tag)
 
-    def flush(batch, sources):
-        kept, counts = tokenize(renderer, batch, args.max_len)
+    def flush(done, sources):
+        kept, counts = done
         refused[:] = refused or ([counts["refusal"]] if counts["refusal"] else [])
         counts.pop("refusal")
         for k, v in counts.items():
