@@ -34,6 +34,8 @@ def test_overrides_are_typed_and_flags_win(tmp_path):
                                                 "SpecForge's; here it is schedule_steps (the schedule's length; "
                                                 "max_steps stops the run))"),
     (["schedule_steps=0"], "schedule_steps 0: must be at least 1"),
+    (["dist_timeout=0"], "dist_timeout 0.0: give the minutes ranks wait, > 0"),
+    (["report_to=[tensorbored]"], "report_to ['tensorbored']: accepted"),
     (["ttt-length=7"], "ttt-length is SpecForge's; here it is ttt_steps"),
     (["tp_size=2"], "tp_size is SpecForge's, not taken here: the target is loaded whole on each process"),
     (["init_lm_head=zeros"], "accepted target, random"),
@@ -204,3 +206,26 @@ def test_the_draft_mlp_width_is_a_positive_eagle_setting_fixed_across_a_resume()
     with pytest.raises(ValueError, match="draft_intermediate_size was 64, now None"):
         check_resume({"head": "eagle3", "data": "x", "draft_intermediate_size": 64}, load_config(None, ["data=x"]))
     check_resume({"head": "eagle3", "data": "x"}, load_config(None, ["data=x"]))  # a run from before the key
+
+
+def test_dist_timeout_reaches_the_process_group(monkeypatch):
+    """dist_timeout (SpecForge's dist-timeout, minutes): the ranks' process group waits that long, e.g. while rank 0
+    counts a big corpus's vocabulary alone."""
+    from datetime import timedelta
+
+    import accelerate
+
+    from toolkit.train.launch import make_accelerator
+
+    seen = {}
+
+    class Capture:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+            raise RuntimeError("captured")
+
+    monkeypatch.setattr(accelerate, "Accelerator", Capture)
+    with pytest.raises(RuntimeError, match="captured"):
+        make_accelerator(load_config(None, ["data=x", "dist_timeout=90", "mixed_precision=no"]))
+    (handler,) = seen["kwargs_handlers"]
+    assert handler.timeout == timedelta(minutes=90)

@@ -81,6 +81,9 @@ class TrainConfig:
     report_to: list[str] | None = None       # accelerate's trackers: wandb, tensorboard (under output_dir/runs),
     #                                          mlflow, swanlab, ...; default wandb when wandb_project is set
     threads: int | None = None               # torch CPU threads
+    dist_timeout: float | None = None        # minutes a rank waits on the others (torch's default: 10 on GPUs,
+    #                                          30 on CPUs); raise it when rank 0's vocabulary count of a big corpus
+    #                                          outlasts it
     extra: dict = field(default_factory=dict)  # free-form notes recorded with the run
 
     def __post_init__(self):
@@ -153,6 +156,8 @@ class TrainConfig:
         for name in ("lr", "epochs", "regression_weight", "token_weight"):
             if not math.isfinite(getattr(self, name)):
                 problems.append(f"{name} {getattr(self, name)}: must be a finite number")
+        if self.dist_timeout is not None and not (math.isfinite(self.dist_timeout) and self.dist_timeout > 0):
+            problems.append(f"dist_timeout {self.dist_timeout}: give the minutes ranks wait, > 0")
         if self.report_to is not None:
             from accelerate.utils import LoggerType
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from datetime import timedelta
 
 import torch
 
@@ -53,7 +54,10 @@ def make_accelerator(cfg):
 
     # CPU ranks talk over gloo (without this handler accelerate + DeepSpeed on CPU see 1 process per rank)
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if distributed and not torch.cuda.is_available() else []
+    group = {"backend": "gloo"} if distributed and not torch.cuda.is_available() else {}
+    if cfg.dist_timeout is not None:  # rank 0 counts the vocabulary of a big corpus while the others wait
+        group["timeout"] = timedelta(minutes=cfg.dist_timeout)
+    handlers = [InitProcessGroupKwargs(**group)] if group else []
     log_with = trackers(cfg) or None
     # mixed_precision "auto" keeps a half precision the launch named; else on a CPU it follows this CPU's GEMM
     # rates (emulated bf16, without AVX512-BF16 / AMX, trained ~60x slower) and on a GPU it is bf16 where the card

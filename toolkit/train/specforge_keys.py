@@ -41,7 +41,6 @@ SPECFORGE = {
     "sp_ring_size": (None, "no sequence parallelism: rows up to max_len fit one device"),
     "is_vlm": (None, "text targets only (a multimodal checkpoint's text model can be the target)"),
     "build_dataset_num_proc": (None, "prepare-data tokenizes in one process"),
-    "dist_timeout": (None, "the process group uses torch's default timeout"),
 }
 
 
