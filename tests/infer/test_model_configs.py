@@ -164,6 +164,28 @@ def test_keys_that_change_the_math_and_are_not_implemented_are_refused_by_name(k
         ModelConfig.from_hf(cfg)
 
 
+@pytest.mark.parametrize("drop, change, message", [
+    ("num_attention_heads", {}, "no num_attention_heads \\(a llama model's shape; accepted: positive integers\\)"),
+    (None, {"num_attention_heads": "nine"}, "num_attention_heads 'nine': expected a positive integer"),
+    (None, {"hidden_size": 0}, "hidden_size 0: expected a positive integer"),
+    (None, {"intermediate_size": 1.5}, "intermediate_size 1.5: expected a positive integer")])
+def test_a_shape_key_absent_or_of_another_type_is_named(drop, change, message, tmp_path):
+    """Once a KeyError ('num_attention_heads') or a TypeError ('<=' between str and int) from deep in the build,
+    for a target or a draft folder alike; the folder's config.json is named."""
+    from toolkit.infer.drafts import load_eagle3
+
+    cfg = {"model_type": "llama", **TINY, **change}
+    cfg.pop(drop, None)
+    with pytest.raises(ConfigError, match=message):
+        ModelConfig.from_hf(cfg)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "architectures": ["LlamaForCausalLMEagle3"]}))
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'config.json'}: {message}"):
+        ModelConfig.from_folder(tmp_path)
+    target = ModelConfig.from_hf({"model_type": "llama", **TINY})
+    with pytest.raises(ConfigError, match=f"draft {tmp_path}/config.json: {message}"):
+        load_eagle3(tmp_path, target)
+
+
 @pytest.mark.parametrize("kind, extra", [
     ("mistral", {"sliding_window": 8}),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1})])

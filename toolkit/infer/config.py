@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from toolkit.infer import family_keys, fp8, rope
-from toolkit.infer.config_error import ConfigError
+from toolkit.infer.config_error import ConfigError, check_sizes
 from toolkit.infer.gemma_config import GEMMA_KINDS, Gemma, gemma_from_hf, gemma_rope
 from toolkit.infer.llama4_config import Llama4, llama4_from_hf
 from toolkit.infer.moe_config import MoE, moe_from_hf
@@ -175,6 +175,7 @@ class ModelConfig:
         # a multimodal config's quantization_config sits at its top level
         _refuse_unsupported(kind, {**cfg, "quantization_config": fp8.quantization(outer) or None})
         cfg = {**family_keys.SIZES.get(kind, {}), **cfg}  # keys a multimodal text_config leaves at their defaults
+        check_sizes(kind, cfg)
         family, heads = FAMILIES[kind], cfg["num_attention_heads"]
         max_positions = cfg.get("max_position_embeddings") or family.max_positions
         if kind == "phi3":
@@ -212,7 +213,11 @@ class ModelConfig:
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
-        return cls.from_hf(read_json(Path(folder) / "config.json"))
+        try:
+            return cls.from_hf(read_json(Path(folder) / "config.json"))
+        except ConfigError as e:
+            raise ConfigError(f"{Path(folder) / 'config.json'}: {e}") from None
+
 
     def default_aux_layers(self) -> list[int]:
         """EAGLE-3's low/mid/high layers (their outputs): [1, L//2 - 1, L - 4] (SGLang/SpecForge default)."""

@@ -20,6 +20,7 @@ from torch import nn
 
 from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
+from toolkit.infer.config_error import ConfigError
 from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
                                      draft_rope_keys, their_layer_key, write_draft_folder)
 from toolkit.infer.eagle3_config import VARIANTS, read_eagle3_config
@@ -155,7 +156,10 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     folder = Path(folder)
     layout = read_eagle3_config(json.loads((folder / "config.json").read_text()), folder)
     cfg, target_hidden = layout.config, layout.target_hidden  # the flat Llama config of the draft's layers
-    c = ModelConfig.from_hf(cfg)
+    try:
+        c = ModelConfig.from_hf(cfg)
+    except ConfigError as e:
+        raise ConfigError(f"draft {folder}/config.json: {e}") from None
     aux = layout.aux_layers or target.default_aux_layers()
     problems = []
     if target_hidden != target.hidden_size:

@@ -17,6 +17,7 @@ from torch import nn
 
 from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
+from toolkit.infer.config_error import ConfigError
 from toolkit.infer.draft_head import (DraftHead, load_weights, our_layer_key, read_weights, draft_rope_keys,
                                      their_layer_key, vocab_rows, write_draft_folder)
 from toolkit.infer.model import MLP, Block
@@ -79,7 +80,10 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
 
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text())
-    c = ModelConfig.from_hf({**cfg, "model_type": "llama"})
+    try:
+        c = ModelConfig.from_hf({**cfg, "model_type": "llama"})
+    except ConfigError as e:
+        raise ConfigError(f"draft {folder}/config.json: {e}") from None
     if c.hidden_size != target.config.hidden_size:
         raise ValueError(f"draft {folder}: hidden_size {c.hidden_size} != target's {target.config.hidden_size}")
     w = {k.removeprefix("model."): v for k, v in read_weights(folder).items()
