@@ -68,6 +68,16 @@ def test_prepare_data_cli_writes_the_documented_folder(smollm2_dir, tmp_path, ca
     # an existing folder is kept unless --overwrite
     assert main(["prepare-data", "--data", str(src), "--out", str(out)]) == 2
     assert main(["prepare-data", "--data", str(src), "--out", str(out), "--overwrite"]) == 0
+    # --overwrite replaces a prepare-data output only: any other folder's files were deleted
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    assert main(["prepare-data", "--data", str(src), "--out", str(other), "--overwrite"]) == 2
+    assert (other / "notes.txt").read_text() == "mine"
+    assert "holds files and is not a prepare-data output" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    assert main(["prepare-data", "--data", str(src), "--out", str(tmp_path / "afile")]) == 2
+    assert "pass --overwrite" not in capsys.readouterr().err  # it could not help: a file is no folder
     # the rows are staged beside --out, not in $TMPDIR (a small or in-memory /tmp failed a big corpus at its end)
     import tempfile
 

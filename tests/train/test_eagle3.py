@@ -215,6 +215,12 @@ def test_refusals_name_the_problem(tiny_target, prepared, tmp_path, capsys):
     assert "prepare: no such folder; run `toolkit prepare-data" in capsys.readouterr().err
     assert train(tiny_target, prepared, tmp_path / "y", "eval_samples=24") == 2
     assert "leaves no training rows" in capsys.readouterr().err
+    # answers all past max_len: a run that learned nothing (loss 0.000) at 20, a traceback at 2, and a half-written
+    # output_dir that the next run refused
+    for n in (20, 2):
+        assert train(tiny_target, prepared, tmp_path / f"short{n}", f"max_len={n}", "eval_samples=0") == 2
+        assert f"max_len {n}: no training row of" in capsys.readouterr().err
+        assert not (tmp_path / f"short{n}" / "run.json").exists()
 
 
 def test_contradictory_flags_and_a_file_as_output_dir_are_refused_before_loading(tmp_path, capsys):

@@ -87,9 +87,12 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--num-proc {args.num_proc}: give a number of processes from 1 to 1024")
     variables = template_kwargs(args.chat_template_kwargs)
     out = Path(args.out)
+    check_out_path("--out", out, folder=True)  # a file there or above it failed only after the tokenizing
     if out.exists() and not args.overwrite:
         raise ValueError(f"--out {out} exists; pass --overwrite to replace it")
-    check_out_path("--out", out, folder=True)  # a file there or above it failed only after the tokenizing
+    if out.is_dir() and any(out.iterdir()) and not (out / "toolkit_prepare.json").is_file():
+        raise ValueError(f"--out {out} holds files and is not a prepare-data output (no toolkit_prepare.json): "
+                         "--overwrite replaces only one; give a new folder")
     folder = None if args.tokenizer else resolve_target(args.model or DEFAULT_MODEL)
     tok = load_tokenizer(model=str(folder) if folder else None, tokenizer=args.tokenizer,
                          chat_template=args.chat_template)

@@ -217,6 +217,11 @@ def held_out(cfg, data: PreparedData) -> tuple[list[int], list[dict]]:
                              f"{cfg.data}; give fewer, or eval_data (a prepared folder to evaluate on)")
         source, rows = data, range(len(data) - cfg.eval_samples, len(data))
         train = list(range(len(data) - cfg.eval_samples))
+    # a row's first two tokens are never predicted (step 0 at row t predicts t + 2): stop at the first row with a
+    # token to learn; only data whose answers all lie past max_len is read through, to be refused
+    if not any(data[r]["loss_mask"][2:].any() for r in train):
+        raise ValueError(f"max_len {cfg.max_len}: no training row of {cfg.data} keeps an assistant (loss_mask) "
+                         "token within it, so nothing would be learned; raise max_len")
     held = [source[r] for r in rows if source[r]["loss_mask"].any()]
     if cfg.eval_samples and not held:
         raise ValueError(f"none of the {cfg.eval_samples} evaluation rows keeps an assistant token within max_len "

@@ -36,7 +36,7 @@ def ttt_loss(step_logits: list[torch.Tensor], target_logits: torch.Tensor, loss_
     full = len(draft_ids) == target_logits.shape[-1]  # EAGLE-1/2 and MTP: no [B, L, V] gather copy
     p_all = (target_logits if full else target_logits[..., draft_ids]).float().softmax(-1)   # [B, L, N]
     target_top = target_logits.argmax(-1)                                      # [B, L]
-    total, losses, accs, counts = 0.0, [], [], []
+    total, losses, accs, counts = step_logits[0].sum() * 0.0, [], [], []  # a tensor even when nothing counts
     for i, logits in enumerate(step_logits):
         n = L - (i + 2)  # rows t with a token t + i + 2 to predict
         if n <= 0:  # a batch shorter than the unroll: nothing to count at this step (zeros keep K entries)
