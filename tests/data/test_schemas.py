@@ -71,6 +71,26 @@ def test_bad_values_are_counted_with_their_place_and_samples_carry_theirs(tmp_pa
     assert capsys.readouterr().err == ""
 
 
+def test_an_unpaired_surrogate_is_a_bad_record_in_every_reader(tmp_path, smollm2_dir, capsys):
+    """Valid JSON whose \\uD800 escape is no Unicode: a TypeError from the tokenizer in prepare-data,
+    build-token-map and bench; now a bad record named with its place (bench: refused, naming the turn)."""
+    from toolkit.cli import main
+    from toolkit.infer.prompts import read_prompts
+
+    f = tmp_path / "s.jsonl"
+    f.write_text('{"messages": [{"role": "user", "content": "a\\ud800b"}, {"role": "assistant", "content": "x"}]}\n'
+                 '{"question": "q", "answer": "a"}\n')
+    stats = ReadStats(str(f))
+    assert len(list(read_samples(f, stats))) == 1 and stats.bad == 1
+    assert "content holds an unpaired surrogate ('\\ud800' at character 1), not valid Unicode" in stats.bad_examples[0]
+    assert main(["prepare-data", "--data", str(f), "--out", str(tmp_path / "p")]) == 0
+    assert main(["build-token-map", "--data", str(f), "--out", str(tmp_path / "m"), "--sizes", "64"]) == 0
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"turns": ["a\\ud800b"]}\n')
+    with pytest.raises(ValueError, match=f"{prompts}:1: a turn holds an unpaired surrogate"):
+        read_prompts(str(prompts), None)
+
+
 def test_mt_bench_turns_join_into_one_conversation_for_regeneration():
     assert to_samples({"turns": ["t1", "t2"]}, joined_turns=True) == [conv((U, "t1"), (U, "t2"))]
 

@@ -75,7 +75,19 @@ class ReadStats:
 def _text(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise BadRecord(f"{what} should be a string, got {type(value).__name__}")
+    if bad := surrogate(value):
+        raise BadRecord(f"{what} holds {bad}")
     return value
+
+
+def surrogate(text: str) -> str | None:
+    """What is wrong with text that JSON's \\uD800-style escapes made invalid Unicode (an unpaired surrogate, which
+    no tokenizer encodes), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"an unpaired surrogate ({text[e.start]!r} at character {e.start}), not valid Unicode"
+    return None
 
 
 def template_reasoning(turn: dict, thought: str) -> dict:

@@ -79,6 +79,10 @@ def tool_message(t: dict, role: str, mapped: str) -> dict:
     if mapped == "tool":
         if not isinstance(content, str):  # a result given as JSON: the text a template shows
             content = json.dumps(content, ensure_ascii=False) if content is not None else ""
+        from toolkit.data.schemas import surrogate
+
+        if bad := surrogate(content):
+            raise _bad(f"a tool result holds {bad}")
         msg = {"role": "tool", "content": content}
         for key in ("tool_call_id", "name"):
             if isinstance(t.get(key), str):

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 
 from toolkit.data.harmony import reply_text
-from toolkit.data.schemas import ReadStats, raw_records, to_samples
+from toolkit.data.schemas import ReadStats, raw_records, surrogate, to_samples
 from toolkit.infer.metrics import summarize
 
 
@@ -50,6 +50,8 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1),
                     "system": system, "turns": [m["content"] for m in conv if m["role"] == "user"]}
         if not item["turns"] or not all(isinstance(t, str) and t for t in item["turns"]):
             raise ValueError(f"{where}: turns must be a non-empty list of non-empty strings (the user turns)")
+        if bad := next(filter(None, map(surrogate, item["turns"])), None):
+            raise ValueError(f"{where}: a turn holds {bad}")
         out.append({**item, "template_kwargs": dict(template_kwargs or {})})
         if limit is not None and len(out) >= limit:
             break
