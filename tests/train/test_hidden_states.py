@@ -125,3 +125,22 @@ def test_a_resumed_dump_redoes_a_listed_shard_that_was_cut_short(tiny_target, pr
     for r in range(24):
         assert torch.equal(clean[r]["aux"], again[r]["aux"])
         assert torch.equal(clean[r]["input_ids"], again[r]["input_ids"])
+
+
+def test_data_prepared_with_another_tokenizer_is_refused_by_dump_and_train(tiny_target, shared, tmp_path, capsys):
+    """Llama-3 ids (up to 128k) against a 49k-vocabulary target: an IndexError deep in dump-hidden-states' forward
+    (leaving an empty --out), now refused before the target loads, as training refuses it."""
+    from toolkit.cli import main
+
+    src = tmp_path / "c.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
+                                            {"role": "assistant", "content": "Hello there."}]}) + "\n")
+    prepared = tmp_path / "llama"
+    assert main(["prepare-data", "--tokenizer", str(shared / "tokenizers/llama3/tokenizer.json"), "--data",
+                 str(src), "--out", str(prepared)]) == 0
+    assert main(["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out",
+                 str(tmp_path / "h")]) == 2
+    assert "is beyond the target" in capsys.readouterr().err and not (tmp_path / "h").exists()
+    assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(tmp_path / "r"),
+                 "max_steps=1", "eval_samples=0", "threads=1"]) == 2
+    assert "it was prepared with another tokenizer" in capsys.readouterr().err

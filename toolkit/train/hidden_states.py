@@ -78,6 +78,9 @@ def main(args: argparse.Namespace) -> int:
     run_dtype = torch.float32 if args.dtype == "float32" else target_dtype("auto", torch.device(device), "no")
     if args.dtype == "auto":  # fp16 states kept as computed; rounded to bf16 they would lose 3 mantissa bits
         args.dtype = "float16" if run_dtype == torch.float16 else "bfloat16"
+    from toolkit.infer.config import ModelConfig
+
+    data.check_ids(ModelConfig.from_folder(folder).vocab_size, model)  # data prepared with another tokenizer
     target = load_target(folder, run_dtype, device)
     # a length-dependent rope: rows beyond its exact length would be dumped wrong, refused before the first
     target.config.check_sequence(max(data.lengths))

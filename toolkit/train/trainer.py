@@ -95,11 +95,12 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
               + (f"of {cfg.eval_data} for evaluation; " if cfg.eval_data else "held out for evaluation; ")
               + (f"offline, the target's states read from {cfg.hidden_states}" if offline
                  else f"online, the target {cfg.model} run per batch in {str(dtype).removeprefix('torch.')}"))
-    target = load_target(folder, dtype, device).requires_grad_(False) if not offline else None
-    parts = target_tensors(folder, ["embed_tokens.weight", "lm_head.weight"])
     from toolkit.infer.config import ModelConfig
 
     tcfg = ModelConfig.from_folder(folder)
+    data.check_ids(tcfg.vocab_size, cfg.model)  # data prepared with another tokenizer, before minutes of loading
+    target = load_target(folder, dtype, device).requires_grad_(False) if not offline else None
+    parts = target_tensors(folder, ["embed_tokens.weight", "lm_head.weight"])
     # the target runs without a KV cache here: a row beyond its rope's exact length would give wrong features
     # (refused by the forward too, but only when such a batch comes up); a sliding window is attended within
     tcfg.check_sequence(max(data.lengths))
