@@ -285,6 +285,22 @@ def test_wandb_logs_offline(tiny_target, prepared, tmp_path, monkeypatch):
     assert runs and any(f.suffix == ".wandb" for f in runs[0].iterdir())
 
 
+def test_wandb_without_a_key_is_refused_before_the_run_is_written(tiny_target, prepared, tmp_path, monkeypatch,
+                                                                   capsys):
+    """wandb's UsageError traceback once left run.json behind, and the next run was refused as a previous one."""
+    import wandb
+
+    wandb.teardown()  # an earlier test's offline setup lives on in wandb's process-wide singleton
+    for var in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc login
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    out = tmp_path / "run"
+    assert train(tiny_target, prepared, out, "max_steps=1", "wandb_project=toolkit-test") == 2
+    assert "a tracker could not start" in capsys.readouterr().err
+    assert not (out / "run.json").exists()
+
+
 def test_tensorboard_logs_each_step_under_the_output_dir(tiny_target, prepared, tmp_path):
     """report_to (SpecForge's report-to, accelerate's trackers): tensorboard's event file holds every logged step's
     loss and per-TTT-step accuracy; a tracker accelerate does not know is refused by name."""

@@ -20,8 +20,13 @@ class Tracker:
         if self.trackers:
             config = {k: (v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v))
                       for k, v in dataclasses.asdict(cfg).items()}  # tensorboard's hparams take scalars only
-            accelerator.init_trackers(cfg.wandb_project or Path(cfg.output_dir).name, config=config,
-                                      init_kwargs={"wandb": {"name": cfg.wandb_run, "dir": str(output_dir)}})
+            try:
+                accelerator.init_trackers(cfg.wandb_project or Path(cfg.output_dir).name, config=config,
+                                          init_kwargs={"wandb": {"name": cfg.wandb_run, "dir": str(output_dir)}})
+            except Exception as e:  # wandb's UsageError (no API key), a tracker's missing package, ...
+                raise ValueError(f"report_to {trackers(cfg)}: a tracker could not start ({type(e).__name__}: "
+                                 f"{str(e).splitlines()[0][:200]}); for wandb: `wandb login`, WANDB_API_KEY, or "
+                                 "WANDB_MODE=offline (synced later with `wandb sync`)") from None
 
     def log(self, step: int, values: dict) -> None:
         if not self.acc.is_main_process:

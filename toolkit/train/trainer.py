@@ -151,6 +151,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         acc.print(f"resumed from {last} at step {progress.step}")
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
+    tracker = Tracker(acc, out, cfg)  # a tracker that cannot start (wandb without a key) stops the run here
+    if acc.is_main_process:
         from toolkit.atomic import write_text
 
         write_text(out / "run.json", json.dumps(signature, indent=2) + "\n")
@@ -164,7 +166,6 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     final_cap = None if tcfg.gemma is None else tcfg.gemma.final_softcap  # offline logits capped as the target's
     export_args = (objective.save, target_hf, cfg.model, target_fp, {"ttt_steps": cfg.ttt_steps,
                                                                       "train_data": cfg.data})
-    tracker = Tracker(acc, out, cfg)
     from toolkit.data.chat import load_tokenizer
     from toolkit.infer.loading import stop_ids as end_of_turn
 
