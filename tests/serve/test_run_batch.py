@@ -54,6 +54,15 @@ def test_read_batch_names_the_bad_line(tmp_path, rows, message):
     assert message in str(err.value)
 
 
+def test_a_line_that_is_not_utf8_is_named(tmp_path):
+    f = tmp_path / "in.jsonl"
+    f.write_bytes(json.dumps(chat("a", "x")).encode() + b"\n\xff\xfe{}\n")
+    with pytest.raises(ValueError, match=f"{f} line 2: not UTF-8 \\(byte 0xff at column 1\\)"):
+        read_batch(f)
+    f.write_bytes(b"\xef\xbb\xbf" + json.dumps(chat("a", "x")).encode() + b"\n")  # a byte-order mark first
+    assert [line.custom_id for line in read_batch(f)] == ["a"]
+
+
 def test_answers_in_input_order_with_each_endpoint_status_and_body(tiny_target, in_process_app, tmp_path):
     from fastapi.testclient import TestClient
 

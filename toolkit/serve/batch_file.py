@@ -129,5 +129,15 @@ def read_batch(path: str | Path) -> list[BatchLine]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"--input-file {path}: no such file")
-    with path.open(encoding="utf-8") as f:
-        return parse_batch(f, str(path))
+    with path.open("rb") as f:
+        return parse_batch(_utf8_lines(f, str(path)), str(path))
+
+
+def _utf8_lines(f, name: str):
+    """The file's lines as text; one that is not UTF-8 is named with its line."""
+    for number, raw in enumerate(f, 1):
+        try:
+            yield raw.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name} line {number}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                             "a batch file is UTF-8 JSON lines") from None
