@@ -271,3 +271,6 @@ def test_several_processes_write_the_same_rows_in_the_same_order(smollm2_dir, tm
     assert "TOKENIZERS_PARALLELISM" not in capsys.readouterr().err
     assert main(["prepare-data", "--data", str(src), "--out", str(tmp_path / "x"), "--num-proc", "0"]) == 2
     assert "--num-proc 0: give a number of processes from 1 to 1024" in capsys.readouterr().err
+    # every answer cut off by --max-len: said so, not "give conversations with assistant turns"
+    assert main(["prepare-data", "--data", str(src), "--out", str(tmp_path / "y"), "--max-len", "3"]) == 2
+    assert "--max-len 3 cut the answers off: raise it" in capsys.readouterr().err

@@ -229,3 +229,10 @@ def test_dist_timeout_reaches_the_process_group(monkeypatch):
         make_accelerator(load_config(None, ["data=x", "dist_timeout=90", "mixed_precision=no"]))
     (handler,) = seen["kwargs_handlers"]
     assert handler.timeout == timedelta(minutes=90)
+
+
+def test_a_recipe_path_that_is_a_folder_or_absent_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="a folder, not a recipe file"):
+        load_config(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="no such recipe file"):
+        load_config(str(tmp_path / "nope.yaml"))

@@ -141,8 +141,10 @@ def main(args: argparse.Namespace) -> int:
                                   "loss_mask": datasets.Sequence(datasets.Value("int8")),
                                   "num_tokens": datasets.Value("int32"), "source": datasets.Value("string")})
     def no_data() -> ValueError:
+        cut = totals["truncated"] and totals["no_assistant"]
         return ValueError(f"--data {' '.join(args.data)}: no sample with assistant tokens ({totals}); "
                           + (f"{totals['bad']} refused, the first: {refused[0]}" if refused else
+                             f"--max-len {args.max_len} cut the answers off: raise it" if cut else
                              "give conversations with assistant turns"))
 
     out.parent.mkdir(parents=True, exist_ok=True)

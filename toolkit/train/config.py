@@ -246,7 +246,9 @@ def load_config(path: str | None, overrides: list[str] = (), default_head: str |
     if path:
         p = Path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"--config {path}: no such recipe file")
+            raise FileNotFoundError(f"--config {path}: " + ("a folder, not a recipe file (a YAML file, e.g. "
+                                                            "recipes/smollm2-135m-eagle3.yaml)" if p.is_dir() else
+                                                            "no such recipe file"))
         try:
             values = yaml.safe_load(p.read_text()) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as e:
