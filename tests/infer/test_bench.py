@@ -430,3 +430,15 @@ def test_bench_takes_sglangs_flag_names_and_a_draft_as_a_hub_id(tmp_path, capsys
     assert main(["bench", "--draft", "org/absent-head", "--prompts", prompts,
                  "--speculative-num-draft-tokens", "9"]) == 2
     assert "--num-draft-tokens 9: must be in 2..6" in capsys.readouterr().err
+
+
+def test_a_cache_too_short_for_the_prompts_names_the_tokens_asked(draft_dir, tmp_path, shared, capsys):
+    """--max-len 10: the warm-up's own 4 tokens were named as max_new_tokens; the run's are."""
+    from toolkit.cli import main
+
+    folder, _, _ = draft_dir
+    assert main(["bench", "--draft", str(folder), "--prompts", str(shared / "data/eval/mt_bench.jsonl"), "--limit",
+                 "1", "--max-len", "10", "--max-new-tokens", "8", "--threads", "1",
+                 "--out", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert "+ max_new_tokens (8) exceeds" in err and not (tmp_path / "b.json").exists()

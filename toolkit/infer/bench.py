@@ -103,7 +103,9 @@ def run_engine(engine, tok, prompts, params, seed, stops: set[int]) -> tuple[lis
     from toolkit.infer.sampling import SamplingParams, seeded_generator
 
     engine.warm_up()  # --compile: every step shape compiled here, not inside the timed run
-    engine.generate(warm_up_ids(tok, prompts), SamplingParams(max_new_tokens=4))
+    warm = warm_up_ids(tok, prompts)
+    if len(warm) + params.max_new_tokens <= engine.max_len:  # else the run below says what does not fit
+        engine.generate(warm, SamplingParams(max_new_tokens=4))
     results, start = [], time.perf_counter()
     g = seeded_generator(engine.device, seed)  # on the target's device: CUDA sampling refuses a CPU generator
 
