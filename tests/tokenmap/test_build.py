@@ -105,6 +105,13 @@ def test_from_counts_with_another_vocab_is_refused(llama3_maps, shared, tmp_path
     assert done.returncode == 2
     assert "vocab hash" in done.stderr and "tokenizer.json" in done.stderr
     assert list(tmp_path.iterdir()) == []
+    bare = tmp_path.parent / "bare_counts.safetensors"  # counts without the build's metadata
+    from safetensors.torch import save_file
+
+    save_file({"counts": torch.ones(128256, dtype=torch.int64)}, str(bare))
+    done = run_cli("build-token-map", "--tokenizer", shared / "tokenizers/llama3/tokenizer.json",
+                   "--from-counts", bare, "--sizes", "8192", "--out", tmp_path)
+    assert done.returncode == 2 and "holds no build metadata" in done.stderr and "None" not in done.stderr
 
 
 def test_default_model_is_the_embedded_smollm2(shared, tmp_path, smollm2_dir):

@@ -152,6 +152,10 @@ def _count(args, tok, renderer, vocab_size: int):
 def _from_counts(args, tok, vocab_size: int):
     counts, meta = load_counts(args.from_counts)
     ours = vocab_hash(tok)
+    if meta.get("vocab_hash") is None:
+        raise TokenMapError(f"--from-counts {args.from_counts} holds no build metadata (its vocab_hash): not a "
+                            "counts file build-token-map wrote, so which tokenizer counted it is unknown; count the "
+                            "corpus again with --data")
     if meta.get("vocab_hash") != ours:
         raise TokenMapError(
             f"--from-counts {args.from_counts} was counted with tokenizer {meta.get('tokenizer')!r} (vocab "
