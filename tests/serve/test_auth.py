@@ -82,7 +82,10 @@ def test_empty_keys_are_refused():
 @pytest.mark.parametrize("extra, message", [
     (["--api-key", " "], "--api-key: a key is empty"),
     (["--ssl-keyfile", "key.pem"], "--ssl-keyfile and --ssl-certfile go together"),
-    (["--ssl-keyfile", "nowhere.pem", "--ssl-certfile", "nowhere.pem"], "--ssl-keyfile nowhere.pem: no such file")])
+    (["--ssl-keyfile", "nowhere.pem", "--ssl-certfile", "nowhere.pem"], "--ssl-keyfile nowhere.pem: no such file"),
+    (["--allowed-origins", "http://localhost:3000", "not a url"], "--allowed-origins 'not a url': give origins as a "
+                                                                  "browser sends them"),
+    (["--allowed-origins", "https://app.example.com/path"], "scheme://host[:port]")])
 def test_bad_flags_are_refused_before_loading(capsys, extra, message):
     assert main(["serve", "--draft", "nowhere", "--port", "0", *extra]) == 2
     assert message in capsys.readouterr().err

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -66,6 +67,10 @@ def main(args: argparse.Namespace) -> int:
     args.api_key = args.api_key or ([os.environ["TOOLKIT_API_KEY"]] if os.environ.get("TOOLKIT_API_KEY") else None)
     if args.api_key and not all(k.strip() for k in args.api_key):
         raise ValueError("--api-key: a key is empty; give non-empty keys (or none to serve without one)")
+    for origin in args.allowed_origins or []:  # a browser sends scheme://host[:port], never a path or a space
+        if origin != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", origin):
+            raise ValueError(f"--allowed-origins {origin!r}: give origins as a browser sends them, "
+                             "scheme://host[:port] (e.g. http://localhost:3000), or * for any")
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
         raise ValueError("--ssl-keyfile and --ssl-certfile go together: give both to serve HTTPS, or neither")
     for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
