@@ -53,6 +53,10 @@ def test_request_errors_name_what_the_client_sent(app):
     with TestClient(asgi) as client:
         r = client.post("/v1/chat/completions", content=b"[" * 50000, headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "json_invalid", r.text
+        # a \\ud800 escape decodes to no Unicode: once a 500 from the tokenizer, now the client's 400
+        body = json.dumps(ASK).replace('"content": "', '"content": "\\ud800', 1).encode()
+        r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "unpaired surrogate escape" in r.json()["error"]["message"], r.text
         r = client.post("/v1/chat/completions", json={**ASK, "max_tokens": None, "max_completion_tokens": 500})
         err = r.json()["error"]
         assert r.status_code == 400 and err["param"] == "max_completion_tokens", r.text

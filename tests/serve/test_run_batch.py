@@ -47,6 +47,8 @@ def test_read_batch_takes_every_endpoint_and_skips_blank_lines(tmp_path):
     ([{**chat("a", "x"), "extra": 1}], "line 1: unknown field extra"),
     ([chat("a", "x"), {"custom_id": "b", "params": {}}], "line 2: an Anthropic request among OpenAI ones"),
     (["", "  "], "no requests in it"),
+    (['{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "a\\ud800"}}'],
+     "line 1: an unpaired surrogate escape ('\\ud800'), not valid Unicode"),  # once "no answer: UnicodeEncodeError"
 ])
 def test_read_batch_names_the_bad_line(tmp_path, rows, message):
     with pytest.raises(ValueError) as err:

@@ -111,15 +111,20 @@ def batch_lines(items, name: str, endpoint: str | None = None) -> list[BatchLine
 def parse_batch(texts, name: str, endpoint: str | None = None) -> list[BatchLine]:
     """Every request of a batch file's lines (`texts`; blank ones skipped), as batch_lines checks them, each bad
     one named "NAME line N"."""
+    from toolkit.serve.json_body import unpaired_surrogate
+
     def decoded():
         for number, text in enumerate(texts, 1):
             if text.strip():
                 where = f"{name} line {number}"
                 try:
-                    yield number, json.loads(text), where
+                    line = json.loads(text)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{where}: not JSON ({e.msg} at column {e.colno}); a batch file holds one JSON "
                                      "object per line") from None
+                if why := unpaired_surrogate(line):
+                    raise ValueError(f"{where}: {why}")
+                yield number, line, where
 
     return batch_lines(decoded(), name, endpoint)
 

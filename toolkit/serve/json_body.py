@@ -19,7 +19,19 @@ async def read_object(request) -> dict:
         raise ApiError(400, "malformed JSON body: nested too deeply", None, "json_invalid") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", None, "json_invalid")
+    if why := unpaired_surrogate(data):
+        raise ApiError(400, f"the body holds {why}", None, "json_invalid")
     return data
+
+
+def unpaired_surrogate(data) -> str | None:
+    """What is wrong with JSON whose \\uD800-style escape decoded to no Unicode (an unpaired surrogate, which no
+    tokenizer encodes: a 500 deep in a request), or None. One pass: re-encoding it as UTF-8."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"an unpaired surrogate escape ({e.object[e.start]!r}), not valid Unicode"
+    return None
 
 
 def validated(model: type[BaseModel], data: dict):
