@@ -5,6 +5,7 @@ signature a resumed run must match."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -177,6 +178,9 @@ def pick_vocabulary(cfg, tcfg: ModelConfig, folder: Path, data, train_rows: list
     else:  # FR-Spec rule on the training data's assistant tokens, the template's special tokens kept
         tok = load_tokenizer(model=str(folder))  # the template's special tokens and every stop id are kept
         forced = sorted(set(ChatRenderer(tok).template_special_ids()) | stop_ids(tok, folder))
+        if cfg.draft_vocab_size > tcfg.vocab_size:
+            print(f"note: draft_vocab_size {cfg.draft_vocab_size} is more than the target's {tcfg.vocab_size} ids: "
+                  "the draft reads out over the whole vocabulary", file=sys.stderr)
         vocab_ids = draft_vocab(data.assistant_tokens(train_rows), cfg.draft_vocab_size, tcfg.vocab_size, forced)
         d2t, t2d = vocab_map(vocab_ids, tcfg.vocab_size)
     if int(t2d.sum()) == 0 or len(t2d) != tcfg.vocab_size:
