@@ -13,7 +13,7 @@ from toolkit.cpu_speed import threads_problem
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit import hub
 from toolkit.infer import loading, lookup
-from toolkit.serve import launch_flags
+from toolkit.serve import launch_flags, vllm_config
 from toolkit.serve.reasoning import PARSERS
 from toolkit.serve.tool_calls import ALIASES as TOOL_ALIASES
 from toolkit.serve.tool_calls import PARSERS as TOOL_PARSERS
@@ -167,7 +167,7 @@ def check(args: argparse.Namespace, command: str):
     # a hub id: fetched (or found in the HF cache) now, before loading
     args.draft = hub.draft_folder(args.draft, revision=args.draft_revision)
     args.token_map = hub.file(args.token_map, "--token-map")
-    if launch_flags.steps_from_draft(args):
+    if vllm_config.steps_from_draft(args):
         tree = launch_flags.tree_config(args, TreeConfig)
     if args.draft_kinds is not None and not args.no_speculation:  # the algorithm / method named a kind of draft
         from toolkit.infer.draft_folder import draft_kind
