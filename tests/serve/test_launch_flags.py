@@ -1,6 +1,7 @@
-"""SGLang's and vLLM's speculative launch flags (toolkit/serve/launch_flags.py, vllm_config.py): each read as our own flags, the kind
-of draft they name checked against the folder, what neither engine here serves refused by name, and a launch line
-of each server run end to end (a draft given as a hub id from the HF cache) with the answers of our own flags."""
+"""SGLang's and vLLM's speculative launch flags (toolkit/serve/launch_flags.py, vllm_config.py): each read as our
+own flags, the kind of draft they name checked against the folder, what neither engine here serves refused by name,
+and a launch line of each server run end to end (a draft given as a hub id from the HF cache) with the answers of
+our own flags."""
 from __future__ import annotations
 
 import json
