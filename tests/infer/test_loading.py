@@ -75,7 +75,8 @@ def test_a_target_larger_than_free_memory_is_refused_before_it_loads(tiny_target
     loading.check_weights_fit(tiny_target, torch.bfloat16, "cpu")
     with pytest.raises(ValueError) as err:
         loading.load_target(tiny_target, torch.float32)
-    assert f"takes {params * 4 / 2**30:.1f} GiB in float32 ({params / 1e9:.2f} B parameters) and cpu has" in str(err.value)
+    want = f"takes {params * 4 / 2**30:.1f} GiB in float32 ({params / 1e9:.2f} B parameters) and cpu has"
+    assert want in str(err.value)
     assert "a half precision (dtype bfloat16)" in str(err.value)
     monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: (_ for _ in ()).throw(OSError("no meminfo")))
     loading.check_weights_fit(tiny_target, torch.float32, "cpu")  # unknown free memory: not refused

@@ -444,7 +444,9 @@ def test_eval_data_is_evaluated_on_and_every_row_of_data_trained(tiny_target, pr
 def test_a_run_stopped_inside_a_longer_schedule_resumes_into_it_unchanged(tiny_target, prepared, tmp_path):
     """schedule_steps (SpecForge's total-steps): 2 steps of a 4-step cosine, resumed to 4, train at the lrs of an
     uninterrupted 4-step run (without it the resume re-stretched the cosine, its lr jumping back up)."""
-    lrs = lambda out: [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    def lrs(out):
+        return [r["lr"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
     whole, part = tmp_path / "whole", tmp_path / "part"
     assert train(tiny_target, prepared, whole, "max_steps=4", "save_every=2") == 0
     assert train(tiny_target, prepared, part, "max_steps=2", "schedule_steps=4", "save_every=2") == 0

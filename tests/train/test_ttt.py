@@ -139,7 +139,8 @@ def _saved_bytes(fn) -> int:
 
 def test_what_is_kept_for_the_backward_grows_with_the_length_not_its_square():
     """Each block's [rows, L] scores are recomputed in the backward, not kept: doubling L doubles what autograd
-    holds (an L x L fp32 score matrix per head would quadruple it; the blocks kept whole held 29 MB here at L = 1024, 1.75x that matrix)."""
+    holds (an L x L fp32 score matrix per head would quadruple it; the blocks kept whole held 29 MB here at
+    L = 1024, 1.75x that matrix)."""
     g = torch.Generator().manual_seed(0)
     B, H, D, steps = 1, 4, 16, 3
 
