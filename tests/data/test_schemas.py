@@ -103,17 +103,17 @@ def test_all_lines_bad_is_fatal(tmp_path):
 
 
 def test_json_array_streams_in_small_chunks(tmp_path, monkeypatch):
-    from toolkit.data import schemas
+    from toolkit.data import corpus_files
 
     records = [{"instruction": f"i{k} ,[]{{}}\" é", "input": "", "response": "r" * (k * 7)} for k in range(50)]
     f = tmp_path / "x.json"
     f.write_text(json.dumps(records, indent=2, ensure_ascii=False))
     stats = ReadStats(str(f))
-    items = [rec for _, rec in schemas._json_array(f, stats, chunk=7)]
+    items = [rec for _, rec in corpus_files._json_array(f, stats, chunk=7)]
     assert items == records and stats.bad == 0
     f.write_text(json.dumps(records)[:-40])  # truncated file: the last records are bad, the rest read
     stats = ReadStats(str(f))
-    items = [rec for _, rec in schemas._json_array(f, stats, chunk=13)]
+    items = [rec for _, rec in corpus_files._json_array(f, stats, chunk=13)]
     assert items == records[: len(items)] and len(items) >= 45 and stats.bad == 1
 
 

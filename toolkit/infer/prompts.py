@@ -8,7 +8,8 @@ import uuid
 from pathlib import Path
 
 from toolkit.data.harmony import reply_text
-from toolkit.data.schemas import ReadStats, raw_records, surrogate, to_samples
+from toolkit.data.corpus_files import raw_records
+from toolkit.data.schemas import ReadStats, surrogate, to_samples
 from toolkit.infer.metrics import summarize
 
 
