@@ -510,6 +510,7 @@ def test_a_tool_conversation_keeps_its_calls_and_results_and_the_target_answers_
     assert msgs[5]["content"] == "answer to {\"temp\": \"4C\", \"sky\": \"snow\"} after 5 messages"
     sent = next(b for b in FakeServer.seen if len(b["messages"]) == 5)
     assert sent["tools"] == [WEATHER] and "toolkit_tools" not in sent["messages"][0]
+    assert sent["tool_choice"] == "none"  # shown, not called: a server answers auto only with its tool parser on
     assert sent["messages"][2]["tool_calls"][1] == {"id": "c2", "type": "function", "function": {
         "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}
     rome = next(b for b in FakeServer.seen if len(b["messages"]) == 3)  # ShareGPT's call had no id: one is given
@@ -529,3 +530,15 @@ def test_a_tool_conversation_keeps_its_calls_and_results_and_the_target_answers_
     assert {r["id"]: r["tools"] for r in read(local)} == {"tools.jsonl:0": [WEATHER], "tools.jsonl:1": [WEATHER]}
     assert main(["prepare-data", "--model", str(tiny_target), "--data", str(local), "--out",
                  str(tmp_path / "prepared"), "--chat-template", "chatml-tools"]) == 0
+
+
+def test_answer_slots_ask_only_after_a_question_and_keep_the_tools():
+    """A greeting before the first user turn is not asked for (strict templates refuse a reply with no question),
+    and tool definitions riding on a dropped first message move to the first one kept."""
+    from toolkit.data.regenerate import answer_slots
+    from toolkit.data.schemas import TOOLS
+
+    system, user = {"role": "system", "content": "s"}, {"role": "user", "content": "q"}
+    hello, answer = {"role": "assistant", "content": "hello"}, {"role": "assistant", "content": "a"}
+    assert answer_slots([system, hello, user, answer]) == [system, user, None]
+    assert answer_slots([{**hello, TOOLS: ["t"]}, user, answer]) == [{**user, TOOLS: ["t"]}, None]

@@ -60,10 +60,21 @@ def test_both_schemas_read_as_the_templates_take_them():
      "a tool call should name its function"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}]},
      "a user message has no tool_calls"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"x": "\ud800"}}}]}]},
+     "tool_calls holds an unpaired surrogate"),
+    ({"tools": [{"name": "f\ud800"}]}, "tools holds an unpaired surrogate"),
 ])
 def test_broken_tool_records_say_what_is_wrong(change, message):
     with pytest.raises(BadRecord, match=message):
         to_samples({**OPENAI, **change})
+
+
+def test_an_empty_tools_list_is_no_tools():
+    """`"tools": "[]"` (a column of JSON text) is none: a template that tests `tools is not none` would render its
+    tool preamble over an empty list."""
+    for empty in ("[]", []):
+        (conv,) = to_samples({**OPENAI, "tools": empty, "messages": OPENAI["messages"][:2]})
+        assert TOOLS not in conv[0]
 
 
 def runs(mask):
@@ -105,3 +116,33 @@ def test_prepare_data_trains_on_a_tool_corpus(smollm2_dir, tmp_path, capsys):
     assert main(["prepare-data", "--data", str(src), "--out", str(out), "--chat-template", "chatml-tools"]) == 0
     meta = json.loads((out / "toolkit_prepare.json").read_text())
     assert meta["kept"] == 2 and meta["bad"] == 0
+
+
+LLAMA31_TOOLS = """{{- bos_token }}
+{%- for m in messages %}
+{%- if m['role'] == 'assistant' and m.get('tool_calls') %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+{%- for c in m['tool_calls'] %}{{- '{"name": "' + c['function']['name'] + '", "parameters": ' + (c['function']['arguments'] | tojson) + '}' }}{%- endfor %}
+{{- '<|eot_id|>' }}
+{%- elif m['role'] == 'tool' %}
+{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + m['content'] + '<|eot_id|>' }}
+{%- else %}
+{{- '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] + '<|eot_id|>' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}
+"""
+
+
+def test_a_call_turn_ends_at_its_own_end_of_turn_where_the_next_header_follows_at_once(shared, tmp_path):
+    """Llama-3's templates write the next turn's <|start_header_id|> right after a call's <|eot_id|>: the mask took
+    it too (a token the target never writes after a call), where ChatML's newline kept them apart."""
+    template = tmp_path / "llama31_tools.jinja"
+    template.write_text(LLAMA31_TOOLS)
+    tok = load_tokenizer(tokenizer=str(shared / "tokenizers/llama3/tokenizer.json"), chat_template=str(template))
+    (conv,) = to_samples({**OPENAI, "messages": OPENAI["messages"][1:4] + OPENAI["messages"][5:]})
+    rows, _ = tokenize(ChatRenderer(tok), [conv], 4096)
+    ids, mask = rows[0]["input_ids"], rows[0]["loss_mask"]
+    written = [tok.decode(ids[a:b]) for a, b in runs(mask)]
+    assert written == ['{"name": "get_weather", "parameters": {"city": "Paris"}}{"name": "get_weather", '
+                       '"parameters": {"city": "Oslo"}}<|eot_id|>', conv[-1]["content"] + "<|eot_id|>"]

@@ -168,7 +168,8 @@ def test_keys_that_change_the_math_and_are_not_implemented_are_refused_by_name(k
     ("num_attention_heads", {}, "no num_attention_heads \\(a llama model's shape; accepted: positive integers\\)"),
     (None, {"num_attention_heads": "nine"}, "num_attention_heads 'nine': expected a positive integer"),
     (None, {"hidden_size": 0}, "hidden_size 0: expected a positive integer"),
-    (None, {"intermediate_size": 1.5}, "intermediate_size 1.5: expected a positive integer")])
+    (None, {"intermediate_size": 1.5}, "intermediate_size 1.5: expected a positive integer"),
+    ("intermediate_size", {}, "no intermediate_size \\(a llama model's shape")])
 def test_a_shape_key_absent_or_of_another_type_is_named(drop, change, message, tmp_path):
     """Once a KeyError ('num_attention_heads') or a TypeError ('<=' between str and int) from deep in the build,
     for a target or a draft folder alike; the folder's config.json is named."""

@@ -236,3 +236,11 @@ def test_a_recipe_path_that_is_a_folder_or_absent_is_named(tmp_path):
         load_config(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="no such recipe file"):
         load_config(str(tmp_path / "nope.yaml"))
+
+
+def test_report_to_takes_a_name_a_list_or_comma_separated_names():
+    """HF's and SpecForge's report_to is a name (or names): taken as given there."""
+    assert load_config(None, ["data=x", "report_to=wandb"]).report_to == ["wandb"]
+    assert load_config(None, ["data=x", "report_to=wandb,tensorboard"]).report_to == ["wandb", "tensorboard"]
+    assert load_config(None, ["data=x", "report_to=[tensorboard]"]).report_to == ["tensorboard"]
+    assert load_config(None, ["data=x", "report_to=[]"]).report_to == []

@@ -301,7 +301,7 @@ def test_wandb_without_a_key_is_refused_before_the_run_is_written(tiny_target, p
     assert not (out / "run.json").exists()
 
 
-def test_tensorboard_logs_each_step_under_the_output_dir(tiny_target, prepared, tmp_path):
+def test_tensorboard_logs_each_step_under_the_output_dir(tiny_target, prepared, tmp_path, capsys):
     """report_to (SpecForge's report-to, accelerate's trackers): tensorboard's event file holds every logged step's
     loss and per-TTT-step accuracy; a tracker accelerate does not know is refused by name."""
     pytest.importorskip("tensorboard")
@@ -315,6 +315,13 @@ def test_tensorboard_logs_each_step_under_the_output_dir(tiny_target, prepared, 
     assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3] and "acc_i/6" in acc.Tags()["scalars"]
     assert not (out / "wandb").exists()
     assert train(tiny_target, prepared, tmp_path / "x", "max_steps=1", "report_to=[tensorbored]") == 2
+    import importlib.util
+
+    absent = next((t for t in ("mlflow", "aim", "clearml", "dvclive") if importlib.util.find_spec(t) is None), None)
+    if absent is not None:  # accelerate drops a tracker whose package is missing, with a debug line only
+        assert train(tiny_target, prepared, tmp_path / "y", "max_steps=1", f"report_to={absent}") == 2
+        assert f"report_to ['{absent}']: not started" in capsys.readouterr().err
+        assert not (tmp_path / "y" / "run.json").exists()
 
 
 def test_a_two_layer_head_trains_and_exports(tiny_target, prepared, tmp_path):
@@ -441,7 +448,7 @@ def test_eval_data_is_evaluated_on_and_every_row_of_data_trained(tiny_target, pr
     assert "was prepared for org/another and data" in capsys.readouterr().err
 
 
-def test_a_run_stopped_inside_a_longer_schedule_resumes_into_it_unchanged(tiny_target, prepared, tmp_path):
+def test_a_run_stopped_inside_a_longer_schedule_resumes_into_it_unchanged(tiny_target, prepared, tmp_path, capsys):
     """schedule_steps (SpecForge's total-steps): 2 steps of a 4-step cosine, resumed to 4, train at the lrs of an
     uninterrupted 4-step run (without it the resume re-stretched the cosine, its lr jumping back up)."""
     def lrs(out):
@@ -456,3 +463,12 @@ def test_a_run_stopped_inside_a_longer_schedule_resumes_into_it_unchanged(tiny_t
     got = {r["step"]: r["lr"] for r in map(json.loads, (part / "metrics.jsonl").read_text().splitlines())
            if "loss" in r}
     assert [got[s] for s in (1, 2, 3, 4)] == pytest.approx(lrs(whole)) and lrs(whole)[1] > lrs(whole)[3] > 0
+    # shorter than the run: past its end transformers' cosine climbs back up
+    assert train(tiny_target, prepared, tmp_path / "short", "max_steps=4", "schedule_steps=2") == 2
+    assert "schedule_steps 2 is shorter than the run's 4 steps" in capsys.readouterr().err
+    # a run from before eval_data (its train_config.json lacks the key) resumed with one: other training rows
+    saved = json.loads((whole / "train_config.json").read_text())
+    del saved["eval_data"]
+    (whole / "train_config.json").write_text(json.dumps(saved))
+    assert train(tiny_target, prepared, whole, "max_steps=5", f"eval_data={prepared}", flags=["--resume"]) == 2
+    assert "eval_data was None, now" in capsys.readouterr().err

@@ -213,6 +213,8 @@ class ChatRenderer:
 
         self.tok = tok
         self.special = special_ids(tok)
+        self.special_texts = sorted((t for t in tok.convert_ids_to_tokens(sorted(self.special)) if t), key=len,
+                                    reverse=True)  # longest first: a token that ends another is not taken for it
         self.harmony = is_harmony(tok)  # gpt-oss: each answer a sample of what the target wrote (samples.py)
         self.render = TemplateRenderer(tok.chat_template, {**tok.special_tokens_map, **(variables or {})})
 
@@ -245,8 +247,12 @@ class ChatRenderer:
                 if not text.startswith(upto) or len(upto.rstrip()) <= cursor:
                     raise BadRecord("the chat template renders a tool-calling turn differently once more follows; "
                                     "its tokens cannot be located")
-                spans.append((cursor, len(upto.rstrip())))  # up to its end of turn; the newline after is not
-                cursor = len(upto.rstrip())
+                end = len(upto.rstrip())
+                closing = next((t for t in self.special_texts if upto.rstrip().endswith(t)), "")
+                # up to its end-of-turn token, which assistant_mask adds as it does after an answer (not the next
+                # turn's header that follows it at once in Llama-3's template)
+                spans.append((cursor, end - len(closing)))
+                cursor = end
                 continue
             content = msg["content"]
             for candidate in (content, content.strip()):  # some templates (Llama-3) trim message content

@@ -113,8 +113,10 @@ def endpoint_runner(args):
             options["reasoning_effort"] = args.variables["reasoning_effort"]
         try:
             messages, tools = wire_messages(messages)
-            r = server.client.chat.completions.create(model=server.model, messages=messages,
-                                                      **({"tools": tools} if tools else {}), **options)
+            # the tools shown, none called: the target cannot run them, and a server answers tool_choice auto only
+            # with its tool parser on (vLLM's --enable-auto-tool-choice)
+            called = {"tools": tools, "tool_choice": "none"} if tools else {}
+            r = server.client.chat.completions.create(model=server.model, messages=messages, **called, **options)
         except BadRequestError as e:
             reason = str(e.message).splitlines()[0][:300]
             return Answer(too_long=True) if CONTEXT_ERROR.search(reason) else Answer(error=f"HTTP 400: {reason}")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from toolkit.cpu_speed import threads_problem
-from toolkit.data.schemas import ReadStats, read_places
+from toolkit.data.schemas import TOOLS, ReadStats, read_places
 from toolkit.data.tools import split_tools
 from toolkit.data.turns import ON_LENGTH
 from toolkit.embedded import DEFAULT_MODEL
@@ -103,19 +103,24 @@ def conversations(files: list[str], num_samples: int, limit: int | None) -> Iter
 
 
 def answer_slots(conv: list[dict]) -> list:
-    """The conversation with None where the target answers: each written answer's place, and after a user turn
-    (or tool results) that nothing answers. An assistant turn that calls tools stays as written, with the results
-    that follow it: the target cannot run the tools, so what it answers next reads those results."""
-    skeleton = []
+    """The conversation with None where the target answers: each written answer's place once a user turn (or tool
+    results) came before it, and after a user turn (or tool results) that nothing answers. An assistant turn that
+    calls tools stays as written, with the results that follow it: the target cannot run the tools, so what it
+    answers next reads those results. The tool definitions stay on the first message kept."""
+    conv, tools = split_tools(conv)
+    skeleton, asked = [], False
     for i, m in enumerate(conv):
         if m["role"] == "assistant" and not m.get("tool_calls"):
-            if skeleton and skeleton[-1] is not None:
+            if asked and skeleton[-1] is not None:
                 skeleton.append(None)
             continue
         skeleton.append(m)
+        asked = asked or m["role"] in ("user", "tool")
         after = conv[i + 1]["role"] if i + 1 < len(conv) else None
         if m["role"] == "user" and after != "assistant" or m["role"] == "tool" and after not in ("assistant", "tool"):
             skeleton.append(None)
+    if tools and skeleton and skeleton[0] is not None:
+        skeleton[0] = {**skeleton[0], TOOLS: tools}
     return skeleton
 
 

@@ -128,8 +128,8 @@ def to_samples(rec: Any, joined_turns: bool = False) -> list[Sample]:
             thought = next((t[k] for k in REASONING_KEYS if t.get(k) is not None), "")
             if conv[-1]["role"] == "assistant" and _text(thought, "an answer's reasoning").strip():
                 conv[-1][REASONING] = thought
-        if rec.get("tools") not in (None, "", []):
-            conv[0] = {**conv[0], TOOLS: tool_definitions(rec["tools"])}
+        if rec.get("tools") not in (None, "") and (tools := tool_definitions(rec["tools"])):  # "[]": none
+            conv[0] = {**conv[0], TOOLS: tools}
         return [conv]
     if "instruction" in rec and "instances" in rec:
         if not isinstance(rec["instances"], list) or not all(isinstance(i, dict) for i in rec["instances"]):

@@ -39,7 +39,7 @@ def tool_definitions(value: Any) -> list[dict]:
             raise _bad(f"a tool should be {{type: function, function: {{name, ...}}}} or {{name, ...}}, got keys "
                        f"{sorted(t)}")
         out.append({"type": "function", "function": fn})
-    return out
+    return _valid_text(out, "tools")
 
 
 def _arguments(value: Any) -> dict:
@@ -67,7 +67,16 @@ def tool_calls(value: Any) -> list[dict]:
         if isinstance(c.get("id"), str):
             call["id"] = c["id"]
         out.append(call)
-    return out
+    return _valid_text(out, "tool_calls")
+
+
+def _valid_text(value, what: str):
+    """value, refused when its strings hold an unpaired surrogate (a JSON escape no tokenizer encodes)."""
+    from toolkit.data.schemas import surrogate
+
+    if bad := surrogate(json.dumps(value, ensure_ascii=False)):
+        raise _bad(f"{what} holds {bad}")
+    return value
 
 
 def tool_message(t: dict, role: str, mapped: str) -> dict:

@@ -13,7 +13,8 @@ SIZE_OPTIONAL = ("intermediate_size", "num_key_value_heads", "head_dim", "max_po
 def check_sizes(kind: str, cfg: dict) -> None:
     """The shape keys a config.json must hold as positive integers: named when absent or of another type, not a
     KeyError or TypeError from deep in the build."""
-    missing = [k for k in SIZE_KEYS if k not in cfg]
+    needed = SIZE_KEYS if kind == "llama4_text" else (*SIZE_KEYS, "intermediate_size")  # Llama 4: its _mlp
+    missing = [k for k in needed if k not in cfg]
     if missing:
         raise ConfigError(f"no {', '.join(missing)} (a {kind} model's shape; accepted: positive integers)")
     for key in (*SIZE_KEYS, *SIZE_OPTIONAL):

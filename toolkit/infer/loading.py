@@ -61,7 +61,7 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     missing or unexpected tensor is an error naming it (no weight is ever left random)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
-    check_weights_fit(folder, dtype, device)
+    check_weights_fit(folder, config, read_json(folder / "config.json"), dtype, device)
     tensors = _read_tensors(folder, config, read_json(folder / "config.json"), dtype, device)
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
@@ -81,18 +81,24 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     return model.to(device).eval().fuse()
 
 
-def check_weights_fit(folder: Path, dtype: torch.dtype, device, slack: float = 1.1) -> None:
-    """Refuse a target whose weights, in `dtype`, take more than the device's free memory (x slack: a vision tower
-    or MTP layers in the files are not loaded), naming both, before a CUDA out-of-memory error or the kernel's OOM
-    killer stops the load half-way. Counted from the files' headers alone."""
+def check_weights_fit(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dtype, device,
+                      slack: float = 1.05) -> None:
+    """Refuse a target whose weights, in `dtype`, take more than the device's free memory (x slack), naming both,
+    before a CUDA out-of-memory error or the kernel's OOM killer stops the load half-way. Counted from the files'
+    headers alone, as _read_tensors will load them: without a vision tower or MTP layers, MXFP4 blocks as the two
+    values each byte packs."""
     from toolkit.infer.kv_cache import free_memory_bytes
 
-    numel = 0
+    num_mtp, numel = _declared_mtp_layers(cfg), 0
     for f in weight_files(folder):
         with read_safetensors(f, "target weights") as sf:
             for name in sf.keys():
+                short = name.removeprefix("model.")
+                if _is_mtp_weight(short, config.num_layers, num_mtp) or not_text(name):
+                    continue
                 shape = sf.get_slice(name).get_shape()
-                numel += math.prod(shape) if shape else 1
+                n = math.prod(shape) if shape else 1
+                numel += 2 * n if short.endswith("_blocks") and config.model_type == "gpt_oss" else n
     need = numel * torch.empty((), dtype=dtype).element_size()
     try:
         free = free_memory_bytes(device)

@@ -121,7 +121,7 @@ def steps_from_draft(args: argparse.Namespace) -> bool:
     source = getattr(args, "chain_from_draft", None)
     if source is None or args.no_speculation:
         return False
-    path = Path(args.draft) / "config.json"
+    path = Path(args.draft).expanduser() / "config.json"
     cfg = json.loads(path.read_text()) if path.is_file() else {}
     k = draft_chain_length(cfg if isinstance(cfg, dict) else {})
     if k is None:

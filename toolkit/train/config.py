@@ -189,6 +189,7 @@ RESUME_FIXED = ("data", "max_len", "eval_samples", "eval_data", "seed", "batch_s
 def check_resume(saved: dict, cfg: TrainConfig) -> None:
     """saved: the run's train_config.json. Refuses a resume that changes a RESUME_FIXED key, naming each."""
     now = dataclasses.asdict(cfg)
+    saved = {"eval_data": None, "draft_config": None, **saved}  # runs from before these keys had neither
     if saved.get("head") == "eagle" and "fc_bias" not in saved:
         saved = {**saved, "fc_bias": True}  # runs from before the key had an fc bias
     if saved.get("head") == "eagle" and "feature_noise" not in saved:
@@ -228,6 +229,8 @@ def _coerce(name: str, kind, text: str):
                     value = float(value)
                 except ValueError:
                     pass
+            if word == "list" and "str" in base and isinstance(value, str):  # report_to=wandb: one name, or
+                value = [v.strip() for v in value.split(",") if v.strip()]  # several comma-separated (HF's)
             if word == "list" and "int" in base and not all(
                     isinstance(v, int) and not isinstance(v, bool) for v in (value if isinstance(value, list) else [])):
                 raise ValueError(f"{name}={text!r}: expected {base}, a list of integers such as [1, 14, 26]")

@@ -40,7 +40,7 @@ SPECFORGE = {
     "sp_ulysses_size": (None, "no sequence parallelism: rows up to max_len fit one device"),
     "sp_ring_size": (None, "no sequence parallelism: rows up to max_len fit one device"),
     "is_vlm": (None, "text targets only (a multimodal checkpoint's text model can be the target)"),
-    "build_dataset_num_proc": (None, "prepare-data tokenizes in one process"),
+    "build_dataset_num_proc": (None, "give it to prepare-data: `toolkit prepare-data --num-proc N`"),
 }
 
 

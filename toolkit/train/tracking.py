@@ -27,6 +27,10 @@ class Tracker:
                 raise ValueError(f"report_to {trackers(cfg)}: a tracker could not start ({type(e).__name__}: "
                                  f"{str(e).splitlines()[0][:200]}); for wandb: `wandb login`, WANDB_API_KEY, or "
                                  "WANDB_MODE=offline (synced later with `wandb sync`)") from None
+            started = {t.name for t in accelerator.trackers}
+            if accelerator.is_main_process and (missing := [t for t in trackers(cfg) if t not in started]):
+                raise ValueError(f"report_to {missing}: not started (accelerate leaves out a tracker whose package "
+                                 f"is not installed: pip install {' '.join(missing)})")
 
     def log(self, step: int, values: dict) -> None:
         if not self.acc.is_main_process:

@@ -140,6 +140,9 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
                             weight_decay=cfg.weight_decay)
     # the schedule counts optimizer steps; accelerate steps it once per process per step, hence the scaling
     span = cfg.schedule_steps or total  # a run may stop inside a longer schedule (and resume into it)
+    if span < total:  # past its end a cosine climbs back up (transformers' does not clamp), a linear one sits at 0
+        raise ValueError(f"schedule_steps {span} is shorter than the run's {total} steps: give at least {total}, "
+                         "or stop the run there (max_steps)")
     sched = get_scheduler(cfg.scheduler, opt, int(cfg.warmup_ratio * span) * acc.num_processes,
                           span * acc.num_processes)
     model, opt, sched = acc.prepare(model, opt, sched)
