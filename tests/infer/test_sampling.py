@@ -28,6 +28,7 @@ def test_bench_samples_with_a_generator_on_the_engines_device(monkeypatch):
 
     class Engine:  # a CUDA target's engine, as far as run_engine can tell
         device = torch.device("cuda")
+        max_len = 2048
         seen = []
 
         def warm_up(self):  # compiles nothing off a CPU
