@@ -13,6 +13,8 @@ from toolkit.data.chat import ChatRenderer, load_tokenizer
 from toolkit.data.prepare import tokenize
 from toolkit.data.schemas import TOOLS, BadRecord, to_samples
 
+from test_prepare import runs
+
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                            "required": ["city"]}}}
@@ -75,17 +77,6 @@ def test_an_empty_tools_list_is_no_tools():
     for empty in ("[]", []):
         (conv,) = to_samples({**OPENAI, "tools": empty, "messages": OPENAI["messages"][:2]})
         assert TOOLS not in conv[0]
-
-
-def runs(mask):
-    out, start = [], None
-    for i, m in enumerate(list(mask) + [0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append((start, i))
-            start = None
-    return out
 
 
 @pytest.mark.parametrize("model", ["smollm2", "qwen2"])

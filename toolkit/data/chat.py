@@ -50,6 +50,13 @@ RESERVED_TEMPLATE_ARGS = frozenset({
     "tokenizer_kwargs", "return_assistant_tokens_mask"})
 
 
+def check_template_name(value: str | None) -> None:
+    """A --chat-template that is neither a built-in name nor a file is refused before minutes of loading."""
+    if value is not None and value not in BUILTIN_TEMPLATES and not Path(value).is_file():
+        raise ValueError(f"--chat-template {value}: not a file and not one of the built-in templates "
+                         f"{', '.join(BUILTIN_TEMPLATES)}")
+
+
 def template_kwargs(value, flag: str = "--chat-template-kwargs") -> dict:
     """Extra chat-template variables, as vLLM's and SGLang's `chat_template_kwargs` (e.g. Qwen3's
     {"enable_thinking": false}); `value` is a JSON text (a command-line flag), a dict (a request) or None."""

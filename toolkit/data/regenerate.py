@@ -201,12 +201,9 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--chat-template {args.chat_template} sets the in-process engine's template; a server "
                          "renders with its own: start it with that template (vLLM / SGLang --chat-template), or drop "
                          "--endpoint")
-    if args.chat_template is not None:  # a bad one fails here, before loading
-        from toolkit.data.chat import BUILTIN_TEMPLATES
+    from toolkit.data.chat import check_template_name
 
-        if args.chat_template not in BUILTIN_TEMPLATES and not Path(args.chat_template).is_file():
-            raise ValueError(f"--chat-template {args.chat_template}: not a file and not one of the built-in "
-                             f"templates {', '.join(BUILTIN_TEMPLATES)}")
+    check_template_name(args.chat_template)  # a bad one fails here, before loading
     if args.threads:
         import torch
 

@@ -94,7 +94,7 @@ def check_weights_fit(folder: Path, config: ModelConfig, cfg: dict, dtype: torch
         with read_safetensors(f, "target weights") as sf:
             for name in sf.keys():
                 short = name.removeprefix("model.")
-                if _is_mtp_weight(short, config.num_layers, num_mtp) or not_text(name):
+                if _not_loaded(name, config, num_mtp):
                     continue
                 shape = sf.get_slice(name).get_shape()
                 n = math.prod(shape) if shape else 1
@@ -110,6 +110,13 @@ def check_weights_fit(folder: Path, config: ModelConfig, cfg: dict, dtype: torch
                          f"({numel / 1e9:.2f} B parameters) and {device} has {free / 2**30:.1f} GiB of {where} free: "
                          "it is loaded whole on each process; use a device with more memory, a half precision "
                          "(dtype bfloat16), or free the memory other processes hold")
+
+
+def _not_loaded(name: str, config: ModelConfig, num_mtp: int) -> bool:
+    """A checkpoint tensor the target leaves out: MTP layers, a vision tower, cached RoPE buffers."""
+    short = name.removeprefix("model.")
+    return short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \
+        or not_text(name)
 
 
 def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dtype, device: str) -> dict:
@@ -129,8 +136,7 @@ def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dty
         with read_safetensors(f, "target weights") as sf:
             for name in sf.keys():
                 short = name.removeprefix("model.")
-                if short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \
-                        or not_text(name):
+                if _not_loaded(name, config, num_mtp):
                     continue
                 if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below
                     packed[short] = sf.get_tensor(name)

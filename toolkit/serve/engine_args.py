@@ -126,14 +126,9 @@ def check(args: argparse.Namespace, command: str):
     if args.tool_call_parser and not args.enable_auto_tool_choice:
         print(f"toolkit {command}: --tool-call-parser {args.tool_call_parser} reads tool_choice auto replies, which "
               "only --enable-auto-tool-choice serves; required and named tool choices need neither", file=sys.stderr)
-    if args.chat_template is not None:  # a bad one fails here, before loading
-        from pathlib import Path
+    from toolkit.data.chat import check_template_name
 
-        from toolkit.data.chat import BUILTIN_TEMPLATES
-
-        if args.chat_template not in BUILTIN_TEMPLATES and not Path(args.chat_template).is_file():
-            raise ValueError(f"--chat-template {args.chat_template}: not a file and not one of the built-in templates "
-                             f"{', '.join(BUILTIN_TEMPLATES)}")
+    check_template_name(args.chat_template)  # a bad one fails here, before loading
     if problem := threads_problem(args.threads):
         raise ValueError(problem)
     if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
