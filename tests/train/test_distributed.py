@@ -129,6 +129,12 @@ def test_mtp_trains_under_zero3_with_its_frozen_lm_head_and_exports(tiny_target,
     assert [r["step"] for r in read_metrics(tmp_path / "run/metrics.jsonl") if "loss" in r] == [1, 2]
     head = load_draft(str(tmp_path / "run/draft"), load_target(tiny_target), None)
     assert type(head).__name__ == "MTPHead"
+    # the checkpoint leaves the target's frozen lm_head and embedding out: neither in the module's state nor as
+    # DeepSpeed's frozen-parameter fragments (written beside it unless told not to)
+    for f in (tmp_path / "run/checkpoint-2").rglob("*model_states.pt"):
+        saved = torch.load(f, map_location="cpu", weights_only=False)
+        assert saved.get("frozen_param_fragments") is None, f
+        assert not [k for k in saved["module"] if k.endswith(("lm_head.weight", "embed.weight"))], f
 
 
 def test_only_the_main_process_reads_the_data_to_count_the_draft_vocabulary(runs):

@@ -174,6 +174,26 @@ def test_offline_shards_give_the_online_loss(tiny_target, prepared, tmp_path, he
     assert all(abs(on[s] - off[s]) <= 1e-5 * abs(on[s]) for s in on), (on, off)
 
 
+@pytest.mark.parametrize("head", ["mtp", "eagle"])
+def test_a_checkpoint_without_the_frozen_lm_head_and_embedding_resumes_exactly(tiny_target, prepared, tmp_path, head):
+    """Checkpoints keep what training changes: the target's lm_head and embedding (V x H each, 2 GB of a Llama-3-8B
+    head's checkpoint) come from the target at the resume, which continues the uninterrupted losses."""
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    steps = ["ttt_steps=2", "eval_samples=0", "schedule_steps=4"]
+    assert train(head, tiny_target, prepared, whole, "max_steps=4", "save_every=2", *steps) == 0
+    assert train(head, tiny_target, prepared, part, "max_steps=2", "save_every=2", *steps) == 0
+    saved = load_file(str(part / "checkpoint-2/model.safetensors"))
+    assert not {k for k in saved if k.endswith(("lm_head.weight", "embed.weight"))}, sorted(saved)
+    assert any(k.startswith("head.") for k in saved)
+    assert main(["train", "--model", str(tiny_target), "--data", str(prepared), "--output-dir", str(part),
+                 f"head={head}", *COMMON, "max_steps=4", "save_every=2", *steps, "--resume"]) == 0
+    a = {r["step"]: r["loss"] for r in records(whole)}
+    b = {r["step"]: r["loss"] for r in records(part)}
+    assert all(abs(a[s] - b[s]) <= 1e-5 * abs(a[s]) for s in (3, 4)), (a, b)
+    wa, wb = (load_file(str(d / "draft/model.safetensors")) for d in (whole, part))
+    assert set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
 def test_entry_scripts_refuse_a_recipe_for_another_head(tiny_target, prepared, tmp_path):
     cmd = [sys.executable, str(ROOT / "toolkit/train/eagle3.py"), "--model", str(tiny_target), "--data",
            str(prepared), "--output-dir", str(tmp_path / "x"), "head=mtp", "max_steps=1"]

@@ -93,9 +93,19 @@ def export_draft(accelerator, model, template_head, folder: Path, save, target_c
     folder from the main process with `save` (the head kind's writer)."""
     state = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        head = template_head
-        head.load_state_dict({k.removeprefix("head."): v.float() for k, v in state.items() if k.startswith("head.")})
-        save(head, folder, target_cfg, target, fingerprint, extra)
+        load_head(template_head, state)
+        save(template_head, folder, target_cfg, target, fingerprint, extra)
+
+
+def load_head(template_head, state: dict) -> None:
+    """The gathered weights' `head.` entries into the CPU template. The target's frozen copies (eagle's and mtp's
+    lm_head), which the trained model's state leaves out (objectives.DraftTrainable), are the template's own."""
+    got = template_head.load_state_dict({k.removeprefix("head."): v.float() for k, v in state.items()
+                                         if k.startswith("head.")}, strict=False)
+    frozen = {n for n, p in template_head.named_parameters() if not p.requires_grad}
+    if got.unexpected_keys or set(got.missing_keys) - frozen:
+        raise RuntimeError(f"the trained head's weights do not fit its template: missing "
+                           f"{sorted(set(got.missing_keys) - frozen)}, unexpected {got.unexpected_keys}")
 
 
 def save(accelerator, model, template_head, output_dir: Path, step: int, keep: int, export_args: tuple) -> Path:
@@ -104,7 +114,10 @@ def save(accelerator, model, template_head, output_dir: Path, step: int, keep: i
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    # DeepSpeed writes the frozen parameters' fragments beside the module's state unless told not to (the
+    # module's own state leaves them out: objectives.DraftTrainable)
+    frozen_out = {"exclude_frozen_parameters": True} if accelerator.state.deepspeed_plugin is not None else {}
+    accelerator.save_state(str(tmp), **frozen_out)
     export_draft(accelerator, model, template_head, tmp / "draft", *export_args)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:

@@ -32,10 +32,36 @@ class DraftTrainable(nn.Module):
         super().__init__()
         self.head, self.steps = head, steps
         self.embed = nn.Embedding.from_pretrained(embed_weight.float(), freeze=True)  # the target's, frozen
+        # a checkpoint keeps what training changes: the target's frozen copies (the embedding; eagle's and mtp's
+        # lm_head) are taken from the target at every start (a resume refuses another target, run.json), so
+        # they are left out of the state saved (for an 8B Llama-3 EAGLE-1/2 head 2 GB of each checkpoint) and
+        # not asked for when one is loaded (older checkpoints that hold them load as before)
+        self.register_state_dict_post_hook(_drop_frozen)
+        self.register_load_state_dict_post_hook(_frozen_not_missing)
+
+    def frozen(self, prefix: str = "") -> set[str]:
+        return {prefix + n for n, p in self.named_parameters() if not p.requires_grad}
 
     def forward(self, feats: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor):
         """feats [B, L, F], input_ids/valid [B, L] -> (steps x logits [B, L, N], steps x hidden [B, L, H])."""
         return unroll(self.head, self.embed, feats.to(self.embed.weight.dtype), input_ids, self.steps, valid)
+
+
+def _drop_frozen(module: DraftTrainable, state: dict, prefix: str, local_metadata) -> None:
+    for name in module.frozen(prefix):
+        state.pop(name, None)
+
+
+def _frozen_not_missing(module: DraftTrainable, incompatible) -> None:
+    frozen = module.frozen()
+    incompatible.missing_keys[:] = [k for k in incompatible.missing_keys if _unwrapped(k) not in frozen]
+
+
+def _unwrapped(key: str) -> str:
+    """A key as the bare module names it: DDP's `module.` and torch.compile's `_orig_mod.` taken off."""
+    while key.startswith(("module.", "_orig_mod.")):
+        key = key.split(".", 1)[1]
+    return key
 
 
 @dataclass

@@ -181,8 +181,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
 
         state = acc.get_state_dict(model)  # collective under ZeRO-3
         if acc.is_main_process and cfg.eval_samples:
-            template.load_state_dict({k.removeprefix("head."): v.float() for k, v in state.items()
-                                      if k.startswith("head.")})
+            ckpt.load_head(template, state)
             if "target" not in evaluator:  # loaded once: the training target when it runs in eval_dtype
                 evaluator["target"] = target if target is not None and dtype == eval_dtype else load_target(
                     folder, eval_dtype, device)
