@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from toolkit.data.chat import load_tokenizer
+from toolkit.data.tokenizer import load_tokenizer
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target

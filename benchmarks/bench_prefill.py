@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from toolkit.data.chat import load_tokenizer
+from toolkit.data.tokenizer import load_tokenizer
 from toolkit.infer.engine import Engine
 from toolkit.infer.prefill_plan import pad, prefill_groups
 from toolkit.infer.loading import load_target

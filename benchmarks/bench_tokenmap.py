@@ -23,7 +23,8 @@ from collections import Counter
 from pathlib import Path
 
 from toolkit.cli import build_parser
-from toolkit.data.chat import ChatRenderer, load_tokenizer
+from toolkit.data.chat import ChatRenderer
+from toolkit.data.tokenizer import load_tokenizer
 from toolkit.data.schemas import read_samples
 from toolkit.tokenmap.build import build
 

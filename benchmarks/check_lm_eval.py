@@ -60,7 +60,7 @@ def main() -> None:
     from lm_eval.models.openai_completions import LocalCompletionsAPI
     from transformers import AutoModelForCausalLM
 
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.draft_folder import draft_target
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

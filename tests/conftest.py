@@ -34,14 +34,14 @@ def shared() -> Path:
 
 @pytest.fixture(scope="session")
 def llama3_tokenizer(shared):
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer=str(shared / "tokenizers/llama3/tokenizer.json"))
 
 
 @pytest.fixture(scope="session")
 def qwen2_tokenizer(shared):
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer=str(shared / "tokenizers/qwen2/tokenizer.json"))
 
@@ -55,7 +55,7 @@ def smollm2_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_dir):
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
 
     return load_tokenizer(model=str(smollm2_dir))
 
@@ -156,7 +156,7 @@ def running_server(*args: str, threads: int = 1, ready_timeout: float = 300, cwd
 def app_in_process(target_dir: Path, stops=None, max_len: int = 128, prefix_cache_rows: int = 0, **served):
     """The serving app over a small engine of `target_dir`, in this process (FastAPI's TestClient talks to it):
     yields (ASGI app, engine); `stops` default to the tokenizer's end-of-turn ids, `served` are Served's options."""
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.engine import Engine
     from toolkit.infer.loading import load_target, stop_ids
     from toolkit.serve.app import Served, build_app
@@ -205,7 +205,7 @@ def save_random_draft(target_dir: Path, out: Path, name: str, seed: int = 1) -> 
 @pytest.fixture(scope="session")
 def tools_target(tiny_target, tmp_path_factory) -> Path:
     """tiny_target with the built-in tool-use ChatML template (tools in the system turn, hermes calls)."""
-    from toolkit.data.chat import BUILTIN_TEMPLATES
+    from toolkit.data.tokenizer import BUILTIN_TEMPLATES
 
     folder = tmp_path_factory.mktemp("tools-target")
     for f in tiny_target.iterdir():

@@ -29,7 +29,7 @@ def test_a_target_cut_short_names_its_file(tiny_target, tmp_path, capsys):
 
 
 def test_a_chat_template_with_a_syntax_error_or_not_utf8_is_named(tiny_target, tmp_path):
-    from toolkit.data.chat import TokenizerError, load_tokenizer
+    from toolkit.data.tokenizer import TokenizerError, load_tokenizer
 
     (tmp_path / "bad.jinja").write_text("{% for m in messages %}{{ m.content }{% endfor %}")
     with pytest.raises(TokenizerError, match=r"--chat-template .*bad.jinja: a Jinja syntax error at line 1: "):

@@ -1,6 +1,7 @@
 import pytest
 
-from toolkit.data.chat import ChatRenderer, TokenizerError, load_tokenizer
+from toolkit.data.chat import ChatRenderer
+from toolkit.data.tokenizer import TokenizerError, load_tokenizer
 
 CONV = [
     {"role": "system", "content": "You are terse."},
@@ -133,7 +134,7 @@ def test_a_folder_without_a_tokenizer_and_a_file_that_is_no_template_are_refused
 def test_a_template_file_over_a_bare_tokenizer_json_takes_its_familys_eos_and_bos(shared, tmp_path):
     """docs/formats.md: a bare tokenizer.json is rendered with --chat-template NAME or FILE.jinja; a file was
     always refused (a bare tokenizer.json has no EOS), and its {{ bos_token }} would have rendered empty."""
-    from toolkit.data.chat import BUILTIN_TEMPLATES
+    from toolkit.data.tokenizer import BUILTIN_TEMPLATES
 
     (tmp_path / "mine.jinja").write_text(BUILTIN_TEMPLATES["llama3"].source)
     tok = load_tokenizer(tokenizer=str(shared / "tokenizers/llama3/tokenizer.json"),
@@ -161,7 +162,7 @@ def test_tools_and_documents_render_as_apply_chat_template_passes_them(shared):
     ('{"add_generation_prompt": false}', "add_generation_prompt set how the template is applied"),
     ('{"tokenize": true, "messages": []}', "messages, tokenize set how")])
 def test_template_kwargs_are_a_json_object_of_the_templates_own_variables(value, message):
-    from toolkit.data.chat import template_kwargs
+    from toolkit.data.tokenizer import template_kwargs
 
     with pytest.raises(ValueError, match=message):
         template_kwargs(value, "--chat-template-kwargs")

@@ -96,7 +96,7 @@ def test_reasoning_apart_trains_as_the_same_text_as_reasoning_folded_into_think_
 
 def test_a_template_without_reasoning_folds_it_for_a_chatml_target(smollm2_dir):
     """SmolLM2's ChatML renders no reasoning field: the answer is trained as think-tag text before its content."""
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model=str(smollm2_dir))
     rows, counts = tokenize(ChatRenderer(tok), [APART[:2]], 4096)

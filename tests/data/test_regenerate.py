@@ -45,7 +45,7 @@ def test_engine_answers_every_turn_and_resume_neither_repeats_nor_skips(tiny_tar
     first = by_id["convs.jsonl:0"]["messages"]
     assert first[1]["content"] == "Hi" and first[3]["content"] == "More?"
     # continuous batching answers each turn as the target alone does (greedy)
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.engine import Engine
     from toolkit.infer.loading import load_target
     from toolkit.infer.sampling import SamplingParams
@@ -186,7 +186,7 @@ def test_template_variables_reach_the_engines_prompts_and_the_endpoints_requests
     assert main(args + ["--out", str(tmp_path / "plain.jsonl")]) == 0
     assert main(args + ["--out", str(tmp_path / "off.jsonl"), "--chat-template-kwargs",
                         '{"enable_thinking": false}']) == 0
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model=str(thinking_target))
     texts = [tok.decode(ids) for ids in prompts]

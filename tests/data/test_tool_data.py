@@ -9,7 +9,8 @@ import json
 import pytest
 
 from toolkit.cli import main
-from toolkit.data.chat import ChatRenderer, load_tokenizer
+from toolkit.data.chat import ChatRenderer
+from toolkit.data.tokenizer import load_tokenizer
 from toolkit.data.prepare import tokenize
 from toolkit.data.schemas import TOOLS, BadRecord, to_samples
 

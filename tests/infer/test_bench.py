@@ -212,7 +212,7 @@ def test_prompt_lookup_tau_counts_target_forwards(smollm2_dir, smollm2_tokenizer
 def test_the_hf_reference_decodes_by_the_engines_rule_whatever_the_generation_config_adds(tiny_target, tmp_path):
     """A target's generation_config.json may carry rules generate applies on its own (Qwen2.5: repetition_penalty
     1.05); the engine decodes without them, so --compare-hf must too, or its greedy check fails for that reason."""
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.engine import Engine
     from toolkit.infer.hf_reference import run_hf
     from toolkit.infer.prompts import answer_turns
@@ -255,7 +255,7 @@ def test_prompt_lookup_tau_counts_the_tokens_its_first_forward_accepts(smollm2_d
 def test_the_probe_and_the_warm_up_read_the_first_prompt_as_it_is_benched(thinking_target):
     """bench's load-time probe and warm-up took the first turn without the record's system message and without
     --chat-template-kwargs (Qwen3's enable_thinking): the probe's figure was taken on another prompt."""
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.prompts import answer_turns, prompt_text, warm_up_ids
 
     tok = load_tokenizer(model=str(thinking_target))
@@ -291,7 +291,7 @@ def test_turn_two_sees_the_models_own_turn_one_answer(smollm2_tokenizer):
 def test_every_turn_and_the_warm_up_are_asked_with_the_template_variables(thinking_target, tmp_path):
     """bench --chat-template-kwargs: each turn (and the untimed warm-up) is asked as a client sending
     chat_template_kwargs would ask it, so a Qwen3 target is benchmarked without thinking."""
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.prompts import answer_turns, read_prompts, warm_up_ids
 
     tok, seen = load_tokenizer(model=str(thinking_target)), []

@@ -10,7 +10,7 @@ import torch
 
 from test_engine_edges import Oracle
 from test_engine_sampling import chi2, limit
-from toolkit.data.chat import load_tokenizer
+from toolkit.data.tokenizer import load_tokenizer
 from toolkit.infer.drafts import random_head
 from toolkit.infer.engine import Engine
 from toolkit.infer.grammar import Grammars, allowed_ids

@@ -8,7 +8,7 @@ TEXT = "The quick brown fox jumps over the lazy dog, then runs into the forest t
 
 @pytest.fixture(scope="module")
 def target_and_tok(tiny_target):
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.loading import load_target
 
     return load_target(tiny_target), load_tokenizer(model=str(tiny_target))

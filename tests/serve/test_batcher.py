@@ -6,7 +6,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from toolkit.data.chat import load_tokenizer
+from toolkit.data.tokenizer import load_tokenizer
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target, stop_ids
 from toolkit.serve.app import Served, build_app

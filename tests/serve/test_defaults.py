@@ -67,7 +67,7 @@ def test_defaults_fill_what_a_request_leaves_out_and_its_own_values_win(client):
 def test_a_served_repetition_penalty_and_min_p_reach_the_engine(tiny_target, in_process_app):
     """The file's repetition_penalty applies to a request that names none, as the engine's own run with it gives;
     a request's own value (1: off) wins."""
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.engine import Engine
     from toolkit.infer.loading import load_target
     from toolkit.infer.sampling import SamplingParams

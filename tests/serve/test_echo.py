@@ -8,7 +8,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from toolkit.data.chat import load_tokenizer
+from toolkit.data.tokenizer import load_tokenizer
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams

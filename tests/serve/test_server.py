@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from toolkit.cli import main
-from toolkit.data.chat import load_tokenizer
+from toolkit.data.tokenizer import load_tokenizer
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
 from toolkit.infer.sampling import SamplingParams

@@ -103,7 +103,7 @@ def test_a_stop_token_id_the_grammar_needs_stops_the_reply_without_breaking_it(c
     """A request's stop_token_ids stay text to the grammar (the model's end of turn ends it): the newline the regex
     needs is generated and stops the reply there, as a stop id does (its text kept, as vLLM keeps a stop id that is
     no special token), where it once left no token allowed."""
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
 
     newline = load_tokenizer(model=str(tiny_target))("\n", add_special_tokens=False).input_ids[0]
     c = chat(client, guided_regex="a\nb", stop_token_ids=[newline])
@@ -111,7 +111,7 @@ def test_a_stop_token_id_the_grammar_needs_stops_the_reply_without_breaking_it(c
 
 
 def test_json_object_is_an_object(tiny_target):
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     import xgrammar as xgr
 
     from toolkit.infer.grammar import Grammars

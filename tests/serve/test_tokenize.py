@@ -4,7 +4,7 @@ tokenizing through the server (its "remote" backend) pass; bad bodies get a 400 
 import pytest
 from fastapi.testclient import TestClient
 
-from toolkit.data.chat import load_tokenizer
+from toolkit.data.tokenizer import load_tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name three colors."}]
 

@@ -134,7 +134,7 @@ def test_every_id_the_model_stops_on_is_kept(shared, tmp_path, smollm2_dir):
     import json
     import shutil
 
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.loading import stop_ids
 
     model = tmp_path / "model"

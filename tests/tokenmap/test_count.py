@@ -99,7 +99,7 @@ def test_memory_stays_bounded_as_the_corpus_grows(tmp_path, smollm2_tokenizer, p
 def test_truncation_and_padding_saved_in_tokenizer_json_do_not_cut_counts(tmp_path, shared, qwen2_tokenizer):
     """A tokenizer.json saved by a training run may keep `truncation` / `padding`; the Rust tokenizer counting
     calls directly applied them: every sample was cut to 8 tokens and padded."""
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
 
     spec = json.loads((shared / "tokenizers/qwen2/tokenizer.json").read_text())
     spec["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}

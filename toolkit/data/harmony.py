@@ -34,7 +34,7 @@ def reply_parts(tok, tokens: list[int]) -> tuple[str, str]:
     channel's bodies and the final (and commentary) channels' text; from any other ("", all of it)."""
     if not is_harmony(tok):
         return "", tok.decode(tokens, skip_special_tokens=True)
-    from toolkit.data.chat import special_ids
+    from toolkit.data.tokenizer import special_ids
 
     keep = {tok.convert_tokens_to_ids(t) for t in HARMONY_TAGS}
     hidden = frozenset(special_ids(tok)) - keep

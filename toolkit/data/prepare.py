@@ -78,7 +78,8 @@ def main(args: argparse.Namespace) -> int:
     import datasets
 
     from toolkit.atomic import check_out_path, write_text
-    from toolkit.data.chat import ChatRenderer, load_tokenizer, template_kwargs
+    from toolkit.data.chat import ChatRenderer
+    from toolkit.data.tokenizer import load_tokenizer, template_kwargs
     from toolkit.models import fingerprint, resolve_target
 
     if args.max_len < 2:

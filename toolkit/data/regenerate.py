@@ -185,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
     if args.max_retries < 0 or not 0 < args.request_timeout < float("inf"):
         raise ValueError(f"--max-retries {args.max_retries} / --request-timeout {args.request_timeout}: give retries "
                          ">= 0 and a finite timeout > 0 seconds")
-    from toolkit.data.chat import template_kwargs
+    from toolkit.data.tokenizer import template_kwargs
 
     args.variables = template_kwargs(args.chat_template_kwargs)
     for url in args.endpoint or []:
@@ -201,7 +201,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--chat-template {args.chat_template} sets the in-process engine's template; a server "
                          "renders with its own: start it with that template (vLLM / SGLang --chat-template), or drop "
                          "--endpoint")
-    from toolkit.data.chat import check_template_name
+    from toolkit.data.tokenizer import check_template_name
 
     check_template_name(args.chat_template)  # a bad one fails here, before loading
     if args.threads:

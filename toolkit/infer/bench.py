@@ -19,7 +19,7 @@ import torch
 
 from toolkit.atomic import check_out_path, write_text
 from toolkit.cpu_speed import threads_problem
-from toolkit.data.chat import template_kwargs
+from toolkit.data.tokenizer import template_kwargs
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit import hub
 from toolkit.infer import loading, lookup

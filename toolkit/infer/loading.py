@@ -276,7 +276,7 @@ def load(draft: str | None, model: str | None, token_map: str | None, device: st
          chat_template: str | None = None) -> Loaded:
     """Target (+ draft when given) on the chosen device, with the chosen kernels; fp32_lm_head: the target's
     logits in fp32 (Transformer.fp32_readout); chat_template: a built-in name or .jinja file over the target's."""
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.models import resolve_target
 
     device, torch_dtype = pick_device(device, dtype)

@@ -126,7 +126,7 @@ def check(args: argparse.Namespace, command: str):
     if args.tool_call_parser and not args.enable_auto_tool_choice:
         print(f"toolkit {command}: --tool-call-parser {args.tool_call_parser} reads tool_choice auto replies, which "
               "only --enable-auto-tool-choice serves; required and named tool choices need neither", file=sys.stderr)
-    from toolkit.data.chat import check_template_name
+    from toolkit.data.tokenizer import check_template_name
 
     check_template_name(args.chat_template)  # a bad one fails here, before loading
     if problem := threads_problem(args.threads):
@@ -148,7 +148,7 @@ def check(args: argparse.Namespace, command: str):
                              "and --no-speculation runs without a draft: drop one or the other (prompt lookup "
                              "alone takes --lookup)")
     branch = lookup.from_args(args)  # bad flags fail here
-    from toolkit.data.chat import template_kwargs
+    from toolkit.data.tokenizer import template_kwargs
 
     args.template_kwargs = template_kwargs(args.default_chat_template_kwargs, "--default-chat-template-kwargs")
     if args.generation_config != "auto":  # a bad folder fails here, before loading

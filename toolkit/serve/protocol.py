@@ -179,7 +179,7 @@ class ChatRequest(Sampling):
 
     @model_validator(mode="after")
     def chat_supported(self):
-        from toolkit.data.chat import template_kwargs
+        from toolkit.data.tokenizer import template_kwargs
 
         try:
             self.chat_template_kwargs = template_kwargs(self.chat_template_kwargs, "chat_template_kwargs")

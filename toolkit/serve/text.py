@@ -31,7 +31,7 @@ class TextStream:
         self.tok, self.stops, self.sent, self.min_tokens = tokenizer, list(stops), 0, min_tokens
         self.hidden = None  # with `keep`: the special ids still left out
         if keep:
-            from toolkit.data.chat import special_ids
+            from toolkit.data.tokenizer import special_ids
 
             self.hidden = frozenset(special_ids(tokenizer)) - keep
         self.floor = 0 if min_tokens == 0 else None  # text[:floor] is the first m tokens': no stop may end there

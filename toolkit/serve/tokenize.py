@@ -46,7 +46,7 @@ class TokenizeRequest(BaseModel):
             if self.messages is None:
                 raise ApiError(400, "tools go with messages (the chat template shows them), not a prompt", "tools")
             check_tools(self.tools)
-        from toolkit.data.chat import template_kwargs
+        from toolkit.data.tokenizer import template_kwargs
 
         try:
             self.chat_template_kwargs = template_kwargs(self.chat_template_kwargs, "chat_template_kwargs")

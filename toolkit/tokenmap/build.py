@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from toolkit.atomic import atomic_path
-from toolkit.data.chat import BUILTIN_TEMPLATES, ChatRenderer, load_tokenizer
+from toolkit.data.chat import ChatRenderer
+from toolkit.data.tokenizer import BUILTIN_TEMPLATES, load_tokenizer
 from toolkit.embedded import DEFAULT_MODEL, sha256_file
 from toolkit.models import fingerprint, resolve_target
 from toolkit.tokenmap.count import count_tokens, usable_cpus

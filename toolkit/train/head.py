@@ -158,7 +158,8 @@ def take_weights(head: nn.Module, start: nn.Module, folder: str | Path) -> None:
 def pick_vocabulary(cfg, tcfg: ModelConfig, folder: Path, data, train_rows: list[int], start: nn.Module | None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """The head's draft vocabulary -> (target ids, d2t, t2d): EAGLE-1/2 and MTP read the whole target vocabulary;
     EAGLE-3 takes `token_map`, else the `init_from` draft's own, else the FR-Spec rule on the training rows."""
-    from toolkit.data.chat import ChatRenderer, load_tokenizer
+    from toolkit.data.chat import ChatRenderer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.loading import stop_ids
     from toolkit.tokenmap.maps import check_vocab_map, load_vocab_map, vocab_map
 

@@ -169,7 +169,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     final_cap = None if tcfg.gemma is None else tcfg.gemma.final_softcap  # offline logits capped as the target's
     export_args = (objective.save, target_hf, cfg.model, target_fp, {"ttt_steps": cfg.ttt_steps,
                                                                       "train_data": cfg.data})
-    from toolkit.data.chat import load_tokenizer
+    from toolkit.data.tokenizer import load_tokenizer
     from toolkit.infer.loading import stop_ids as end_of_turn
 
     stop_ids = end_of_turn(load_tokenizer(model=str(folder)), folder)  # as toolkit bench and serve stop
