@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from toolkit.atomic import write_text
+from toolkit.train.objectives import frozen_names
 
 
 class Progress:
@@ -102,7 +103,7 @@ def load_head(template_head, state: dict) -> None:
     lm_head), which the trained model's state leaves out (objectives.DraftTrainable), are the template's own."""
     got = template_head.load_state_dict({k.removeprefix("head."): v.float() for k, v in state.items()
                                          if k.startswith("head.")}, strict=False)
-    frozen = {n for n, p in template_head.named_parameters() if not p.requires_grad}
+    frozen = frozen_names(template_head)
     if got.unexpected_keys or set(got.missing_keys) - frozen:
         raise RuntimeError(f"the trained head's weights do not fit its template: missing "
                            f"{sorted(set(got.missing_keys) - frozen)}, unexpected {got.unexpected_keys}")

@@ -40,11 +40,16 @@ class DraftTrainable(nn.Module):
         self.register_load_state_dict_post_hook(_frozen_not_missing)
 
     def frozen(self, prefix: str = "") -> set[str]:
-        return {prefix + n for n, p in self.named_parameters() if not p.requires_grad}
+        return frozen_names(self, prefix)
 
     def forward(self, feats: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor):
         """feats [B, L, F], input_ids/valid [B, L] -> (steps x logits [B, L, N], steps x hidden [B, L, H])."""
         return unroll(self.head, self.embed, feats.to(self.embed.weight.dtype), input_ids, self.steps, valid)
+
+
+def frozen_names(module: nn.Module, prefix: str = "") -> set[str]:
+    """The names of `module`'s parameters that training leaves alone (the target's copies), with `prefix`."""
+    return {prefix + n for n, p in module.named_parameters() if not p.requires_grad}
 
 
 def _drop_frozen(module: DraftTrainable, state: dict, prefix: str, local_metadata) -> None:
