@@ -89,16 +89,11 @@ def check_weights_fit(folder: Path, config: ModelConfig, cfg: dict, dtype: torch
     values each byte packs."""
     from toolkit.infer.kv_cache import free_memory_bytes
 
-    num_mtp, numel = _declared_mtp_layers(cfg), 0
-    for f in weight_files(folder):
-        with read_safetensors(f, "target weights") as sf:
-            for name in sf.keys():
-                short = name.removeprefix("model.")
-                if _not_loaded(name, config, num_mtp):
-                    continue
-                shape = sf.get_slice(name).get_shape()
-                n = math.prod(shape) if shape else 1
-                numel += 2 * n if short.endswith("_blocks") and config.model_type == "gpt_oss" else n
+    numel = 0
+    for sf, name, short in _loaded_entries(folder, config, _declared_mtp_layers(cfg)):
+        shape = sf.get_slice(name).get_shape()
+        n = math.prod(shape) if shape else 1
+        numel += 2 * n if short.endswith("_blocks") and config.model_type == "gpt_oss" else n
     need = numel * torch.empty((), dtype=dtype).element_size()
     try:
         free = free_memory_bytes(device)
@@ -110,6 +105,16 @@ def check_weights_fit(folder: Path, config: ModelConfig, cfg: dict, dtype: torch
                          f"({numel / 1e9:.2f} B parameters) and {device} has {free / 2**30:.1f} GiB of {where} free: "
                          "it is loaded whole on each process; use a device with more memory, a half precision "
                          "(dtype bfloat16), or free the memory other processes hold")
+
+
+def _loaded_entries(folder: Path, config: ModelConfig, num_mtp: int):
+    """(open safetensors file, tensor name, the name without `model.`) for each tensor of the target's weight files
+    that it loads (_not_loaded leaves the others out)."""
+    for f in weight_files(folder):
+        with read_safetensors(f, "target weights") as sf:
+            for name in sf.keys():
+                if not _not_loaded(name, config, num_mtp):
+                    yield sf, name, name.removeprefix("model.")
 
 
 def _not_loaded(name: str, config: ModelConfig, num_mtp: int) -> bool:
@@ -132,16 +137,11 @@ def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dty
             # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
             tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
 
-    for f in weight_files(folder):
-        with read_safetensors(f, "target weights") as sf:
-            for name in sf.keys():
-                short = name.removeprefix("model.")
-                if _not_loaded(name, config, num_mtp):
-                    continue
-                if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below
-                    packed[short] = sf.get_tensor(name)
-                elif not pending.take(sf, name):  # an FP8 weight or scale: dequantized below
-                    add(name, sf.get_tensor(name))
+    for sf, name, short in _loaded_entries(folder, config, num_mtp):
+        if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below
+            packed[short] = sf.get_tensor(name)
+        elif not pending.take(sf, name):  # an FP8 weight or scale: dequantized below
+            add(name, sf.get_tensor(name))
     for name, t in pending.dequantized(dtype, str(folder)).items():
         add(name, t)
     tensors.update(mxfp4.join_packed(packed, dtype, device))  # GPT-OSS's MXFP4 experts, dequantized where they run
