@@ -70,17 +70,17 @@ def test_a_target_larger_than_free_memory_is_refused_before_it_loads(tiny_target
 
     import torch
 
-    from toolkit.infer import kv_cache, loading
+    from toolkit.infer import kv_cache, loading, target_weights
 
     params = 49152 * 64 * 2 + 8 * (64 * (64 + 2 * 32 + 64) + 3 * 64 * 128 + 2 * 64) + 64  # tiny_target's
     monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: params * 2)  # fits in bf16, not in fp32
     cfg = loading.ModelConfig.from_folder(tiny_target)
     raw = json.loads((tiny_target / "config.json").read_text())
-    loading.check_weights_fit(tiny_target, cfg, raw, torch.bfloat16, "cpu")
+    target_weights.check_weights_fit(tiny_target, cfg, raw, torch.bfloat16, "cpu")
     with pytest.raises(ValueError) as err:
         loading.load_target(tiny_target, torch.float32)
     want = f"takes {params * 4 / 2**30:.1f} GiB in float32 ({params / 1e9:.2f} B parameters) and cpu has"
     assert want in str(err.value)
     assert "a half precision (dtype bfloat16)" in str(err.value)
     monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: (_ for _ in ()).throw(OSError("no meminfo")))
-    loading.check_weights_fit(tiny_target, cfg, raw, torch.float32, "cpu")  # unknown free memory: not refused
+    target_weights.check_weights_fit(tiny_target, cfg, raw, torch.float32, "cpu")  # unknown free memory: not refused

@@ -16,7 +16,6 @@ from toolkit.infer.config_error import ConfigError, check_sizes
 from toolkit.infer.gemma_config import GEMMA_KINDS, Gemma, gemma_from_hf, gemma_rope
 from toolkit.infer.llama4_config import Llama4, llama4_from_hf
 from toolkit.infer.moe_config import MoE, moe_from_hf
-from toolkit.infer.rope import ROPE_TYPES  # noqa: F401  (importers read the accepted types here)
 from toolkit.json_files import read_json
 
 

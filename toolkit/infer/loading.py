@@ -1,10 +1,8 @@
-"""Loading a target and its draft: the target's weights from an HF folder (load_target; training uses it too),
-and for `toolkit bench` and `toolkit serve` the device and dtype, the target and draft together (the draft
-folder's own rules, its kind and its target, are draft_folder.py's), the stop tokens of the chat template, and
-the load-time sanity probe."""
+"""Loading a target and its draft: the target from an HF folder (load_target, over target_weights.py's tensors;
+training uses it too), and for `toolkit bench` and `toolkit serve` the device and dtype, the target and draft
+together (the draft folder's own rules, its kind and its target, are draft_folder.py's), the stop tokens of the
+chat template, and the load-time sanity probe."""
 from __future__ import annotations
-
-import math
 
 import sys
 from dataclasses import dataclass
@@ -15,12 +13,10 @@ import torch
 from toolkit.embedded import DEFAULT_MODEL
 from toolkit.gpu_half import gpu_label, has_bf16, refuse_bf16
 from toolkit.json_files import read_json
-from toolkit.infer import fp8, mxfp4
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_folder import draft_target, load_draft
 from toolkit.infer.model import Transformer
-from toolkit.infer.hf_names import not_text, our_tensors, stack_experts
-from toolkit.infer.weight_files import read_safetensors, weight_files
+from toolkit.infer.target_weights import check_weights_fit, read_tensors, tie_embeddings
 
 
 def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.dtype]:
@@ -53,16 +49,13 @@ def pick_device(device: str = "auto", dtype: str = "auto") -> tuple[str, torch.d
     return device, getattr(torch, dtype)
 
 
-ROUTER_FP32 = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")  # DeepSeek's (moe.GroupedSigmoidRouter)
-
-
 def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Transformer:
     """Build the model from config.json and load every weight from its safetensors files (weight_files); a
     missing or unexpected tensor is an error naming it (no weight is ever left random)."""
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     check_weights_fit(folder, config, read_json(folder / "config.json"), dtype, device)
-    tensors = _read_tensors(folder, config, read_json(folder / "config.json"), dtype, device)
+    tensors = read_tensors(folder, config, read_json(folder / "config.json"), dtype, device)
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
     with torch.device("meta"):
@@ -79,105 +72,6 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     if config.local_inv_freq() is not None:  # Gemma 3's sliding layers' RoPE
         model.inv_freq_local = config.local_inv_freq().to(device)
     return model.to(device).eval().fuse()
-
-
-def check_weights_fit(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dtype, device,
-                      slack: float = 1.05) -> None:
-    """Refuse a target whose weights, in `dtype`, take more than the device's free memory (x slack), naming both,
-    before a CUDA out-of-memory error or the kernel's OOM killer stops the load half-way. Counted from the files'
-    headers alone, as _read_tensors will load them: without a vision tower or MTP layers, MXFP4 blocks as the two
-    values each byte packs."""
-    from toolkit.infer.kv_cache import free_memory_bytes
-
-    numel = 0
-    for sf, name, short in _loaded_entries(folder, config, _declared_mtp_layers(cfg)):
-        shape = sf.get_slice(name).get_shape()
-        n = math.prod(shape) if shape else 1
-        numel += 2 * n if short.endswith("_blocks") and config.model_type == "gpt_oss" else n
-    need = numel * torch.empty((), dtype=dtype).element_size()
-    try:
-        free = free_memory_bytes(device)
-    except OSError:  # no /proc/meminfo: unknown, not refused
-        return
-    if need > free * slack:
-        where = "GPU memory" if torch.device(device).type == "cuda" else "available RAM"
-        raise ValueError(f"the target {folder} takes {need / 2**30:.1f} GiB in {str(dtype).removeprefix('torch.')} "
-                         f"({numel / 1e9:.2f} B parameters) and {device} has {free / 2**30:.1f} GiB of {where} free: "
-                         "it is loaded whole on each process; use a device with more memory, a half precision "
-                         "(dtype bfloat16), or free the memory other processes hold")
-
-
-def _loaded_entries(folder: Path, config: ModelConfig, num_mtp: int):
-    """(open safetensors file, tensor name, the name without `model.`) for each tensor of the target's weight files
-    that it loads (_not_loaded leaves the others out)."""
-    for f in weight_files(folder):
-        with read_safetensors(f, "target weights") as sf:
-            for name in sf.keys():
-                if not _not_loaded(name, config, num_mtp):
-                    yield sf, name, name.removeprefix("model.")
-
-
-def _not_loaded(name: str, config: ModelConfig, num_mtp: int) -> bool:
-    """A checkpoint tensor the target leaves out: MTP layers, a vision tower, cached RoPE buffers."""
-    short = name.removeprefix("model.")
-    return short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \
-        or not_text(name)
-
-
-def _read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dtype, device: str) -> dict:
-    """The target's tensors under the engine's names (hf_names.py), in `dtype` (DeepSeek's router in fp32), without
-    MTP layers, a multimodal checkpoint's vision tower or cached RoPE buffers; GPT-OSS's MXFP4 experts and FP8
-    checkpoints' weights dequantized (mxfp4.py, fp8.py)."""
-    num_mtp = _declared_mtp_layers(cfg)
-    fp32 = ROUTER_FP32 if config.moe is not None and config.moe.scoring == "sigmoid" else ()
-    tensors, packed, pending = {}, {}, fp8.Pending(cfg)
-
-    def add(name: str, t: torch.Tensor) -> None:
-        for ours, t in our_tensors(config, name, t):
-            # DeepSeek's router stays fp32, as transformers keeps it (infer/fp32.py)
-            tensors[ours] = t.float() if fp32 and ours.endswith(fp32) else t.to(dtype)
-
-    for sf, name, short in _loaded_entries(folder, config, num_mtp):
-        if config.model_type == "gpt_oss" and short.endswith(mxfp4.SUFFIXES):  # joined below
-            packed[short] = sf.get_tensor(name)
-        elif not pending.take(sf, name):  # an FP8 weight or scale: dequantized below
-            add(name, sf.get_tensor(name))
-    for name, t in pending.dequantized(dtype, str(folder)).items():
-        add(name, t)
-    tensors.update(mxfp4.join_packed(packed, dtype, device))  # GPT-OSS's MXFP4 experts, dequantized where they run
-    return stack_experts(config, tensors)  # Llama 4's experts stored one by one
-
-
-def tie_embeddings(tensors: dict[str, torch.Tensor], folder: Path) -> bool:
-    """Whether a tie_word_embeddings checkpoint is tied, as transformers 5 decides (tie_weights): not when it
-    holds both matrices and they differ (the config is wrong: each is kept), else to whichever it holds.
-    Leaves `tensors` with embed_tokens.weight alone when tied."""
-    embed, head = tensors.get("embed_tokens.weight"), tensors.get("lm_head.weight")
-    if embed is not None and head is not None and not torch.equal(embed, head):
-        print(f"{folder}: tie_word_embeddings is true but lm_head.weight and embed_tokens.weight differ; keeping "
-              "both, as transformers does", file=sys.stderr)
-        return False
-    if embed is None and head is not None:
-        tensors["embed_tokens.weight"] = head
-    tensors.pop("lm_head.weight", None)
-    return True
-
-
-def _declared_mtp_layers(cfg: dict) -> int:
-    """How many MTP layers a config.json declares: num_nextn_predict_layers (DeepSeek-V3's and MiMo's key)."""
-    return int(cfg.get("text_config", cfg).get("num_nextn_predict_layers") or 0)
-
-
-def _is_mtp_weight(name: str, num_layers: int, num_mtp: int) -> bool:
-    """The num_mtp MTP layers a target declares and ships (MiMo's mtp_layers.{i}.*, DeepSeek-V3's
-    layers.{num_layers + i}.*, i < num_mtp) are a draft's weights, read by toolkit/infer/mtp.py, not the
-    target's. Any other layer stays unexpected: a folder with more layers than its config.json says (a truncated
-    or wrong config) must not load as a shorter model."""
-    parts = name.split(".")
-    if len(parts) < 2 or not parts[1].isdigit():
-        return False
-    i = int(parts[1])
-    return (parts[0] == "mtp_layers" and i < num_mtp) or (parts[0] == "layers" and 0 <= i - num_layers < num_mtp)
 
 
 def stop_ids(tok, folder: Path | None = None) -> set[int]:

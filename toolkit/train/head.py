@@ -22,7 +22,7 @@ def target_tensors(folder: str | Path, names: list[str]) -> dict[str, torch.Tens
     """Only the named target weights (embedding, lm_head), read lazily from the safetensors files; a tied
     lm_head is the embedding."""
     from toolkit.infer.hf_names import not_text, our_name
-    from toolkit.infer.loading import tie_embeddings
+    from toolkit.infer.target_weights import tie_embeddings
     from toolkit.infer.weight_files import read_safetensors, weight_files
 
     cfg = ModelConfig.from_folder(folder)
