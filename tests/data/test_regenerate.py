@@ -535,7 +535,7 @@ def test_a_tool_conversation_keeps_its_calls_and_results_and_the_target_answers_
 def test_answer_slots_ask_only_after_a_question_and_keep_the_tools():
     """A greeting before the first user turn is not asked for (strict templates refuse a reply with no question),
     and tool definitions riding on a dropped first message move to the first one kept."""
-    from toolkit.data.regenerate import answer_slots
+    from toolkit.data.regen_worklist import answer_slots
     from toolkit.data.schemas import TOOLS
 
     system, user = {"role": "system", "content": "s"}, {"role": "user", "content": "q"}
