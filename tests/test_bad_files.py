@@ -48,7 +48,8 @@ def test_a_chat_template_with_a_syntax_error_or_not_utf8_is_named(tiny_target, t
 
 
 def test_a_recipe_with_keys_that_are_not_names_and_absurd_threads(tmp_path):
-    from toolkit.train.config import TrainConfig, load_config
+    from toolkit.train.config import TrainConfig
+    from toolkit.train.recipe import load_config
 
     (tmp_path / "r.yaml").write_text("1: x\nfoo: y\n")
     with pytest.raises(ValueError, match=r"r.yaml: keys \[1\] are not names"):

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.train.config import TrainConfig, load_config
+from toolkit.train.config import TrainConfig
+from toolkit.train.recipe import load_config
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 

@@ -38,7 +38,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.models import fingerprint, resolve_target
     from toolkit.tokenmap.maps import save_vocab_map
     from toolkit.train import checkpoint as ckpt
-    from toolkit.train.config import check_resume, load_config
+    from toolkit.train.config import check_resume
+    from toolkit.train.recipe import load_config
     from toolkit.train.data import (HiddenStateShards, PreparedData, collate, held_out, micro_batches,
                                      prefetch)
     from toolkit.train.head import (check_signature, head_signature, keep_variant, pick_vocabulary, serving_notes,
