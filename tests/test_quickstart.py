@@ -9,7 +9,9 @@ import sys
 import pytest
 import torch
 
-from toolkit.quickstart import REFERENCE_GFLOPS, Plan, add_args, measure_gflops, pick_precision, pick_speed
+from toolkit.quickstart import add_args
+from toolkit.quickstart_plan import (REFERENCE_GFLOPS, Plan, measure_gflops, pick_precision,
+                                     pick_speed)
 
 
 def test_plan_shrinks_on_a_slower_machine_and_ignores_cpu_speed_on_a_gpu():
@@ -31,10 +33,10 @@ def test_pick_speed_measures_once_then_keeps_the_resumed_plan(monkeypatch):
     state = {"stages": {}}
     assert pick_speed("auto", 20, state, gpu=True) == 25.0 and state == {"stages": {}}
     assert pick_speed(0.5, 20, state, gpu=False) == 0.5
-    monkeypatch.setattr("toolkit.quickstart.measure_gflops", lambda threads: REFERENCE_GFLOPS / 4)
+    monkeypatch.setattr("toolkit.quickstart_plan.measure_gflops", lambda threads: REFERENCE_GFLOPS / 4)
     assert pick_speed("auto", 20, state, gpu=False) == 0.25 and state["gflops"] == REFERENCE_GFLOPS / 4
     state["plan"] = {"speed": 0.25}
-    monkeypatch.setattr("toolkit.quickstart.measure_gflops", lambda threads: 10 * REFERENCE_GFLOPS)
+    monkeypatch.setattr("toolkit.quickstart_plan.measure_gflops", lambda threads: 10 * REFERENCE_GFLOPS)
     assert pick_speed("auto", 20, dict(state, minutes=20), gpu=False) == 0.25  # resumed: same plan
     assert pick_speed("auto", 30, dict(state, minutes=20), gpu=False) == 4.0   # new budget: measured, capped
 
@@ -63,7 +65,7 @@ def test_measure_gflops_stops_on_its_clock(monkeypatch):
 
 def test_bf16_is_taken_only_where_its_gemm_is_clearly_faster_and_plans_more_steps(monkeypatch):
     rates = {"float32": 100.0, "bfloat16": 220.0}  # a CPU with native bf16 (AVX512-BF16): ~2.2x
-    monkeypatch.setattr("toolkit.quickstart.measure_gflops", lambda threads, dtype="float32": rates[dtype])
+    monkeypatch.setattr("toolkit.quickstart_plan.measure_gflops", lambda threads, dtype="float32": rates[dtype])
     state = {"stages": {}}
     assert pick_precision("auto", 20, state, gpu=False) == ("bf16", "bf16") and state["bf16_gflops"] == 220.0
     assert pick_precision("bf16", 20, {"stages": {}}, gpu=False) == ("bf16", "bf16")
