@@ -68,6 +68,14 @@ def _greedy_pick_kernel(logit_ptr, d2t_ptr, emb_ptr, tok_ptr, out_ptr, N, H, s_l
 PICK_BLOCK_N, PICK_BLOCK_H, PICK_WARPS = 16384, 4096, 16
 
 
+def pick_embedding_out(embed_w: torch.Tensor | None, d2t: torch.Tensor, R: int):
+    """(H, the embedding table the kernel reads, the [R, H] rows it writes): with no embedding (a chain's last
+    step) H = 0, so the embedding loop runs no iterations, and d2t stands in for the unused pointers."""
+    if embed_w is None:
+        return 0, d2t, None
+    return embed_w.shape[1], embed_w, torch.empty(R, embed_w.shape[1], dtype=embed_w.dtype, device=embed_w.device)
+
+
 def greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor | None, block_n: int = PICK_BLOCK_N,
                 block_h: int = PICK_BLOCK_H, num_warps: int = PICK_WARPS) -> tuple[torch.Tensor, torch.Tensor | None]:
     """reference_greedy_pick as one kernel, one program per row. logits [R, N] (last dimension contiguous),
@@ -79,11 +87,7 @@ def greedy_pick(logits: torch.Tensor, d2t: torch.Tensor, embed_w: torch.Tensor |
         raise ValueError("greedy_pick needs contiguous logits rows and embedding rows")
     d2t = d2t.long().contiguous()  # no-ops for a head's d2t buffer
     tok = torch.empty(R, dtype=torch.long, device=logits.device)
-    if embed_w is None:  # H = 0: the embedding loop runs no iterations; d2t stands in for the unused pointers
-        H, emb, out = 0, d2t, None
-    else:
-        H, emb = embed_w.shape[1], embed_w
-        out = torch.empty(R, H, dtype=embed_w.dtype, device=logits.device)
+    H, emb, out = pick_embedding_out(embed_w, d2t, R)
     _greedy_pick_kernel[(R,)](logits, d2t, emb, tok, d2t if out is None else out, N, H, logits.stride(0),
                               emb.stride(0), 0 if out is None else out.stride(0),
                               BLOCK_N=min(block_n, triton.next_power_of_2(N)),

@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from toolkit.infer.kernels.greedy_pick import PICK_BLOCK_H, PICK_BLOCK_N, PICK_WARPS, _pick_out, _running_argmax
+from toolkit.infer.kernels.greedy_pick import (PICK_BLOCK_H, PICK_BLOCK_N, PICK_WARPS, _pick_out, _running_argmax,
+                                               pick_embedding_out)
 from toolkit.infer.kernels.pdl import launch_kw, wait_prior
 
 
@@ -72,11 +73,7 @@ def sampled_pick(logits: torch.Tensor, gumbel: torch.Tensor, inv_temp: torch.Ten
     d2t = d2t.long().contiguous()  # no-ops for a head's d2t buffer
     logp = torch.empty(R, N, dtype=torch.float32, device=logits.device)
     tok = torch.empty(R, dtype=torch.long, device=logits.device)
-    if embed_w is None:  # H = 0: the embedding loop runs no iterations; d2t stands in for the unused pointers
-        H, emb, out = 0, d2t, None
-    else:
-        H, emb = embed_w.shape[1], embed_w
-        out = torch.empty(R, H, dtype=embed_w.dtype, device=logits.device)
+    H, emb, out = pick_embedding_out(embed_w, d2t, R)
     _sampled_pick_kernel[(R,)](logits, gumbel, inv_temp, d2t, emb, logp, tok, d2t if out is None else out, N, H,
                                logits.stride(0), gumbel.stride(0), logp.stride(0), emb.stride(0),
                                0 if out is None else out.stride(0), BLOCK_N=min(block_n, triton.next_power_of_2(N)),
