@@ -53,9 +53,9 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     """Build the model from config.json and load every weight from its safetensors files (weight_files); a
     missing or unexpected tensor is an error naming it (no weight is ever left random)."""
     folder = Path(folder)
-    config = ModelConfig.from_folder(folder)
-    check_weights_fit(folder, config, read_json(folder / "config.json"), dtype, device)
-    tensors = read_tensors(folder, config, read_json(folder / "config.json"), dtype, device)
+    config, cfg = ModelConfig.from_folder(folder), read_json(folder / "config.json")
+    check_weights_fit(folder, config, cfg, dtype, device)
+    tensors = read_tensors(folder, config, cfg, dtype, device)
     if config.tie_word_embeddings:
         config.tie_word_embeddings = tie_embeddings(tensors, folder)
     with torch.device("meta"):

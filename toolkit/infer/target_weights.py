@@ -47,19 +47,14 @@ def check_weights_fit(folder: Path, config: ModelConfig, cfg: dict, dtype: torch
 
 def _loaded_entries(folder: Path, config: ModelConfig, num_mtp: int):
     """(open safetensors file, tensor name, the name without `model.`) for each tensor of the target's weight files
-    that it loads (_not_loaded leaves the others out)."""
+    that it loads: not its MTP layers, a vision tower or cached RoPE buffers."""
     for f in weight_files(folder):
         with read_safetensors(f, "target weights") as sf:
             for name in sf.keys():
-                if not _not_loaded(name, config, num_mtp):
-                    yield sf, name, name.removeprefix("model.")
-
-
-def _not_loaded(name: str, config: ModelConfig, num_mtp: int) -> bool:
-    """A checkpoint tensor the target leaves out: MTP layers, a vision tower, cached RoPE buffers."""
-    short = name.removeprefix("model.")
-    return short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp) \
-        or not_text(name)
+                short = name.removeprefix("model.")
+                if not (short.endswith("rotary_emb.inv_freq") or _is_mtp_weight(short, config.num_layers, num_mtp)
+                        or not_text(name)):
+                    yield sf, name, short
 
 
 def read_tensors(folder: Path, config: ModelConfig, cfg: dict, dtype: torch.dtype, device: str) -> dict:
