@@ -82,6 +82,20 @@ def load(accelerator, checkpoint: Path) -> None:
         accelerator.scaler = scaler
 
 
+def open_output_dir(accelerator, out: Path, resume: bool, overwrite: bool) -> None:
+    """A folder holding a previous run (its run.json) is continued with --resume, deleted with --overwrite, and
+    otherwise refused, as is --resume on a folder without one."""
+    previous = (out / "run.json").exists()
+    if previous and not (resume or overwrite):
+        raise ValueError(f"output_dir {out} holds a previous run; pass --resume to continue it or --overwrite "
+                         "to replace it")
+    if resume and not previous:
+        raise ValueError(f"--resume: output_dir {out} holds no run to resume")
+    if overwrite and previous and accelerator.is_main_process:
+        shutil.rmtree(out)
+    accelerator.wait_for_everyone()
+
+
 def latest(output_dir: Path) -> Path | None:
     done = [(int(m.group(1)), p) for p in output_dir.glob("checkpoint-*")
             if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and p.is_dir()]

@@ -52,3 +52,28 @@ def evaluate(head, target, rows: list[dict], steps: int, decay: float, max_new_t
             "eval_acc": [round(float(a), 4) for a in acc] if acc is not None else [],
             "eval_replayed_tau": replayed_tau(replayed), "eval_replay_differing_rows": differing,
             "eval_engine_tau": s["tau"], "eval_accept_rate_by_position": s["accept_rate_by_position"]}
+
+
+class HeldOutEval:
+    """evaluate() at a training step, on the main process: the gathered weights go into the CPU template head,
+    which runs in eval_dtype (what `toolkit bench` serves in by default) beside a target loaded once in that
+    dtype (the training target's own when it already runs in it). Every rank calls it (ZeRO-3 gathers)."""
+
+    def __init__(self, acc, template, held: list[dict], cfg, folder, stop_ids, eval_dtype, target=None):
+        self.acc, self.template, self.held, self.cfg = acc, template, held, cfg
+        self.folder, self.stop_ids, self.eval_dtype, self.target = folder, stop_ids, eval_dtype, target
+
+    def __call__(self, model, step: int, tracker) -> None:
+        from toolkit.infer.loading import load_target
+        from toolkit.train.checkpoint import load_head
+
+        state = self.acc.get_state_dict(model)  # collective under ZeRO-3
+        if self.acc.is_main_process and self.cfg.eval_samples:
+            load_head(self.template, state)
+            if self.target is None:
+                self.target = load_target(self.folder, self.eval_dtype, self.acc.device)
+            res = evaluate(self.template.to(self.acc.device, self.eval_dtype), self.target, self.held,
+                           self.cfg.ttt_steps, self.cfg.loss_decay, self.cfg.eval_max_new_tokens, self.stop_ids)
+            self.template.to("cpu", torch.float32)
+            tracker.log(step, res)
+        self.acc.wait_for_everyone()

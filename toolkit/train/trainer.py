@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -40,6 +39,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     from toolkit.train import checkpoint as ckpt
     from toolkit.train.config import check_resume
     from toolkit.train.recipe import load_config
+    from toolkit.train.evaluate import HeldOutEval
     from toolkit.train.data import (HiddenStateShards, PreparedData, collate, held_out, micro_batches,
                                      prefetch)
     from toolkit.train.head import (check_signature, head_signature, keep_variant, pick_vocabulary, serving_notes,
@@ -57,7 +57,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     objective = OBJECTIVES[cfg.head]
     if head_kind and cfg.head != head_kind:
         raise ValueError(f"the recipe trains an {cfg.head} head: launch {objective.script} (or toolkit train)")
-    if args.resume and args.overwrite:
+    if args.resume and args.overwrite:  # refused before minutes of loading
         raise ValueError("--resume continues the run in output_dir and --overwrite deletes it: give one of them")
     from toolkit.atomic import check_out_path
 
@@ -68,15 +68,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     acc.print(f"accelerate: {acc.distributed_type.value}, {acc.num_processes} process(es) on {acc.device}, "
               f"mixed precision {acc.mixed_precision}")
     out = Path(cfg.output_dir)
-    previous = (out / "run.json").exists()
-    if previous and not (args.resume or args.overwrite):
-        raise ValueError(f"output_dir {out} holds a previous run; pass --resume to continue it or --overwrite "
-                         "to replace it")
-    if args.resume and not previous:
-        raise ValueError(f"--resume: output_dir {out} holds no run to resume")
-    if args.overwrite and previous and acc.is_main_process:
-        shutil.rmtree(out)
-    acc.wait_for_everyone()
+    ckpt.open_output_dir(acc, out, args.resume, args.overwrite)  # a previous run is resumed, replaced or refused
 
     # --- target, data and draft vocabulary -------------------------------------------------------------
     folder = resolve_target(cfg.model)
@@ -175,24 +167,8 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
 
     stop_ids = end_of_turn(load_tokenizer(model=str(folder)), folder)  # as toolkit bench and serve stop
 
-    evaluator = {}
-
-    def run_eval(step: int) -> None:
-        from toolkit.train.evaluate import evaluate
-
-        state = acc.get_state_dict(model)  # collective under ZeRO-3
-        if acc.is_main_process and cfg.eval_samples:
-            ckpt.load_head(template, state)
-            if "target" not in evaluator:  # loaded once: the training target when it runs in eval_dtype
-                evaluator["target"] = target if target is not None and dtype == eval_dtype else load_target(
-                    folder, eval_dtype, device)
-            full = evaluator["target"]
-            res = evaluate(template.to(device, eval_dtype), full, held, cfg.ttt_steps,
-                           cfg.loss_decay, cfg.eval_max_new_tokens, stop_ids)
-            template.to("cpu", torch.float32)
-            tracker.log(step, res)
-        acc.wait_for_everyone()
-
+    run_eval = HeldOutEval(acc, template, held, cfg, folder, stop_ids, eval_dtype,
+                           target if dtype == eval_dtype else None)  # the training target serves when it can
     # --- the loop ---------------------------------------------------------------------------------------
     # Data order depends only on (seed, epoch): skipping the micro-batches already consumed resumes exactly.
     batches = micro_batches(data.lengths, train_rows, cfg.batch_size, cfg.seed, acc.process_index,
@@ -268,7 +244,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         if saving:
             last = ckpt.save(acc, model, template, out, progress.step, cfg.keep_checkpoints, export_args)
         if (cfg.eval_every and progress.step % cfg.eval_every == 0) or final:
-            run_eval(progress.step)
+            run_eval(model, progress.step, tracker)
         if out_of_time:
             acc.print(f"max_minutes {cfg.max_minutes:g} reached at step {progress.step} of {total}; --resume "
                       "continues the run")
