@@ -2,7 +2,8 @@
 import pytest
 from pydantic import ValidationError
 
-from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest, validation_error
+from toolkit.serve.api_error import ApiError, validation_error
+from toolkit.serve.protocol import ChatRequest, CompletionRequest
 
 USER = [{"role": "user", "content": "hi"}]
 

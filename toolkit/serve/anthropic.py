@@ -28,7 +28,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, StrictBool, StrictInt, ValidationError, model_validator
 
-from toolkit.serve.protocol import ApiError, ChatRequest, validation_error
+from toolkit.serve.api_error import ApiError, validation_error
+from toolkit.serve.protocol import ChatRequest
 
 # HTTP status -> Anthropic's error type (what its client raises on is the status; the type is for people)
 KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",

@@ -16,10 +16,10 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from toolkit.serve.anthropic import anthropic_error
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.batch_file import batch_lines
 from toolkit.serve.batch_jobs import Job, Jobs
 from toolkit.serve.json_body import read_object
-from toolkit.serve.protocol import ApiError
 
 STATUS = {"in_progress": "in_progress", "finalizing": "in_progress", "cancelling": "canceling", "completed": "ended",
           "cancelled": "ended", "failed": "ended"}

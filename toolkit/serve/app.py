@@ -23,13 +23,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from toolkit.infer.sequence import Sequence
 from toolkit.serve.anthropic import add_messages_routes
 from toolkit.serve.anthropic_batches import add_message_batches_routes
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.batch_jobs import Jobs, add_batches_routes
 from toolkit.serve.batcher import Batcher
 from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.file_store import FileStore, add_files_routes
 from toolkit.serve.json_body import read_object, validated
-from toolkit.serve.protocol import ApiError, ChatRequest, CompletionRequest
+from toolkit.serve.protocol import ChatRequest, CompletionRequest
 from toolkit.serve.reasoning import TAGS as REASONING_TAGS
 from toolkit.serve.reply import Reply
 from toolkit.serve.response_store import add_responses_routes

@@ -19,7 +19,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 
 from toolkit.serve.anthropic import error_body
-from toolkit.serve.protocol import ApiError
+from toolkit.serve.api_error import ApiError
 
 PUBLIC = ("/health", "/ping", "/version", "/metrics")  # probes and scraping stay open, as vLLM keeps them
 

@@ -20,11 +20,11 @@ from typing import Literal
 from fastapi import Request
 from pydantic import BaseModel
 
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.batch_file import URLS, BatchLine, parse_batch
 from toolkit.serve.batch_send import Tally, send_all
 from toolkit.serve.file_store import FileStore
 from toolkit.serve.json_body import read_object, validated
-from toolkit.serve.protocol import ApiError
 
 
 class BatchCreate(BaseModel):

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from toolkit.infer.engine import Engine
 from toolkit.infer.sequence import Sequence
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.metrics import ServerMetrics
-from toolkit.serve.protocol import ApiError
 
 log = logging.getLogger("toolkit.serve")
 

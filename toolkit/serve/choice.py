@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from toolkit.infer.metrics import summarize
 from toolkit.infer.sequence import Result
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.batcher import Batcher, Request
 from toolkit.serve.logprobs import LogprobWriter
-from toolkit.serve.protocol import ApiError
 from toolkit.serve.reasoning import reasoning_split
 from toolkit.serve.text import TextStream
 from toolkit.serve.tool_calls import ToolCallReader

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from fastapi.responses import Response
 
-from toolkit.serve.protocol import ApiError
+from toolkit.serve.api_error import ApiError
 
 PURPOSES = ("batch", "batch_output", "user_data", "assistants", "fine-tune", "vision", "evals")
 

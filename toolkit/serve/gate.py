@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.metrics import ServerMetrics
-from toolkit.serve.protocol import ApiError
 
 
 KEYED = ("/v1/models", "/v1/responses", "/v1/files", "/v1/batches", "/v1/messages/batches")  # /{id} below them

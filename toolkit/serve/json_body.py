@@ -6,7 +6,7 @@ import json
 
 from pydantic import BaseModel, ValidationError
 
-from toolkit.serve.protocol import ApiError, validation_error
+from toolkit.serve.api_error import ApiError, validation_error
 
 
 async def read_object(request) -> dict:

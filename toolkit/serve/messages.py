@@ -1,6 +1,6 @@
 """Chat messages as a request sends them: a role, text content (a string or text parts), and for tool use an
 assistant turn's `tool_calls` (arguments as OpenAI sends them, JSON text) or a tool turn's `tool_call_id`. A bad
-message is a pydantic validation error, which the API turns into a 400 naming the field (protocol.py).
+message is a pydantic validation error, which the API turns into a 400 naming the field (api_error.py).
 """
 from __future__ import annotations
 

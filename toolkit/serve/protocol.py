@@ -1,8 +1,4 @@
-"""OpenAI request bodies as validated pydantic models, and OpenAI-style errors.
-
-Every refusal is an `ApiError`: an HTTP status plus {"error": {"message", "type", "param", "code"}} as the
-OpenAI API returns it, with `param` naming the offending field.
-"""
+"""OpenAI request bodies as validated pydantic models; what they refuse is an `ApiError` (api_error.py)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +6,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field, PrivateAttr, StrictBool, StrictInt, field_validator, model_validator
 
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.logprobs import MAX_LOGPROBS
 from toolkit.serve.messages import Message
 
@@ -25,16 +22,6 @@ UNSERVED_EXTRAS = {"structural_tag": None, "guided_decoding_backend": None, "gui
                    "truncate_prompt_tokens": None, "custom_logit_processor": None}
 CHAT_UNSERVED_EXTRAS = {"chat_template": None,
                         "echo": False, "functions": None}  # functions: OpenAI's older tools
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class StreamOptions(BaseModel):
@@ -245,29 +232,3 @@ class CompletionRequest(Sampling):
             if bad:
                 raise ApiError(400, f"{name} is not supported", name)
         return self
-
-
-def _field_path(loc) -> tuple[list[str], str | None]:
-    """pydantic loc -> the field path, and the union member it tried (e.g. 'str', 'list[TextPart]'), if any."""
-    path = []
-    for x in loc:
-        if x == "body":
-            continue
-        if isinstance(x, str) and ("[" in x or x in ("str", "int", "float", "bool", "none")):
-            return path, x
-        path.append(str(x))
-    return path, None
-
-
-def validation_error(errors: list[dict]) -> ApiError:
-    """pydantic errors -> one 400 naming the first offending field."""
-    err = errors[0]
-    path, member = _field_path(err.get("loc", ()))
-    param = ".".join(path) or None
-    if err.get("type") == "missing":
-        return ApiError(400, f"missing required field {param!r}", param, "missing")
-    if member is not None:  # a union: say which forms are accepted
-        forms = [m for e in errors for p, m in [_field_path(e.get("loc", ()))] if p == path and m]
-        return ApiError(400, f"{param}: give a {' or a '.join(dict.fromkeys(forms))}", param, "invalid_type")
-    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
-    return ApiError(400, f"{param}: {msg}" if param else msg, param, err.get("type"))

@@ -16,9 +16,9 @@ import uuid
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.batcher import Batcher
 from toolkit.serve.choice import Choice, usage
-from toolkit.serve.protocol import ApiError
 
 
 def event_stream(events) -> StreamingResponse:

@@ -12,7 +12,8 @@ from collections import OrderedDict
 from fastapi import Request
 from pydantic import ValidationError
 
-from toolkit.serve.protocol import ApiError, ChatRequest, validation_error
+from toolkit.serve.api_error import ApiError, validation_error
+from toolkit.serve.protocol import ChatRequest
 from toolkit.serve.response_items import ResponseReply
 from toolkit.serve.responses import ResponsesRequest, input_messages, renamed
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.messages import json_object
-from toolkit.serve.protocol import ApiError
 
 # Responses fields -> the chat fields they become (a chat refusal names the Responses field)
 PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input",

@@ -9,7 +9,7 @@ import torch
 from toolkit.infer.grammar import GrammarMask, after_thinking
 from toolkit.infer.sampling import SamplingParams
 from toolkit.infer.sequence import Sequence
-from toolkit.serve.protocol import ApiError
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.text import ClientStops
 
 

@@ -21,8 +21,9 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict
 
 from toolkit.infer.metrics import summarize
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.json_body import read_object, validated
-from toolkit.serve.protocol import ApiError, CompletionRequest
+from toolkit.serve.protocol import CompletionRequest
 from toolkit.serve.reply import event_stream
 
 # SGLang sampling_params -> completions fields (None: the same name; the completions request checks each value)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from toolkit.serve.protocol import ApiError
+from toolkit.serve.api_error import ApiError
 
 EXTRAS = (("guided_json", "json_schema"), ("guided_regex", "regex"), ("guided_choice", "choice"),
           ("guided_grammar", "grammar"), ("json_schema", "json_schema"), ("regex", "regex"), ("ebnf", "grammar"))

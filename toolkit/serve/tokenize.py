@@ -8,8 +8,8 @@ from __future__ import annotations
 from fastapi import Request
 from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 
+from toolkit.serve.api_error import ApiError
 from toolkit.serve.messages import Message
-from toolkit.serve.protocol import ApiError
 
 
 # vLLM's /tokenize fields this server does not apply, with the value that leaves them alone: refused when set (the

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 
 from toolkit.data.schemas import template_reasoning
-from toolkit.serve.protocol import ApiError
+from toolkit.serve.api_error import ApiError
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
 
