@@ -202,7 +202,7 @@ def rope_keys(target_hf_config: dict) -> dict:
 def draft_rope_keys(target_hf_config: dict) -> dict:
     """rope_keys for an EAGLE draft's config.json: the target's, or, when the target rotates part of each head,
     unscaled RoPE of its theta over whole heads (draft_config)."""
-    from toolkit.infer.config import PARTIAL_ROPE
+    from toolkit.infer.families import PARTIAL_ROPE
     from toolkit.infer.rope import rotary_fraction
 
     keys, t = rope_keys(target_hf_config), target_hf_config.get("text_config", target_hf_config)
