@@ -126,7 +126,7 @@ def test_agreement_probe_lines_up_draft_and_target_positions(tmp_path):
     import transformers
     from torch import nn
 
-    from toolkit.infer.drafts import agreement
+    from toolkit.infer.draft_checks import agreement
     from toolkit.infer.loading import load_target
 
     cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=6,
@@ -194,7 +194,7 @@ def test_speculators_names_and_vllm_aux_ids_load(tmp_path):
                                           ([1, 3, 3], "strictly increasing"), ([1, 3, 7], "must be <= 6"),
                                           ([-1, 2, 3], "aux layer -1 is not a layer id")])
 def test_aux_layers_sglang_and_vllm_would_capture_otherwise_are_named(ids, problem):
-    from toolkit.infer.drafts import aux_layer_problems
+    from toolkit.infer.draft_checks import aux_layer_problems
 
     got = aux_layer_problems(ids, TARGET.num_layers)
     assert (got == []) if problem is None else any(problem in p for p in got)

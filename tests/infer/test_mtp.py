@@ -105,9 +105,9 @@ def test_the_engine_feeds_a_zero_embedding_at_position_0_as_vllm_and_sglang_mimo
 
 
 def test_the_agreement_probe_feeds_position_0_a_zero_embedding_as_served():
-    """The load-time probe (drafts.agreement) measures the function training and the engine serve: an MTP
+    """The load-time probe (draft_checks.agreement) measures the function training and the engine serve: an MTP
     head's pair at position 0 reads a zero embedding there too."""
-    from toolkit.infer.drafts import agreement
+    from toolkit.infer.draft_checks import agreement
 
     c = ModelConfig.from_hf(hf_config())
     torch.manual_seed(5)

@@ -21,6 +21,7 @@ from torch import nn
 from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.config_error import ConfigError
+from toolkit.infer.draft_checks import aux_layer_problems, d2t_problems
 from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
                                      draft_rope_keys, their_layer_key, write_draft_folder)
 from toolkit.infer.eagle3_config import VARIANTS, read_eagle3_config
@@ -131,23 +132,6 @@ def random_head(target: ModelConfig, vocab_ids: list[int] | None = None, seed: i
     return head.eval()
 
 
-def aux_layer_problems(ids: list[int], num_layers: int) -> list[str]:
-    """Why SGLang and vLLM would not serve these aux layer ids as this toolkit does, if they would not: both
-    capture the input of layer id + 1 (so id num_layers - 1 is never reached) and capture in layer order (so
-    fc's column blocks must be in ascending id order, and a repeated id is captured once)."""
-    problems = []
-    if list(ids) != sorted(set(ids)):
-        problems.append(f"aux layers {list(ids)} are not strictly increasing (SGLang and vLLM capture them in "
-                        "layer order, once each)")
-    if ids and min(ids) < 0:  # -1 is no layer: this engine would read its final-norm state, SGLang the embeddings
-        problems.append(f"aux layer {min(ids)} is not a layer id: ids count the target's decoder layers from 0 "
-                        f"(SGLang and vLLM capture the input of layer id + 1)")
-    if ids and max(ids) > num_layers - 2:
-        problems.append(f"aux layer {max(ids)} is the target's last ({num_layers} layers): SGLang and vLLM "
-                        f"capture the input of layer id + 1, so ids must be <= {num_layers - 2}")
-    return problems
-
-
 def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, device="cpu",
                 lm_head: torch.Tensor | None = None) -> Eagle3Head:
     """Load a draft folder (config.json + model.safetensors, docs/formats.md section 7; or pytorch_model.bin,
@@ -208,25 +192,6 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     return head.to(device=device, dtype=dtype).eval()
 
 
-def d2t_problems(ids: torch.Tensor) -> list[str]:
-    """What is wrong with a d2t's target ids (draft id i -> ids[i]) short of the vocabulary's end (checked by
-    the caller): each draft id must name its own target id, none negative, or the draft's probabilities cannot
-    be read over the target vocabulary (sampled drafts, draft_sampling.chain_draft_probs)."""
-    problems = []
-    negative = (ids < 0).nonzero().flatten()
-    if len(negative):
-        i = int(negative[0])
-        problems.append(f"d2t maps draft id {i} to target id {int(ids[i])}, below 0")
-    _, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
-    shared = (counts[inverse] > 1).nonzero().flatten()
-    if len(shared):
-        i = int(shared[0])
-        j = int((ids == ids[i]).nonzero().flatten()[1])
-        problems.append(f"d2t maps draft ids {i} and {j} to the same target id {int(ids[i])}; it must map draft "
-                        "ids to target ids one-to-one")
-    return problems
-
-
 def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, target: str,
                 target_fingerprint: str, extra: dict | None = None) -> None:
     """Write a draft folder in the docs/formats.md section 7 layout (bf16 weights), atomically per file."""
@@ -255,20 +220,3 @@ def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, ta
     weights["d2t"] = head.d2t.cpu().long().contiguous()
     weights["t2d"] = torch.zeros(t["vocab_size"], dtype=torch.bool).index_fill_(0, ids, True)
     write_draft_folder(folder, weights, cfg)
-
-
-@torch.no_grad()
-def agreement(head: Eagle3Head, target, ids: list[int], start: int = 0) -> float:
-    """Load-time sanity probe: share of positions (the predictions of tokens start + 2 ..) where the draft's top-1
-    (from the target's own hidden states) equals the target's top-1. Near zero means a wrong d2t, wrong aux
-    layers or a missing lm_head."""
-    x = torch.tensor([ids], device=target.embed_tokens.weight.device)
-    logits, aux = target(x, aux_layers=head.aux_layers)
-    want = logits[0].argmax(-1)                            # target's token for position t + 1
-    pairs = target.embed_tokens(x[:, 1:])                  # (token t + 1, hidden t) -> predicts t + 2
-    if getattr(head, "blank_position0", False):  # MTP: trained and served with a zero embedding at position 0
-        pairs[:, 0] = 0
-    logp, _ = head(pairs, torch.cat(aux, -1)[:, :-1], torch.arange(len(ids) - 1, device=x.device)[None],
-                   head.new_cache(len(ids), pairs.dtype, x.device))
-    got = head.to_target(logp[0].argmax(-1))
-    return float((got == want[1:])[start:].float().mean())

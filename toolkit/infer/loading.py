@@ -100,7 +100,7 @@ def probe(head, target, tok, text: str, answer_tokens: int = 24) -> float:
     """The draft's top-1 agreement with the target over the target's own greedy answer to `text` (a
     chat-templated prompt), which is what a draft is trained to predict (a prompt's own tokens are not, and a
     short one gave a false alarm); warns loudly near zero."""
-    from toolkit.infer.drafts import agreement
+    from toolkit.infer.draft_checks import agreement
     from toolkit.infer.engine import Engine
     from toolkit.infer.sampling import SamplingParams
 

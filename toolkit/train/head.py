@@ -216,7 +216,7 @@ def serving_notes(cfg, aux_layers: list[int], num_layers: int) -> list[str]:
     draft layers, which vLLM loads and SGLang does not serve as trained."""
     if cfg.head != "eagle3":
         return []
-    from toolkit.infer.drafts import aux_layer_problems
+    from toolkit.infer.draft_checks import aux_layer_problems
 
     notes = aux_layer_problems(aux_layers, num_layers)
     if notes and cfg.aux_layers:

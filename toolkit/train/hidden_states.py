@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from toolkit.atomic import atomic_path, check_out_path, write_text
-    from toolkit.infer.drafts import aux_layer_problems
+    from toolkit.infer.draft_checks import aux_layer_problems
     from toolkit.infer.loading import load_target
     from toolkit.models import fingerprint, resolve_target, same_target
     from toolkit.train.data import PreparedData
