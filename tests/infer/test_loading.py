@@ -26,10 +26,10 @@ def test_a_random_head_gets_the_warning_with_its_figure(target_and_tok, capsys):
 
 
 def test_a_head_that_agrees_gets_its_figure_and_no_warning(target_and_tok, capsys, monkeypatch):
-    import toolkit.infer.drafts
+    import toolkit.infer.draft_checks
 
     target, tok = target_and_tok
-    monkeypatch.setattr(toolkit.infer.drafts, "agreement", lambda head, target, ids, start=0: 0.5)
+    monkeypatch.setattr(toolkit.infer.draft_checks, "agreement", lambda head, target, ids, start=0: 0.5)
     assert probe(object(), target, tok, TEXT) == 0.5
     err = capsys.readouterr().err
     assert "top-1 agreement over the target's answer to a probe prompt: 50.0%" in err and "WARNING" not in err
