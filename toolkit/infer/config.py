@@ -162,7 +162,6 @@ class ModelConfig:
         except ConfigError as e:
             raise ConfigError(f"{Path(folder) / 'config.json'}: {e}") from None
 
-
     def default_aux_layers(self) -> list[int]:
         """EAGLE-3's low/mid/high layers (their outputs): [1, L//2 - 1, L - 4] (SGLang/SpecForge default)."""
         n = self.num_layers
