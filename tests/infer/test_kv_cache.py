@@ -69,3 +69,21 @@ def test_the_cli_refuses_a_batch_too_large_for_memory(tiny_target, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "toolkit serve: error: the KV cache for 10000000 sequences (+ 4 prefix-cache rows) of 1024 " \
                          "tokens needs" in err and "lower the batch (--max-batch-size)" in err, err
+
+
+def test_cache_length_from_memory_is_capped_by_the_target_and_refused_under_two_slots(monkeypatch):
+    """--max-seq-len 0 (max_len None): the share of free memory the rows fit in, no more than the target's
+    positions; a given length is kept; a length under 2 slots is refused, naming it."""
+    import pytest
+
+    from toolkit.infer import kv_cache
+
+    per_slot = 2 * 1 * (8 + 8) * 4  # one row's slot: layers x kv heads x (k + v dims) x fp32 bytes
+    monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: 10**9)
+    assert kv_cache.cache_length(CONFIG, None, 2, 1, 0.5, torch.float32, "cpu") == 64  # memory for more
+    monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: 40 * per_slot * 3)
+    assert kv_cache.cache_length(CONFIG, None, 2, 1, 0.5, torch.float32, "cpu") == 20  # half of 40 slots x 3 rows
+    assert kv_cache.cache_length(CONFIG, 30, 2, 1, 0.5, torch.float32, "cpu") == 30
+    monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: per_slot * 3)
+    with pytest.raises(ValueError, match="KV cache of 0 slots is too small"):
+        kv_cache.cache_length(CONFIG, None, 2, 1, 0.5, torch.float32, "cpu")

@@ -20,7 +20,7 @@ import torch
 
 from toolkit.infer.draft_sampling import gumbel_inputs
 from toolkit.infer.drafts import Eagle3Head
-from toolkit.infer.kv_cache import check_fits, free_memory_bytes, max_len_for_memory
+from toolkit.infer.kv_cache import cache_length
 from toolkit.infer.logprobs import prompt_logprobs, token_logprobs
 from toolkit.infer.lookup import LookupConfig, graft_all, propose
 from toolkit.infer.model import Transformer
@@ -68,15 +68,8 @@ class Engine:
         # the target id of each draft id: where a sampled chain's draft law sits in the target's vocabulary
         self._draft_ids = None if not sample_draft else head.to_target(
             torch.arange(len(head.d2t), device=head.d2t.device))
-        if max_len is None:
-            budget = int(free_memory_bytes(self.device) * memory_fraction)
-            max_len = min(max_len_for_memory(target.config, budget, max_batch + prefix_cache_rows, dtype),
-                          target.config.max_position_embeddings,
-                          target.config.context_limit()[0] or target.config.max_position_embeddings)
-        target.config.check_max_len(max_len)  # a sliding window or a length-dependent rope is exact only so far
-        if max_len < 2:
-            raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
-        check_fits(target.config, max_batch, max_len, dtype, self.device, prefix_cache_rows)
+        max_len = cache_length(target.config, max_len, max_batch, prefix_cache_rows, memory_fraction, dtype,
+                               self.device)
         self.max_len, self.max_batch = max_len, max_batch
         self.runner = Runner(target, head, self.tree, extra, max_len, max_batch, cuda_graphs, graph_capture, compile,
                              sample_draft, prefix_cache_rows, draft_graphs)

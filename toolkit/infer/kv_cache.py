@@ -35,6 +35,22 @@ def check_fits(config: ModelConfig, batch: int, max_len: int, dtype, device, spa
                          "from free memory)")
 
 
+def cache_length(config: ModelConfig, max_len: int | None, batch: int, spare_rows: int, memory_fraction: float,
+                 dtype, device) -> int:
+    """The engine's per-sequence cache length: max_len, or (None) what memory_fraction of the free memory holds
+    for batch + spare_rows rows, capped by the target's positions and context limit; refused when the target is
+    not exact that far (a sliding window, a length-dependent rope), when it is under 2 slots or does not fit."""
+    if max_len is None:
+        budget = int(free_memory_bytes(device) * memory_fraction)
+        max_len = min(max_len_for_memory(config, budget, batch + spare_rows, dtype), config.max_position_embeddings,
+                      config.context_limit()[0] or config.max_position_embeddings)
+    config.check_max_len(max_len)
+    if max_len < 2:
+        raise ValueError(f"KV cache of {max_len} slots is too small: lower the batch or free memory")
+    check_fits(config, batch, max_len, dtype, device, spare_rows)
+    return max_len
+
+
 def utilization_budget(device: torch.device | str, utilization: float) -> int:
     """Bytes a KV cache may take so that this process holds at most `utilization` of the device's memory (vLLM's
     --gpu-memory-utilization, SGLang's --mem-fraction-static: a limit per server, whatever others hold): that share
