@@ -84,3 +84,21 @@ def test_a_target_larger_than_free_memory_is_refused_before_it_loads(tiny_target
     assert "a half precision (dtype bfloat16)" in str(err.value)
     monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: (_ for _ in ()).throw(OSError("no meminfo")))
     target_weights.check_weights_fit(tiny_target, cfg, raw, torch.float32, "cpu")  # unknown free memory: not refused
+
+
+def test_load_target_reads_config_json_once(tiny_target, monkeypatch):
+    """The folder's config.json is read once per load (it was twice: once for ModelConfig, once for the raw keys),
+    so the model is built from the same text its weights are checked against."""
+    from toolkit.infer import config, loading
+
+    reads = []
+    real = loading.read_json
+
+    def counting(path, *a, **kw):
+        reads.append(path.name)
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(loading, "read_json", counting)
+    monkeypatch.setattr(config, "read_json", counting)
+    loading.load_target(tiny_target)
+    assert reads.count("config.json") == 1

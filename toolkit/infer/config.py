@@ -156,9 +156,10 @@ class ModelConfig:
             **family_keys.sliding_window(kind, cfg))
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "ModelConfig":
+    def from_folder(cls, folder: str | Path, raw: dict | None = None) -> "ModelConfig":
+        """From folder/config.json; raw: that file as the caller has read it already (not read again)."""
         try:
-            return cls.from_hf(read_json(Path(folder) / "config.json"))
+            return cls.from_hf(read_json(Path(folder) / "config.json") if raw is None else raw)
         except ConfigError as e:
             raise ConfigError(f"{Path(folder) / 'config.json'}: {e}") from None
 

@@ -53,7 +53,8 @@ def load_target(folder: str | Path, dtype: torch.dtype = torch.float32, device: 
     """Build the model from config.json and load every weight from its safetensors files (weight_files); a
     missing or unexpected tensor is an error naming it (no weight is ever left random)."""
     folder = Path(folder)
-    config, cfg = ModelConfig.from_folder(folder), read_json(folder / "config.json")
+    cfg = read_json(folder / "config.json")
+    config = ModelConfig.from_folder(folder, cfg)
     check_weights_fit(folder, config, cfg, dtype, device)
     tensors = read_tensors(folder, config, cfg, dtype, device)
     if config.tie_word_embeddings:
