@@ -254,11 +254,16 @@ def test_export_round_trip_in_mimo_layout(tmp_path, family):
     torch.manual_seed(0)
     target = Transformer(c)
     head.lm_head.weight = torch.nn.Parameter(target.lm_head.weight.detach().clone(), requires_grad=False)
-    save_mtp(head, tmp_path / "d", hf_config(family, dtype="float32"), "tiny", "fp")  # transformers 5's dtype
+    # transformers 5's dtype, and an FP8 target's quantization keys, which the bf16 head must not carry
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    save_mtp(head, tmp_path / "d", {**hf_config(family, dtype="float32"), "quantization_config": fp8,
+                                    "compression_config": fp8}, "tiny", "fp")
     w = load_file(str(tmp_path / "d" / "model.safetensors"))
     cfg = json.loads((tmp_path / "d" / "config.json").read_text())
-    assert cfg["architectures"] == ["MiMoMTP"] and cfg["toolkit"]["head"] == "mtp"
+    assert cfg["architectures"] == ["MiMoForCausalLM"] and cfg["toolkit"]["head"] == "mtp"
     assert cfg["rope_theta"] == cfg["rope_parameters"]["rope_theta"] == 10000.0 and "dtype" not in cfg
+    assert not {"quantization_config", "compression_config"} & set(cfg)
+    assert {v.dtype for v in w.values()} == {torch.bfloat16}
     assert all(k.startswith("model.mtp_layers.0.") for k in w) and "model.mtp_layers.0.input_proj.weight" in w
     assert "model.mtp_layers.0.self_attn.q_proj.bias" in w  # MiMo's Qwen2 block: zeros for a Llama block
     back = load_draft(str(tmp_path / "d"), target, None)

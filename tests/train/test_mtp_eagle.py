@@ -57,7 +57,9 @@ def test_mtp_multi_step_training_lowers_every_step_loss_and_serves_losslessly(ti
     assert ev["eval_engine_tau"] >= 1
     assert ev["eval_replay_differing_rows"] == 0 and ev["eval_replayed_tau"] == ev["eval_engine_tau"]
     cfg = json.loads((out / "draft/config.json").read_text())
-    assert cfg["architectures"] == ["MiMoMTP"] and cfg["toolkit"]["head"] == "mtp"
+    assert cfg["architectures"] == ["MiMoForCausalLM"] and cfg["toolkit"]["head"] == "mtp"
+    assert sglang_draft_class(cfg["architectures"]) == "MiMoMTP"  # both servers reach their MiMo MTP class
+    assert vllm_mtp_class(cfg["architectures"]) == "MiMoMTPModel"
     assert not list(out.glob("vocab_map_*"))  # the full vocabulary: no token map of its own
     head = lossless(tiny_target, out / "draft", TreeConfig(3, 1, 4))
     assert type(head).__name__ == "MTPHead"
@@ -137,6 +139,23 @@ VLLM_DRAFTS = {"EagleLlamaForCausalLM", "Eagle3LlamaForCausalLM", "LlamaForCausa
 
 def first_registered(names, registered):
     return next((n for n in names if n in registered), None)
+
+
+def sglang_draft_class(names):
+    """SGLang's ModelConfig(is_draft_model=True) first renames a target's architecture to its MTP class."""
+    first = {"MiMoForCausalLM": "MiMoMTP", "DeepseekV3ForCausalLM": "DeepseekV3ForCausalLMNextN"}.get(names[0])
+    return first_registered([first or names[0], *names[1:]], SGLANG_DRAFTS)
+
+
+def vllm_mtp_class(names):
+    """vLLM's SpeculativeConfig.hf_config_override (an MTP draft) replaces MiMo's architecture by MiMoMTPModel."""
+    return first_registered(["MiMoMTPModel"] if names[0] == "MiMoForCausalLM" else names, VLLM_DRAFTS)
+
+
+def test_the_server_class_models_tell_the_mtp_names_apart():
+    """The old export name (MiMoMTP) reached SGLang's class but no vLLM class: the models above must say so."""
+    assert sglang_draft_class(["MiMoMTP"]) == "MiMoMTP" and vllm_mtp_class(["MiMoMTP"]) is None
+    assert sglang_draft_class(["LlamaForCausalLM"]) is None and vllm_mtp_class(["LlamaForCausalLM"]) is None
 
 
 def test_an_eagle_head_with_an_fc_bias_keeps_it_and_is_not_named_for_vllm(tiny_target, prepared, tmp_path, capsys):
@@ -223,11 +242,14 @@ def test_init_from_a_trained_draft_starts_from_its_weights(tiny_target, prepared
     ({"attention_bias": True, "qkv_bias": True}, "an o_proj bias, which SGLang's MiMoMTP block lacks: the exported "
      "head serves here, but SGLang would drop that bias without a word"),
     ({"model_type": "qwen3", "qk_norm": True}, "q/k norms (Qwen3), which SGLang's MiMoMTP block lacks: the exported "
-     "head will serve only in this toolkit; SGLang refuses to load the folder"), ({}, None)])
+     "head will serve only in this toolkit; SGLang refuses to load the folder"),
+    ({"model_type": "phi3", "rotary_dim": 6}, "rotates 6 of each head's 8 dims (partial_rotary_factor), as the MTP "
+     "block will; SGLang's MiMoMTP block (Qwen2's attention) rotates all of them"), ({}, None)])
 def test_mtp_training_warns_where_sglang_would_not_serve_the_head_as_trained(capsys, what, text):
     """SGLang's MiMoMTP block is Qwen2's: its load_weights skips an exported o_proj bias (Llama attention_bias)
-    without a word, and raises a KeyError on q/k norms (Qwen3), refusing the folder; training says which before
-    it starts; a plain Llama target trains quietly."""
+    without a word, raises a KeyError on q/k norms (Qwen3), refusing the folder, and rotates every dim of a head
+    that the target rotates in part (Phi-4-mini); training says which before it starts; a plain Llama target
+    trains quietly."""
     from types import SimpleNamespace
 
     from toolkit.infer.config import ModelConfig

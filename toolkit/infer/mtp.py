@@ -11,7 +11,7 @@ Applied k times for a k-token chain, as SGLang's NEXTN does with one layer. The 
 Weight layouts read (docs/formats.md section 14):
 - MiMo: `model.mtp_layers.{i}.{token_layernorm, hidden_layernorm, input_proj, final_layernorm, <block>}`;
   MiMo concatenates [hidden, embedding] (the reverse of DeepSeek), so input_proj's two column halves swap.
-  Our exported draft folders use this layout (SGLang loads it as `MiMoMTP`).
+  Our exported draft folders use this layout (SGLang loads it as `MiMoMTP`, vLLM as `MiMoMTPModel`).
 - DeepSeek-V3: `model.layers.{num_hidden_layers + i}.{enorm, hnorm, eh_proj, shared_head.norm, <block>}`
   (embed_tokens and shared_head.head are the target's and are not read).
 """
@@ -177,7 +177,8 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
 
 def save_mtp(head: MTPHead, folder: str | Path, target_hf_config: dict, target: str, target_fingerprint: str,
              extra: dict | None = None) -> None:
-    """Write a draft folder in MiMo's MTP layout (bf16), which SGLang loads as `MiMoMTP`, atomically per file."""
+    """Write a draft folder in MiMo's MTP layout (bf16), which SGLang loads as `MiMoMTP` and vLLM as
+    `MiMoMTPModel`, atomically per file."""
     t = dict(target_hf_config.get("text_config", target_hf_config))
     ours_to_mimo = {v: k for k, v in MIMO.items()}
     weights = {}
@@ -192,7 +193,13 @@ def save_mtp(head: MTPHead, folder: str | Path, target_hf_config: dict, target: 
             weights[f"model.mtp_layers.0.self_attn.{p}_proj.bias"] = torch.zeros(n * c.head_dim)
     weights = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in weights.items()}
     t.pop("dtype", None)  # transformers 5's spelling of torch_dtype wins over it in 4.x and 5.x alike
-    cfg = {**t, **rope_keys(t), "architectures": ["MiMoMTP"], "num_nextn_predict_layers": 1, "torch_dtype": "bfloat16",
+    for key in ("quantization_config", "compression_config"):  # an FP8 target's: these tensors are bf16, and
+        t.pop(key, None)  # SGLang and vLLM would build quantized layers for them from the key
+    # the target architecture both servers turn into their MiMo MTP class when it names a draft: SGLang's
+    # ModelConfig into MiMoMTP, vLLM's SpeculativeConfig.hf_config_override into MiMoMTPModel (which has no
+    # entry named MiMoMTP)
+    cfg = {**t, **rope_keys(t), "architectures": ["MiMoForCausalLM"], "num_nextn_predict_layers": 1,
+           "torch_dtype": "bfloat16",
            "toolkit": {"format_version": 1, "head": "mtp", "layout": "mimo", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
                        "target_model_type": t.get("model_type"), **(extra or {})}}

@@ -5,7 +5,7 @@
 
 eh_proj over [enorm(embedding), hnorm(final normed hidden)], one decoder block of the target's own kind
 (init_block=target_last starts it from the target's last layer), shared_head norm, the target's lm_head;
-trained over ttt_steps steps fed its own output. The draft folder is MiMo's MTP layout (SGLang: MiMoMTP);
+trained over ttt_steps steps fed its own output. The draft folder is MiMo's MTP layout (SGLang: MiMoMTP, vLLM: MiMoMTPModel);
 serve it as a chain: `toolkit serve --draft DIR --num-steps 3 --topk 1 --num-draft-tokens 4`."""
 from __future__ import annotations
 

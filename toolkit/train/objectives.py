@@ -180,6 +180,11 @@ class MTP(Objective):
             print("warning: this target's decoder block has an o_proj bias, which SGLang's MiMoMTP block lacks: the "
                   "exported head serves here, but SGLang would drop that bias without a word and serve another "
                   "function (docs/formats.md section 14)", file=sys.stderr, flush=True)
+        if tcfg.rotary_dim is not None:  # Qwen2's attention builds its rope over all of head_dim
+            print(f"warning: this target rotates {tcfg.rotary_dim} of each head's {tcfg.head_dim} dims "
+                  "(partial_rotary_factor), as the MTP block will; SGLang's MiMoMTP block (Qwen2's attention) rotates "
+                  "all of them: the exported head serves here as trained, but SGLang would serve another function "
+                  "without a word (docs/formats.md section 14)", file=sys.stderr, flush=True)
         torch.manual_seed(cfg.seed)
         head = MTPHead(tcfg, parts["lm_head.weight"].float())
         if cfg.init_block == "target_last":  # start from the target's last decoder layer (else torch's init)
