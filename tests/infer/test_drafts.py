@@ -248,3 +248,26 @@ def test_a_damaged_or_misdescribed_draft_folder_is_named_in_one_line(tmp_path):
     write_draft(tmp_path / "far", toolkit={"target": "llama-9000"})
     with pytest.raises(ValueError, match="records its target as 'llama-9000'.*pass --model"):
         draft_target(str(tmp_path / "far"), None)
+
+
+def test_heads_for_a_gemma3_multimodal_target_export_with_its_class_vocab_size(tmp_path):
+    """gemma-3-4b-it's config.json holds a text_config without vocab_size (transformers fills in 262208, as the
+    engine does): the EAGLE-3 and EAGLE-1/2 exports read it the same way instead of failing at the first
+    checkpoint with a KeyError."""
+    from toolkit.infer.draft_head import draft_config
+    from toolkit.infer.drafts import save_eagle3
+    from toolkit.infer.eagle2 import Eagle2Head, save_eagle
+
+    hf = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+          "text_config": {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 96,
+                          "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}}
+    tc = ModelConfig.from_hf(hf)
+    assert tc.vocab_size == 262208
+    ids = list(range(0, 262208, 4099))
+    save_eagle3(random_head(tc, ids), tmp_path / "e3", hf, "g3", "0" * 16)
+    save_eagle(Eagle2Head(draft_config(tc), torch.randn(262208, 64), torch.tensor(ids)), tmp_path / "e2", hf, "g3",
+               "0" * 16)
+    for kind in ("e3", "e2"):
+        cfg = json.loads((tmp_path / kind / "config.json").read_text())
+        assert cfg["vocab_size"] == cfg["toolkit"]["target_vocab_size"] == 262208, kind
+    assert load_file(str(tmp_path / "e3/model.safetensors"))["t2d"].shape == (262208,)

@@ -63,6 +63,19 @@ def test_counts_of_a_tokenizer_alone_rebuild_the_maps_of_a_padded_target(shared,
     assert np.array_equal(again[:QWEN_TOKENIZER], counts) and not again[QWEN_TOKENIZER:].any()
 
 
+def test_a_gemma3_multimodal_config_without_vocab_size_sizes_t2d_by_its_class_default(shared, tmp_path):
+    """gemma-3-4b-it's text_config leaves vocab_size out and transformers fills in 262208, the rows of its logits
+    (and what the engine and training read): the maps take that size, not the tokenizer's, or training refuses
+    them."""
+    folder = qwen_folder(shared, tmp_path / "g3")
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "eos_token_id": 151645,
+        "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "num_hidden_layers": 34}}))
+    assert build("--tokenizer", folder, "--data", corpus(tmp_path), "--sizes", "16", "--out", tmp_path / "m") == 0
+    _, t2d = load_vocab_map(tmp_path / "m/vocab_map_16.safetensors")
+    assert t2d.shape == (262208,)
+
+
 def test_a_tokenizer_larger_than_the_target_gives_maps_of_the_targets_size(shared, tmp_path):
     folder = qwen_folder(shared, tmp_path / "qwen", vocab_size=151646)  # added tokens past the embedding
     assert build("--model", folder, "--data", corpus(tmp_path), "--sizes", "16", "--out", tmp_path / "m") == 0

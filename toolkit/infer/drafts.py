@@ -25,6 +25,7 @@ from toolkit.infer.draft_checks import aux_layer_problems, d2t_problems
 from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
                                      draft_rope_keys, their_layer_key, write_draft_folder)
 from toolkit.infer.eagle3_config import VARIANTS, read_eagle3_config
+from toolkit.infer.family_keys import text_config
 from toolkit.infer.model import MLP, Block
 from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
@@ -195,7 +196,7 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
 def save_eagle3(head: Eagle3Head, folder: str | Path, target_hf_config: dict, target: str,
                 target_fingerprint: str, extra: dict | None = None) -> None:
     """Write a draft folder in the docs/formats.md section 7 layout (bf16 weights), atomically per file."""
-    t = target_hf_config.get("text_config", target_hf_config)
+    t = text_config(target_hf_config)  # with the sizes a multimodal one omits
     c, n = head.config, len(head.d2t)
     cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
            "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_heads,

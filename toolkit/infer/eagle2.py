@@ -20,6 +20,7 @@ from toolkit.infer.config import ModelConfig
 from toolkit.infer.config_error import ConfigError
 from toolkit.infer.draft_head import (DraftHead, load_weights, our_layer_key, read_weights, draft_rope_keys,
                                      their_layer_key, vocab_rows, write_draft_folder)
+from toolkit.infer.family_keys import text_config
 from toolkit.infer.model import MLP, Block
 from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
@@ -112,7 +113,7 @@ def save_eagle(head: Eagle2Head, folder: str | Path, target_hf_config: dict, tar
     A head without an fc bias is written with a zero one, since SGLang's fc always has one, and is named for
     vLLM too (its EagleLlamaForCausalLM has none and skips the zeros); one with a bias is not, as vLLM would
     drop it."""
-    t = target_hf_config.get("text_config", target_hf_config)
+    t = text_config(target_hf_config)  # with the sizes a multimodal one omits
     c, has_bias = head.config, head.fc.bias is not None
     weights = {}
     for k, v in head.state_dict().items():

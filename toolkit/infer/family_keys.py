@@ -19,6 +19,13 @@ SIZES = {
 }
 
 
+def text_config(cfg: dict) -> dict:
+    """A config.json's text config (its text_config, if any) with the sizes its config class fills in where it
+    leaves them out (SIZES): the values transformers, SGLang and vLLM read."""
+    t = cfg.get("text_config", cfg)
+    return {**SIZES.get(t.get("model_type"), {}), **t}
+
+
 def sliding_window(kind: str, cfg: dict) -> dict:
     """The window transformers applies ({"sliding_window": W, "full_layers": layers that do not slide}, or {}):
     Mistral's `sliding_window` (default 4096, null = off), Mixtral's and Phi-3's (default null), on every layer;

@@ -29,6 +29,7 @@ from torch import nn
 from toolkit.infer import fp8
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.draft_head import DraftHead, load_weights, rope_keys, vocab_rows, write_draft_folder
+from toolkit.infer.family_keys import text_config
 from toolkit.infer.model import Block, refuse_unlike_llama
 from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
@@ -179,7 +180,7 @@ def save_mtp(head: MTPHead, folder: str | Path, target_hf_config: dict, target: 
              extra: dict | None = None) -> None:
     """Write a draft folder in MiMo's MTP layout (bf16), which SGLang loads as `MiMoMTP` and vLLM as
     `MiMoMTPModel`, atomically per file."""
-    t = dict(target_hf_config.get("text_config", target_hf_config))
+    t = text_config(target_hf_config)  # with the sizes a multimodal one omits (a copy)
     ours_to_mimo = {v: k for k, v in MIMO.items()}
     weights = {}
     for k, v in head.trained_state().items():

@@ -19,6 +19,7 @@ from toolkit.atomic import atomic_path
 from toolkit.data.chat import ChatRenderer
 from toolkit.data.tokenizer import BUILTIN_TEMPLATES, load_tokenizer
 from toolkit.embedded import DEFAULT_MODEL, sha256_file
+from toolkit.infer.family_keys import text_config
 from toolkit.models import fingerprint, resolve_target
 from toolkit.tokenmap.count import count_tokens, usable_cpus
 from toolkit.tokenmap.folder import earlier_maps
@@ -91,7 +92,7 @@ def target_vocab_size(folder: Path | None, tok) -> int:
     if folder is None:
         return len(tok)
     cfg = json.loads((folder / "config.json").read_text())
-    size = cfg.get("text_config", cfg).get("vocab_size")
+    size = text_config(cfg).get("vocab_size")  # gemma-3-4b-it's text_config has none: its class's 262208
     if size is None:
         print(f"note: {folder}/config.json has no vocab_size; sizing the maps by the tokenizer ({len(tok)})")
         return len(tok)
