@@ -4,6 +4,7 @@ import json
 import pytest
 import torch
 
+from toolkit.infer.draft_folder import load_draft
 from toolkit.infer.eagle2 import load_eagle2
 from toolkit.infer.engine import Engine
 from toolkit.infer.loading import load_target
@@ -12,10 +13,12 @@ from toolkit.infer.tree import TreeConfig
 from toolkit.tokenmap.maps import save_freq
 
 
-def write_eagle1(folder, H=576, I=1536, heads=9, kv=3, bin_file=True, drop=None, bias=True):
+def write_eagle1(folder, H=576, I=1536, heads=9, kv=3, bin_file=True, drop=None, bias=True, qkv_bias=False):
+    """qkv_bias: a Qwen2 head as SafeAILab writes them (EAGLE-Qwen2-7B-Instruct: `qkv_bias: true`)."""
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
            "num_attention_heads": heads, "num_key_value_heads": kv, "num_hidden_layers": 1, "vocab_size": 49152,
-           "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192, "bias": bias}
+           "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192, "bias": bias,
+           **({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "qkv_bias": True} if qkv_bias else {})}
     g = torch.Generator().manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=g) * 0.02  # noqa: E731
     D = H // heads
@@ -27,6 +30,8 @@ def write_eagle1(folder, H=576, I=1536, heads=9, kv=3, bin_file=True, drop=None,
          "layers.0.mlp.down_proj.weight": r(H, I)}
     if not bias:
         w.pop("fc.bias")
+    if qkv_bias:
+        w.update({f"layers.0.self_attn.{p}_proj.bias": r(n * D) for p, n in (("q", heads), ("k", kv), ("v", kv))})
     if drop:
         w.pop(drop)
     folder.mkdir(exist_ok=True)
@@ -72,6 +77,26 @@ def test_both_file_kinds_load_and_misfits_are_refused(target, tmp_path):
     write_eagle1(tmp_path / "wide", H=640, heads=10, kv=5)
     with pytest.raises(ValueError, match="hidden_size 640"):
         load_eagle2(tmp_path / "wide", target)
+
+
+def test_a_qwen2_head_keeps_its_qkv_biases(target, tmp_path):
+    """SafeAILab's Qwen2 heads have q/k/v biases (`qkv_bias: true`; SGLang builds them from Qwen2DecoderLayer):
+    they load into the attention and change its output, instead of being refused as unknown tensors."""
+    from safetensors.torch import load_file
+
+    write_eagle1(tmp_path / "q", qkv_bias=True, bin_file=False)
+    head = load_eagle2(tmp_path / "q", target)
+    want = load_file(str(tmp_path / "q/model.safetensors"))["layers.0.self_attn.v_proj.bias"]
+    assert torch.equal(head.midlayer.self_attn.v_proj.bias, want)
+    emb, hid = torch.randn(1, 4, 576), torch.randn(1, 4, 576)
+    a, _ = head(emb, hid, torch.arange(4)[None], head.new_cache(8))
+    served = load_draft(str(tmp_path / "q"), target, None)  # as bench / serve load it (projections fused)
+    s, _ = served(emb, hid, torch.arange(4)[None], served.new_cache(8))
+    assert torch.allclose(a, s, atol=1e-5)
+    with torch.no_grad():
+        head.midlayer.self_attn.v_proj.bias.zero_()
+    b, _ = head(emb, hid, torch.arange(4)[None], head.new_cache(8))
+    assert not torch.allclose(a, b)
 
 
 def test_a_token_map_past_the_target_vocabulary_is_refused_naming_both(target, tmp_path):

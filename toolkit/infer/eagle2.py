@@ -10,6 +10,7 @@ Checkpoint: config.json (LlamaConfig, 1 layer) + model.safetensors or pytorch_mo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -90,6 +91,8 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
     w = {k.removeprefix("model."): v for k, v in read_weights(folder).items()
          if not k.endswith(("embed_tokens.weight", "inv_freq"))}
     w = {our_layer_key(k): v for k, v in w.items() if not k.startswith("layers.0.input_layernorm")}
+    if cfg.get("qkv_bias") or any(k.endswith("self_attn.q_proj.bias") for k in w):  # SafeAILab's Qwen2 heads
+        c = replace(c, qkv_bias=True)  # (cnets1.py: bias=config.qkv_bias), which the Llama reading above drops
     fc_bias = bool(cfg.get("bias", True))
     if fc_bias and "fc.bias" in w and not w["fc.bias"].any():  # a head trained without one is written with zeros
         del w["fc.bias"]
