@@ -63,6 +63,8 @@ def test_cached_steps_equal_a_full_forward():
 
 @pytest.mark.parametrize("override, message", [
     ({"target_hidden_size": 32}, "target_hidden_size 32"),
+    # a head narrower than its target (target_hidden_size 64) would be fed the target's 64-wide embedding
+    ({"hidden_size": 48}, "hidden_size 48 != target hidden_size 64: this engine feeds the head the target's token"),
     ({"vocab_size": 500}, "vocab_size 500"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 9]}}, "aux layers"),
     # four aux layers named, but fc fuses three: [64, 192] != 4 x 64

@@ -149,6 +149,9 @@ def load_eagle3(folder: str | Path, target: ModelConfig, dtype=torch.float32, de
     problems = []
     if target_hidden != target.hidden_size:
         problems.append(f"target_hidden_size {target_hidden} != target hidden_size {target.hidden_size}")
+    elif c.hidden_size != target.hidden_size:  # its input is cat[the target's embedding, fc's output]
+        problems.append(f"hidden_size {c.hidden_size} != target hidden_size {target.hidden_size}: this engine feeds "
+                        "the head the target's token embedding, so the head must be as wide as the target")
     if cfg.get("vocab_size", target.vocab_size) != target.vocab_size:
         problems.append(f"vocab_size {cfg['vocab_size']} != target vocab_size {target.vocab_size}")
     if max(aux) >= target.num_layers or min(aux) < 0:
