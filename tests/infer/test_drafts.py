@@ -1,6 +1,7 @@
 """EAGLE-3 draft folders in the docs/formats.md layout load; ones that do not fit the target are refused."""
 import json
 import re
+import shutil
 
 import pytest
 import torch
@@ -118,7 +119,7 @@ def test_a_pytorch_model_bin_checkpoint_loads(tmp_path):
     head = load_eagle3(tmp_path, TARGET)
     assert torch.equal(head.fc.weight, w["fc.weight"]) and torch.equal(head.d2t, w["d2t"])
     (tmp_path / "pytorch_model.bin").unlink()
-    with pytest.raises(ValueError, match="no model.safetensors or pytorch_model.bin"):
+    with pytest.raises(ValueError, match="no model.safetensors, pytorch_model.bin or either.s index"):
         load_eagle3(tmp_path, TARGET)
 
 
@@ -273,3 +274,28 @@ def test_heads_for_a_gemma3_multimodal_target_export_with_its_class_vocab_size(t
         cfg = json.loads((tmp_path / kind / "config.json").read_text())
         assert cfg["vocab_size"] == cfg["toolkit"]["target_vocab_size"] == 262208, kind
     assert load_file(str(tmp_path / "e3/model.safetensors"))["t2d"].shape == (262208,)
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "bin"])
+def test_a_sharded_draft_folder_loads_as_the_single_file(tmp_path, kind):
+    """save_pretrained shards past its max_shard_size (model.safetensors.index.json, or pytorch_model.bin.index.json
+    with safe_serialization off): the shards its index lists are read together, and a listed shard that is
+    missing is named."""
+    w = write_draft(tmp_path / "one")
+    whole = load_eagle3(tmp_path / "one", TARGET)
+    folder = tmp_path / "sharded"
+    shutil.copytree(tmp_path / "one", folder)
+    (folder / "model.safetensors").unlink()
+    names = sorted(w)
+    ext, index = (".safetensors", "model.safetensors.index.json") if kind == "safetensors" else (
+        ".bin", "pytorch_model.bin.index.json")
+    shards = {f"model-0000{i + 1}-of-00002{ext}": names[i::2] for i in range(2)}
+    for shard, keys in shards.items():
+        part = {k: w[k] for k in keys}
+        save_file(part, str(folder / shard)) if kind == "safetensors" else torch.save(part, folder / shard)
+    (folder / index).write_text(json.dumps({"weight_map": {k: s for s, keys in shards.items() for k in keys}}))
+    back = load_eagle3(folder, TARGET)
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), back.state_dict().values()))
+    (folder / f"model-00002-of-00002{ext}").unlink()
+    with pytest.raises(ValueError, match=f"{index} lists model-00002-of-00002{ext}, which is not in the folder"):
+        load_eagle3(folder, TARGET)

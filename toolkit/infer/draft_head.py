@@ -232,24 +232,6 @@ def their_layer_key(name: str, first: str = "layers.0.") -> str:
     return name
 
 
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """A draft folder's model.safetensors, else its pytorch_model.bin (plain tensors only: weights_only), or an
-    error naming the file that is missing or unreadable (a truncated copy, say)."""
-    from safetensors.torch import load_file
-
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        path = folder / name
-        if not path.is_file():
-            continue
-        try:
-            return load_file(str(path)) if name.endswith(".safetensors") else torch.load(
-                path, map_location="cpu", weights_only=True)
-        except Exception as e:  # safetensors / pickle errors for a damaged file
-            raise ValueError(f"draft {folder}: {name} is unreadable ({str(e).splitlines()[0][:160]}); copy or "
-                             "export it again") from None
-    raise ValueError(f"draft {folder}: no model.safetensors or pytorch_model.bin there")
-
-
 def load_weights(head: nn.Module, weights: dict[str, torch.Tensor], folder, ignore=()) -> None:
     """Load a draft's weights into `head`, built from its config.json: every weight must be there (but those in
     `ignore`), none unknown, and each of the shape the config gives (else the mismatches are named)."""

@@ -22,13 +22,14 @@ from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.config_error import ConfigError
 from toolkit.infer.draft_checks import aux_layer_problems, d2t_problems
-from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, read_weights,
-                                     draft_rope_keys, their_layer_key, write_draft_folder)
+from toolkit.infer.draft_head import (DraftHead, draft_config, load_weights, our_layer_key, draft_rope_keys,
+                                     their_layer_key, write_draft_folder)
 from toolkit.infer.eagle3_config import VARIANTS, read_eagle3_config
 from toolkit.infer.family_keys import text_config
 from toolkit.infer.model import MLP, Block
 from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
+from toolkit.infer.weight_files import read_weights
 
 
 class Eagle3Layer(nn.Module):

@@ -19,12 +19,13 @@ from torch import nn
 from toolkit.infer.attention import Attention
 from toolkit.infer.config import ModelConfig
 from toolkit.infer.config_error import ConfigError
-from toolkit.infer.draft_head import (DraftHead, load_weights, our_layer_key, read_weights, draft_rope_keys,
+from toolkit.infer.draft_head import (DraftHead, load_weights, our_layer_key, draft_rope_keys,
                                      their_layer_key, vocab_rows, write_draft_folder)
 from toolkit.infer.family_keys import text_config
 from toolkit.infer.model import MLP, Block
 from toolkit.infer.norm import RMSNorm
 from toolkit.infer.row_step import few_rows
+from toolkit.infer.weight_files import read_weights
 
 
 class Eagle2Layer(nn.Module):
