@@ -3,10 +3,11 @@ rounds. Every response is complete and equal to the same prompt's solo greedy ou
 depend on the 15 others beside it), nothing fails, and the server's memory does not grow round after round: the
 bytes it holds from the C allocator (`toolkit_heap_in_use_bytes`, live allocations) do not rise round after round. A
 leak raises every round alike; caches that fill once (the first time some batch shape or thread arena is used) raise
-one round and then stay, so the check takes the median of the four rises between rounds 1..5 (CI once saw rises of
-0.01, 3.80, 0.66, 0.00 MB with no leak). RSS is no measure of a leak here: with the speed settings glibc never gives
-memory back, so a leak fills freed space unseen (0.6 MB leaked per request over four rounds left RSS flat) and one
-round where more long requests overlap lifts it for good (CI saw +93 MB once).
+one or two rounds and then stay, so the check takes the median of the rises between rounds 2..5, the first rise
+left out (CI saw rises of 0.01, 3.80, 0.66, 0.00 MB with no leak, and 2.51, 4.45, 0.01, 0.00 MB: two rounds of fill,
+whose median over all four, 1.26 MB, failed the check). RSS is no measure of a leak here: with the speed settings
+glibc never gives memory back, so a leak fills freed space unseen (0.6 MB leaked per request over four rounds left
+RSS flat) and one round where more long requests overlap lifts it for good (CI saw +93 MB once).
 """
 import json
 import re
@@ -78,7 +79,7 @@ def test_32_streaming_clients_get_their_solo_greedy_outputs(serve, random_draft,
             memory.append(heap_mb(base))
         print(f"heap in use after each round (MB): {memory}")
         rises = [b - a for a, b in zip(memory, memory[1:])]
-        assert statistics.median(rises) < LEAK_MB, f"the server holds more memory round after round: {memory}"
+        assert statistics.median(rises[1:]) < LEAK_MB, f"the server holds more memory round after round: {memory}"
         assert memory[-1] - memory[0] < FILL_MB, f"the server's memory grew too much over the rounds: {memory}"
         metrics = httpx.get(f"{base}/metrics").text
     assert f'toolkit_requests_total{{code="200",endpoint="/v1/chat/completions"}} {CLIENTS * (ROUNDS + 1)}.0' in metrics
