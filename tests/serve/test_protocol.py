@@ -111,6 +111,13 @@ def test_extras_at_their_defaults_are_accepted():
     assert CompletionRequest.model_validate({"prompt": "a", "add_generation_prompt": False}).prompt == "a"  # chat's
 
 
+def test_completion_echo_null_is_no_echo():
+    """OpenAI lets echo be null (clients send null for unset fields), as vLLM reads it: no echo."""
+    assert CompletionRequest.model_validate({"prompt": "a", "echo": None}).echo is False
+    assert refusal(CompletionRequest, {"prompt": "a", "echo": None, "max_tokens": 0}).param == "max_tokens"
+    assert refusal(CompletionRequest, {"prompt": "a", "echo": "yes"}).param == "echo"  # still a strict boolean
+
+
 def test_reasoning_effort_is_the_templates_variable():
     """OpenAI's reasoning_effort (gpt-oss's template writes it into its system message), as vLLM and SGLang pass
     it; a chat_template_kwargs value of its own wins; a value outside low / medium / high is refused by name."""

@@ -67,3 +67,19 @@ def test_logprob_tokens_as_token_ids(client):
                                                      "return_tokens_as_token_ids": True}).json()
     entry = chat["choices"][0]["logprobs"]["content"][0]
     assert entry["token"].startswith("token_id:") and entry["bytes"] == list(entry["token"].encode())
+
+
+def test_streamed_token_ids_held_back_by_a_tool_parser_go_with_the_next_chunk(tools_target, in_process_app):
+    """A chunk whose text the tool parser holds back (a call not closed yet) is not sent: its token ids go with
+    the next one, so the streamed ids join to the whole reply's."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    call = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+    body = {"messages": MESSAGES, "max_tokens": 60, "temperature": 0, "return_token_ids": True, "tools": tools,
+            "guided_regex": "Sure\\.\n" + call.replace("{", "\\{").replace("}", "\\}")}  # a call the parser reads
+    with in_process_app(tools_target, max_len=256, tool_parser="hermes") as (app, _), TestClient(app) as http:
+        whole = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+        sent = [c["choices"][0] for c in stream(http, "/v1/chat/completions", body) if c["choices"]]
+        assert whole["message"]["tool_calls"] and whole["finish_reason"] == "tool_calls"
+        assert sum((c.get("token_ids", []) for c in sent), []) == whole["token_ids"]
+        [with_call] = [c for c in sent if c["delta"].get("tool_calls")]  # sent once the call closed
+        assert http.post("/detokenize", json={"tokens": with_call["token_ids"]}).json()["prompt"] == call

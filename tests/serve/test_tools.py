@@ -17,6 +17,8 @@ TOOLS = [{"type": "function", "function": {
              "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["CET", "UTC"]}},
                                                 "required": ["zone"], "additionalProperties": False}}}]
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+ADDR = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+        "additionalProperties": False}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 2}}\n</tool_call>'
 
 
@@ -55,6 +57,13 @@ def streamed(client, **extra) -> tuple[dict, str]:
     return msg | ({"tool_calls": [calls[i] for i in sorted(calls)]} if calls else {}), reason
 
 
+def sending(name: str, addr: dict = ADDR, key: str = "$defs") -> dict:
+    """A tool whose parameters name a nested model by $ref, as openai.pydantic_function_tool() writes them."""
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", key: {"Addr": addr}, "properties": {"to": {"$ref": f"#/{key}/Addr"}}, "required": ["to"],
+        "additionalProperties": False}}}
+
+
 def calls_of(message: dict) -> list[tuple[str, dict]]:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls", [])]
 
@@ -84,6 +93,24 @@ def test_required_gives_calls_of_the_schemas_whole_and_streamed(client):
     cut = post(client, tool_choice="required").json()["choices"][0]
     assert cut["finish_reason"] == "length" and "tool_calls" not in cut["message"]
     assert cut["message"]["content"].startswith('[{"name": "get_')
+
+
+def test_required_lifts_the_tools_defs_to_the_root_their_refs_point_at(client):
+    """required nests each tool's schema in the calls' array, where "#/$defs/Addr" would resolve against the array:
+    the tools' $defs (and definitions) go to its root, as vLLM lifts them; the request's tools are left as sent."""
+    from toolkit.serve.tools import ToolChoice
+
+    tools = [sending("send"), sending("forward"), sending("mail", key="definitions")]
+    sent = json.dumps(tools)
+    r = post(client, tools=tools, tool_choice="required", parallel_tool_calls=False)
+    assert r.status_code == 200, r.text
+    [(name, args)] = calls_of(r.json()["choices"][0]["message"])
+    assert name in ("send", "forward", "mail") and args == {"to": {"city": args["to"]["city"]}}
+    assert args["to"]["city"] in ("Paris", "Rome") and json.dumps(tools) == sent
+    _, schema = ToolChoice("required").constraint(tools)
+    assert schema["$defs"] == schema["definitions"] == {"Addr": ADDR}
+    assert not any(k in call["properties"]["parameters"] for call in schema["items"]["anyOf"]
+                   for k in ("$defs", "definitions"))
 
 
 def test_a_named_function_gets_arguments_of_its_schema(client):
@@ -135,6 +162,8 @@ def test_the_template_shows_tools_and_renders_calls_and_results(client):
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "not among the tools"),
     ({"tool_choice": "sometimes"}, "tool_choice", 'accepted "none", "auto", "required"'),
     ({"tools": None, "tool_choice": "required"}, "tool_choice", '"required" needs tools'),
+    ({"tools": [sending("send"), sending("forward", {"type": "string"})], "tool_choice": "required"},
+     "tools[1].function.parameters", "$defs.Addr: 'forward' defines 'Addr' differently"),  # vLLM refuses it too
     ({"tool_choice": "required", "guided_json": {"type": "object"}}, "guided_json", "constrains the reply"),
     ({"tool_choice": "required", "min_tokens": 2}, "min_tokens", "structured-output constraint"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]},

@@ -141,6 +141,10 @@ class Choice:
             out["prompt_token_ids"], self.prompt_ids_sent = list(self.req.seq.prompt), True
         return out
 
+    def unsent(self, chunk: dict) -> None:
+        """A stream chunk that was not sent (a parser held its text back): its token_ids go with the next one."""
+        self.ids_given -= len(chunk.get("token_ids", ()))
+
     def body(self, text: str | None, reason: str | None, delta: bool) -> dict:
         """The choice object: a whole message / text, or a stream chunk's delta."""
         lp = self._new_logprobs()

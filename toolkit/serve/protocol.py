@@ -206,6 +206,12 @@ class CompletionRequest(Sampling):
     best_of: int | None = None
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # 0: the chosen tokens' own alone
 
+    @field_validator("echo", mode="before")
+    @classmethod
+    def null_echo_is_false(cls, value):
+        """OpenAI lets echo be null (as vLLM reads it): null is the default, no echo."""
+        return False if value is None else value
+
     def logprob_count(self) -> int | None:
         return self.logprobs
 

@@ -137,6 +137,8 @@ class Reply:
                     # a delta whose text a parser holds back (a tag's start, a tool call not closed) goes later
                     if chunk is not None and (not self.chat or chunk["delta"] or chunk["logprobs"] is not None):
                         yield self.chunk([chunk], **self.counts(c))
+                    elif chunk is not None:  # its token ids (vLLM's return_token_ids) go with the next chunk
+                        c.unsent(chunk)
                     if not c.finished:
                         waiting[asyncio.ensure_future(c.update())] = c
                         continue

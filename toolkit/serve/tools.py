@@ -7,7 +7,7 @@ shows the model), `tool_choice` ("none", "auto", "required", or {"type": "functi
             `toolkit serve --enable-auto-tool-choice --tool-call-parser hermes|llama3_json` names (vLLM's flags)
   required  the reply is constrained to a JSON array of calls to the given functions with arguments of their
             schemas (the engine's grammar mask, toolkit/infer/grammar.py), at least one, one without
-            parallel_tool_calls
+            parallel_tool_calls; the tools' $defs / definitions go to the array's root, where their $refs point
   named     the reply is constrained to that function's arguments (its `parameters` schema)
 
 Both constrained forms are JSON on one line with `, ` and `: ` between items (`{"city": "Paris"}`, as models write
@@ -26,6 +26,7 @@ from toolkit.data.schemas import template_reasoning
 from toolkit.serve.api_error import ApiError
 
 NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
+DEFS = ("$defs", "definitions")  # where a JSON schema keeps the subschemas its "$ref"s name
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,32 @@ class ToolChoice:
         params = {t["function"]["name"]: t["function"].get("parameters") or {"type": "object"} for t in tools}
         if self.mode == "named":
             return "json_schema", params[self.name]
+        params, defs = lift_defs(params)
         call = [{"type": "object", "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
                  "required": ["name", "parameters"], "additionalProperties": False} for name, schema in params.items()]
-        array = {"type": "array", "minItems": 1, "items": call[0] if len(call) == 1 else {"anyOf": call}}
+        array = {"type": "array", "minItems": 1, "items": call[0] if len(call) == 1 else {"anyOf": call}, **defs}
         return "json_schema", ({**array, "maxItems": 1} if not self.parallel else array)
+
+
+def lift_defs(params: dict[str, dict]) -> tuple[dict[str, dict], dict]:
+    """required's schema nests each tool's parameters under the array's items, where a "$ref": "#/$defs/X" (what
+    pydantic writes for nested models) no longer resolves: each tool's $defs / definitions come out of its schema and
+    go to the root of the combined one, as vLLM lifts them. Two tools that define one name differently are
+    refused. Returns (the schemas without them, {"$defs": {...}, "definitions": {...}} of those found)."""
+    lifted, defs = {}, {}
+    for i, (name, schema) in enumerate(params.items()):  # in the tools' order (their names are unique)
+        found = {k: v for k, v in schema.items() if k in DEFS and isinstance(v, dict)}
+        lifted[name] = {k: v for k, v in schema.items() if k not in found}
+        for key, named in found.items():
+            have = defs.setdefault(key, {})
+            for d, sub in named.items():
+                if d in have and have[d] != sub:
+                    where = f"tools[{i}].function.parameters"
+                    raise ApiError(400, f"{where}.{key}.{d}: {name!r} defines {d!r} differently from an earlier "
+                                        f"tool; with tool_choice required the tools' {key} share one schema, so "
+                                        "give each definition one name", where)
+                have[d] = sub
+    return lifted, defs
 
 
 def check_tools(tools: list) -> list[dict]:
