@@ -299,3 +299,17 @@ def test_a_sharded_draft_folder_loads_as_the_single_file(tmp_path, kind):
     (folder / f"model-00002-of-00002{ext}").unlink()
     with pytest.raises(ValueError, match=f"{index} lists model-00002-of-00002{ext}, which is not in the folder"):
         load_eagle3(folder, TARGET)
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "kimi_k2", "qwen3"])
+def test_a_head_config_naming_its_targets_model_type_loads_as_the_llama_head(tmp_path, model_type):
+    """SpecForge's draft-model configs name their target's model_type (phi4-mini-eagle3.json: phi3, kimi-k2: kimi_k2)
+    beside LlamaForCausalLMEagle3; SGLang and vLLM build the class the architecture names, Llama layers, so the
+    folder serves as the same head it would be with model_type llama."""
+    write_draft(tmp_path / "llama")
+    write_draft(tmp_path / model_type, model_type=model_type)
+    a, b = load_eagle3(tmp_path / "llama", TARGET), load_eagle3(tmp_path / model_type, TARGET)
+    emb, hid = torch.randn(1, 5, 64), torch.randn(1, 5, 192)
+    la, _ = a(emb, hid, torch.arange(5)[None], a.new_cache(8))
+    lb, _ = b(emb, hid, torch.arange(5)[None], b.new_cache(8))
+    assert torch.equal(la, lb)

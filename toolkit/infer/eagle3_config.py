@@ -56,12 +56,13 @@ def read_eagle3_config(cfg: dict, folder) -> Eagle3Layout:
             raise ValueError(f"draft {folder}: {flag}: true ({what}) is not served by this engine; it serves "
                              "EAGLE-3 heads with norm_before_residual and norm_before_fc either way")
     layer = cfg
-    if kind == "eagle3":
+    if kind == "eagle3":  # vLLM builds a speculators layer of its model_type (qwen3: Eagle3Qwen3)
         layer = _speculators_layer(cfg.get("transformer_layer_config"), folder)
-    if layer.get("model_type", "llama") != "llama":
-        raise ValueError(f"draft {folder}: its layer config is model_type {layer['model_type']!r}; this engine "
-                         "serves EAGLE-3 heads of Llama layers (model_type 'llama', as SGLang's and vLLM's "
-                         "llama_eagle3 build them)")
+        if layer.get("model_type", "llama") != "llama":
+            raise ValueError(f"draft {folder}: its transformer_layer_config is model_type {layer['model_type']!r}; "
+                             "this engine serves speculators EAGLE-3 heads of Llama layers (model_type 'llama')")
+    # else SGLang and vLLM build Llama layers from the architecture (LlamaForCausalLMEagle3), whatever model_type
+    # the config names: SpecForge's configs name their target's (phi4-mini: phi3, kimi-k2: kimi_k2); read as Llama
     layer = {**layer, "model_type": "llama",
              "draft_vocab_size": cfg.get("draft_vocab_size") or layer.get("draft_vocab_size")}
     eagle = cfg.get("eagle_config") or {}
