@@ -66,6 +66,28 @@ def test_a_batch_shorter_than_the_unroll_gives_every_step_an_entry():
     total.backward()
 
 
+def test_eagle_regression_skips_the_steps_a_short_batch_has_no_row_for():
+    """EAGLE-1/2 with 4 TTT steps over a micro-batch of 3 tokens (grouped by length, short rows batch together):
+    its feature regression counts step 0's one row and skips the rest, as the token loss does, instead of a size
+    mismatch that stopped the run."""
+    from types import SimpleNamespace
+
+    from toolkit.train.objectives import OBJECTIVES
+
+    torch.manual_seed(0)
+    V, H = 6, 4
+    steps = [torch.randn(1, 3, V, requires_grad=True) for _ in range(4)]
+    hidden = [torch.randn(1, 3, H, requires_grad=True) for _ in range(4)]
+    feats, target, mask, t2d = torch.randn(1, 3, H), torch.randn(1, 3, V), torch.ones(1, 3), torch.ones(V, dtype=bool)
+    cfg = SimpleNamespace(loss_decay=0.8, regression_weight=1.0, token_weight=0.1)
+    total, _, _, counts = OBJECTIVES["eagle"].loss(cfg, steps, hidden, feats, target, mask, t2d)
+    token = ttt_loss(steps, target, mask, t2d, 0.8)[0]
+    regression = torch.nn.functional.smooth_l1_loss(hidden[0][:, :1], feats[:, 1:2])  # step 0: row 0 -> feature 1
+    assert counts.tolist() == [[1, 0, 0, 0]] * 2
+    assert torch.allclose(total, regression + 0.1 * token)
+
+
+
 def _pair(seed: int, V: int, K: int):
     """Two micro-batches of different lengths and densities, and the one batch that holds both rows (padded)."""
     g = torch.Generator().manual_seed(seed)

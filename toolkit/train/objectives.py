@@ -143,6 +143,8 @@ class Eagle(Objective):
         regression = 0.0
         for i, h in enumerate(step_hidden[:len(losses)]):
             n = L - (i + 2)
+            if n <= 0:  # a micro-batch shorter than the unroll: no row to regress at this step (as ttt_loss)
+                continue
             rows = loss_mask[:, i + 2:i + 2 + n].bool()            # the same rows the token loss counts
             # step i at row t predicts the target's hidden state at t + i + 1 (whose lm_head gives token t + i + 2)
             err = F.smooth_l1_loss(h[:, :n].float(), feats[:, i + 1:i + 1 + n].float(), reduction="none").mean(-1)
