@@ -163,6 +163,20 @@ def test_a_template_that_drops_earlier_thinking_gives_one_sample_per_answer(qwen
     assert len(runs(rows[2]["loss_mask"])) == 2
 
 
+def test_an_answer_a_later_user_turn_quotes_is_not_masked_in_the_quote(qwen3_like):
+    """The whole-conversation search for turn 1's answer ends where turn 2's content starts, even where the
+    template renders turn 1 otherwise once more follows: a user quoting the answer word for word (thinking and
+    all) must not have the quote masked in place of the answer, which the template wrote without its thinking;
+    the conversation becomes one sample per answer, each masked where the target wrote it."""
+    quoted = [THOUGHT[0], THOUGHT[1], {"role": "user", "content": "You said:\n" + THOUGHT[1]["content"] + "\nWhy?"},
+              {"role": "assistant", "content": "Because."}]
+    rows, _ = tokenize(ChatRenderer(qwen3_like), [quoted], 4096)
+    assert [r["turn"] for r in rows] == [1, 2]
+    for row, k in zip(rows, (1, 3)):
+        (a, b), = runs(row["loss_mask"])
+        assert qwen3_like.decode(row["input_ids"][a:b]) == quoted[k]["content"] + "<|im_end|>"
+
+
 # DeepSeek-R1's distills' rule, in a ChatML frame: every answer is rendered without its thinking, and the
 # generation prompt opens the think block the target then writes into
 R1_LIKE = (

@@ -8,8 +8,13 @@ the turn (<|im_end|>, <|eot_id|>, ...), which the draft must learn to predict to
 """
 from __future__ import annotations
 
+import os
+
 from toolkit.data.schemas import BadRecord, Conversation
 from toolkit.data.tokenizer import BUILTIN_TEMPLATES, TokenizerError, special_ids
+
+NEXT = "\u2063toolkit-next\u2063"  # a turn's content no conversation holds: where the rendering of the next begins
+
 
 class TemplateRenderer:
     """A chat template compiled once and rendered with the variables apply_chat_template passes; 3x faster
@@ -79,9 +84,14 @@ class ChatRenderer:
                                 "whole; assistant tokens cannot be located")
             cursor = max(cursor, len(prefix))
             # the search ends with this turn, so an answer also quoted later (a user turn) is not found there;
-            # templates that render earlier turns differently once more follow (Qwen3's thinking) search on
+            # a template that renders an earlier turn differently once more follow (Qwen3's thinking) is rendered
+            # with a user turn after it: the search ends where that turn's content and the next one's part
             upto = self.render(conv[:i + 1])
-            bound = len(upto) if text.startswith(upto) else len(text)
+            if text.startswith(upto):
+                bound = len(upto)
+            else:
+                probe = self.render(conv[:i + 1] + [{"role": "user", "content": NEXT}])
+                bound = len(os.path.commonprefix([text, probe]))
             if msg.get("tool_calls"):  # the calls as the template writes them: the whole turn is the target's
                 if not text.startswith(upto) or len(upto.rstrip()) <= cursor:
                     raise BadRecord("the chat template renders a tool-calling turn differently once more follows; "
