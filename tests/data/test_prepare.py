@@ -288,3 +288,24 @@ def test_several_processes_write_the_same_rows_in_the_same_order(smollm2_dir, tm
     # every answer cut off by --max-len: said so, not "give conversations with assistant turns"
     assert main(["prepare-data", "--data", str(src), "--out", str(tmp_path / "y"), "--max-len", "3"]) == 2
     assert "--max-len 3 cut the answers off: raise it" in capsys.readouterr().err
+
+
+def test_an_answer_cut_at_max_new_tokens_is_trained_without_its_end_of_turn(qwen2_tokenizer, qwen3_like):
+    """`toolkit regenerate` marks an answer cut at --max-new-tokens `truncated: true`: the template still closes its
+    turn, but the target never wrote that token there, so the draft is not taught to predict it; the other answers
+    keep theirs. Both in a whole-conversation sample and in per-answer ones (Qwen3's thinking)."""
+    from toolkit.data.schemas import to_samples
+
+    record = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+                           {"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2, 3,",
+                                                                  "truncated": True}]}
+    conv, = to_samples(record)
+    rows, _ = tokenize(ChatRenderer(qwen2_tokenizer), [conv], 4096)
+    row, = rows
+    assert [qwen2_tokenizer.decode(row["input_ids"][a:b]) for a, b in runs(row["loss_mask"])] == [
+        "Hello.<|im_end|>", "1, 2, 3,"]
+    thought = [*THOUGHT[:3], {**THOUGHT[3], "truncated": True}]
+    conv, = to_samples({"messages": thought})
+    rows, _ = tokenize(ChatRenderer(qwen3_like), [conv], 4096)
+    assert [[qwen3_like.decode(r["input_ids"][a:b]) for a, b in runs(r["loss_mask"])] for r in rows] == [
+        [THOUGHT[1]["content"] + "<|im_end|>"], [THOUGHT[3]["content"]]]

@@ -355,6 +355,11 @@ def test_a_failing_conversation_fails_alone_and_each_answer_is_kept_as_the_targe
     asked = next(b["messages"] for b in Misbehaving.seen
                  if [m["content"] for m in b["messages"]][::2] == ["THINK", "Hi"])
     assert asked[1] == {"role": "assistant", "content": "42"}
+    # the cut answer is marked (prepare-data then leaves its end-of-turn token out of the loss), not sent so
+    cut = next(r for r in read(tmp_path / "o.jsonl") if r["id"] == "d.jsonl:0")["messages"]
+    assert [m.get("truncated") for m in cut] == [None, None, None, True, None, None]
+    asked = next(b["messages"] for b in Misbehaving.seen if b["messages"][-1]["content"] == "after")
+    assert asked[3] == {"role": "assistant", "content": "a cut-off ans"}
     assert {e["id"]: (e["turn"], e["error"].split(":")[0]) for e in errors} == {
         "d.jsonl:1": (1, "InternalServerError"), "d.jsonl:3": (1, "HTTP 400"),
         "d.jsonl:5": (1, "no answer after the reasoning (it used up --max-new-tokens)")}

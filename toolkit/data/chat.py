@@ -122,11 +122,12 @@ class ChatRenderer:
         pre = alone[:alone.find(mark)] if mark in alone else ""
         return pre if text.startswith(pre) else ""
 
-    def assistant_mask(self, ids: list[int], offsets: list[tuple[int, int]], spans) -> list[int]:
-        """1 on tokens overlapping an assistant span and on the special token that ends that turn."""
+    def assistant_mask(self, ids: list[int], offsets: list[tuple[int, int]], spans, cut=()) -> list[int]:
+        """1 on tokens overlapping an assistant span and on the special token that ends that turn, unless `cut`
+        (a flag per span) says the answer was cut off: the target never wrote that token there."""
         mask = [0] * len(ids)
         j = 0
-        for start, end in spans:
+        for k, (start, end) in enumerate(spans):
             while j < len(ids) and offsets[j][1] <= start:
                 j += 1
             while j < len(ids) and offsets[j][0] < end:
@@ -135,7 +136,7 @@ class ChatRenderer:
             while j < len(ids) and offsets[j][0] == offsets[j][1] and ids[j] not in self.special:
                 j += 1  # zero-width tokens between content and the end-of-turn token
             if j < len(ids) and ids[j] in self.special:
-                mask[j] = 1
+                mask[j] = 0 if k < len(cut) and cut[k] else 1
                 j += 1
         return mask
 

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from toolkit.data.schemas import BadRecord, ReadStats, read_places
+from toolkit.data.schemas import CUT, BadRecord, ReadStats, read_places
 from toolkit.data.tokenize_pool import TokenizePool
 from toolkit.embedded import DEFAULT_MODEL
 
@@ -54,16 +54,17 @@ def tokenize(renderer, convs: list[list[dict]], max_len: int) -> tuple[list[dict
             counts["refusal"] = counts["refusal"] or str(e)
             continue
         counts["per_turn"] += len(samples) > 1  # one sample per answer (data/samples.py)
+        cut = [bool(m.get(CUT)) for m in conv if m["role"] == "assistant"]  # a span per answer, or the sample's
         for turn, (text, spans) in enumerate(samples, 1):
             texts.append(text)
-            all_spans.append(spans)
+            all_spans.append((spans, cut if len(samples) == 1 else cut[turn - 1:turn]))
             index.append((i, turn if len(samples) > 1 else 0))
     rows = []
     if not texts:
         return rows, counts
     enc = renderer.tok(texts, add_special_tokens=False, return_offsets_mapping=True)
-    for (i, turn), ids, offsets, spans in zip(index, enc["input_ids"], enc["offset_mapping"], all_spans):
-        mask = renderer.assistant_mask(ids, offsets, spans)
+    for (i, turn), ids, offsets, (spans, cut) in zip(index, enc["input_ids"], enc["offset_mapping"], all_spans):
+        mask = renderer.assistant_mask(ids, offsets, spans, cut)
         if len(ids) > max_len:
             counts["truncated"] += 1
             ids, mask = ids[:max_len], mask[:max_len]

@@ -18,6 +18,9 @@ REASONING = "reasoning_content"  # an answer's reasoning, apart from its content
 # where records keep it: OpenAI-compatible servers' reasoning parsers and Qwen3's template, vLLM's newer name,
 # gpt-oss's template
 REASONING_KEYS = (REASONING, "reasoning", "thinking")
+# an answer the target did not finish (cut at --max-new-tokens: `toolkit regenerate`): trained on, but its
+# template-added end-of-turn token is not, since the target never wrote one there (prepare.py)
+CUT = "truncated"
 # a conversation's tool definitions ride on its first message under this key (every rendered prefix keeps that
 # message), taken off there by the renderer and passed to the template as `tools` (tools.py)
 TOOLS = "toolkit_tools"
@@ -93,9 +96,9 @@ def template_reasoning(turn: dict, thought: str) -> dict:
 
 
 def bare(msg: dict) -> dict:
-    """A message without its reasoning: how a later turn's prompt holds an earlier answer (servers and templates
-    drop the reasoning of past turns) and what a server is sent."""
-    return {k: v for k, v in msg.items() if k != REASONING}
+    """A message without its reasoning (or cut mark): how a later turn's prompt holds an earlier answer (servers and
+    templates drop the reasoning of past turns) and what a server is sent."""
+    return {k: v for k, v in msg.items() if k not in (REASONING, CUT)}
 
 
 def _user_prompt(instruction: Any, extra: Any) -> str:
@@ -128,6 +131,8 @@ def to_samples(rec: Any, joined_turns: bool = False) -> list[Sample]:
             thought = next((t[k] for k in REASONING_KEYS if t.get(k) is not None), "")
             if conv[-1]["role"] == "assistant" and _text(thought, "an answer's reasoning").strip():
                 conv[-1][REASONING] = thought
+            if conv[-1]["role"] == "assistant" and t.get(CUT) is True:
+                conv[-1][CUT] = True
         if rec.get("tools") not in (None, "") and (tools := tool_definitions(rec["tools"])):  # "[]": none
             conv[0] = {**conv[0], TOOLS: tools}
         return [conv]

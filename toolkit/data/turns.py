@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolkit.data.schemas import REASONING, bare
+from toolkit.data.schemas import CUT, REASONING, bare
 
 ON_LENGTH = ("keep", "drop")  # an answer cut at --max-new-tokens: kept as it is, or the conversation ends before it
 
@@ -59,7 +59,7 @@ class Turns:
                 self.conv = self.conv[:-1]
         else:
             self.conv.append({"role": "assistant", "content": a.text, **({REASONING: a.reasoning} if a.reasoning
-                                                                         else {})})
+                                                                         else {}), **({CUT: True} if a.cut else {})})
             o.answered += 1
             o.cut += a.cut
             self.pos += 1
