@@ -11,6 +11,12 @@ never scores above its parent, so the kept set is a tree). Node 0 of the result 
 probabilities (the same order) and takes torch.topk at each choice; so do we, but the rerank keeps creation order
 among equal scores, where SGLang's torch.topk may keep a child without its equal parent
 (tests/infer/test_tree_sglang.py checks the trees against SGLang's algorithm).
+One deliberate difference, for topk > 1: an expanded node's draft forward attends to the draft-cache slots of its
+own ancestors, as EAGLE's topK_genrate does (it reorders its tree mask by the chosen parents). SGLang's
+draft_forward keeps one cache row per top-k branch, so once step 2+ picks several children of one parent, the
+other branches' nodes attend to tokens that are not their ancestors (sgl-project/sglang#8409 describes it and
+measured a higher accept length fixed; closed unmerged). The same head can so reach a higher tree τ here than in
+SGLang; chains (topk = 1) are the same in both.
 
 Everything is tensors of fixed shapes, with no host sync (`grow`), so the whole draft loop can be captured as
 one CUDA graph per batch size (graphs.py). B sequences, k = topk, M = k + (num_steps - 1) k^2 candidates,
