@@ -119,12 +119,18 @@ def test_regenerated_turns_keep_reasoning_apart_and_do_not_ask_it_again():
 def test_a_harmony_reply_splits_into_analysis_and_answer(qwen2_tokenizer):
     """In-process regeneration of a gpt-oss target: the generated tokens' analysis channel is the reasoning, the
     final channel the answer (headers dropped); a tokenizer without harmony gives all its text as the answer."""
+    import torch
+
     from toolkit.data.harmony import reply_parts
 
     tok = with_template(qwen2_tokenizer, HARMONY_LIKE, HARMONY_SPECIALS)
     ids = tok("<|channel|>analysis<|message|>Six sevens.<|end|><|start|>assistant<|channel|>final<|message|>42."
               "<|return|>", add_special_tokens=False).input_ids
     assert reply_parts(tok, ids) == ("Six sevens.", "42.")
+    # transformers' generate hands back a tensor (bench --compare-hf): its 0-d elements hash by identity, so the
+    # special tokens to drop (the qwen2 tokenizer's <|endoftext|> here) were never found among them
+    cut = tok("<|channel|>final<|message|>42.<|endoftext|>", add_special_tokens=False).input_ids
+    assert reply_parts(tok, torch.tensor(cut)) == reply_parts(tok, cut) == ("", "42.")
     plain = qwen2_tokenizer("<think>\nx\n</think>\n\n42.", add_special_tokens=False).input_ids
     assert reply_parts(qwen2_tokenizer, plain) == ("", "<think>\nx\n</think>\n\n42.")
 

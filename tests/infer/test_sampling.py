@@ -29,6 +29,7 @@ def test_bench_samples_with_a_generator_on_the_engines_device(monkeypatch):
     class Engine:  # a CUDA target's engine, as far as run_engine can tell
         device = torch.device("cuda")
         max_len = 2048
+        prefix_cache = None
         seen = []
 
         def warm_up(self):  # compiles nothing off a CPU
@@ -83,3 +84,18 @@ def test_an_infinite_or_nan_temperature_is_refused():
     for t in (float("inf"), float("nan"), -1.0):
         with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
             SamplingParams(temperature=t)
+
+
+def test_bench_times_no_prompt_against_the_warm_ups_kept_kv(tiny_target, smollm2_tokenizer):
+    """run_engine warms up on the first prompt's turn 1, exactly as it is then timed: with a prefix cache the
+    timed request found the warm-up's KV kept and skipped its prefill (on the engine's side only, against the
+    baseline and transformers). The cache is emptied after the warm-up; turn 2 still reuses turn 1's KV."""
+    from toolkit.infer.bench import run_engine
+    from toolkit.infer.engine import Engine
+    from toolkit.infer.loading import load_target
+
+    engine = Engine(load_target(tiny_target), max_len=256, prefix_cache_rows=2)
+    prompts = [{"id": 0, "category": "c", "system": None, "turns": ["Name three colors.", "And two more?"]}]
+    results, _, _ = run_engine(engine, smollm2_tokenizer, prompts, SamplingParams(max_new_tokens=4), seed=0,
+                               stops=set())
+    assert results[0].cached_tokens == 0 and results[1].cached_tokens > 0

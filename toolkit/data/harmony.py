@@ -38,6 +38,7 @@ def reply_parts(tok, tokens: list[int]) -> tuple[str, str]:
 
     keep = {tok.convert_tokens_to_ids(t) for t in HARMONY_TAGS}
     hidden = frozenset(special_ids(tok)) - keep
+    tokens = [int(t) for t in tokens]  # a tensor's elements (transformers' generate) hash by identity, not value
     text = tok.decode([t for t in tokens if t not in hidden], skip_special_tokens=False)
     return HarmonySplit().feed(text, done=True)
 

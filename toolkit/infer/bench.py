@@ -106,6 +106,8 @@ def run_engine(engine, tok, prompts, params, seed, stops: set[int]) -> tuple[lis
     warm = warm_up_ids(tok, prompts)
     if len(warm) + params.max_new_tokens <= engine.max_len:  # else the run below says what does not fit
         engine.generate(warm, SamplingParams(max_new_tokens=4))
+    if engine.prefix_cache is not None:  # else the first timed prompt would find the warm-up's KV kept
+        engine.prefix_cache.clear()
     results, start = [], time.perf_counter()
     g = seeded_generator(engine.device, seed)  # on the target's device: CUDA sampling refuses a CPU generator
 

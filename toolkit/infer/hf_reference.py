@@ -51,7 +51,7 @@ def run_hf(folder, tok, prompts, params, seed, device="cpu", dtype=torch.float32
         mine = widths[before:]
         prefill = int(bool(mine) and mine[0] <= len(ids))  # a forward over the prompt alone gives one token
         counted.append((p["turn"], len(out), len(out) - prefill, len(mine) - prefill))
-        return out
+        return out.tolist()  # ids, as the engine gives them (a tensor's elements hash by identity)
 
     def stats_of(rows):  # τ: tokens after each request's prefill token, per forward after the prefill
         steps = sum(r[3] for r in rows)
