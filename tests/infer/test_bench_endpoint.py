@@ -24,11 +24,24 @@ def test_sglangs_meta_info_read_in_each_of_its_forms():
 
     assert sorted(sglang_accepted({"spec_correct_drafts_histogram": [1, 2], "spec_verify_ct": 3}, 6)) == [0, 1, 1]
     assert sorted(sglang_accepted({"spec_accept_histogram": [0, 0, 1], "spec_verify_ct": 1}, 4)) == [2]
+
     spread = sglang_accepted({"spec_verify_ct": 10, "spec_num_correct_drafts": 31}, 42)
     assert len(spread) == 10 and sum(spread) == 31 and (sum(spread) + len(spread)) / len(spread) == 4.1
     assert sum(sglang_accepted({"spec_verify_ct": 4, "spec_accept_token_num": 6}, 11)) == 6
     assert sum(sglang_accepted({"spec_verify_ct": 4}, 11)) == 6  # no counts: the tokens after prefill tell them
     assert sglang_accepted({"completion_tokens": 1}, 1) == []  # SGLang wrote no spec keys: no verify step
+
+
+def test_vllm_counters_give_the_accepted_lengths_the_emitted_tokens_hold():
+    """vLLM counts a step's accepted drafts before it cuts the output at EOS / max_tokens: 3 steps that drafted
+    (positions 0, 1, 2 accepted by 3, 2, 1 of them: lengths 3, 2, 1) and 10 tokens hold 1 + 9 = 1 + (3+1) + (2+1) +
+    (1+1); cut to 8 tokens, the 2 past the stop come off the longest step, so τ counts what was emitted."""
+    from toolkit.infer.bench_endpoint import vllm_accepted
+
+    at = {0: 3, 1: 2, 2: 1}
+    assert sorted(vllm_accepted(3, at, 10)) == [1, 2, 3]
+    assert sorted(vllm_accepted(3, at, 8)) == [1, 1, 2]  # 7 tokens after the prefill: 3 steps + 4 accepted
+    assert sorted(vllm_accepted(3, at, 12)) == [0, 0, 1, 2, 3]  # two more steps that drafted nothing
 
 
 def test_accepted_lengths_rebuilt_from_vllms_counters(monkeypatch):

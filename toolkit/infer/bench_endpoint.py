@@ -70,6 +70,25 @@ def sglang_accepted(meta: dict, tokens: int) -> list[int]:
     return [each + 1] * extra + [each] * (steps - extra)
 
 
+def vllm_accepted(drafts: int, at: dict[int, int], tokens: int) -> list[int]:
+    """The verify steps' accepted lengths from vLLM's counters over one request: `drafts` steps that drafted, `at`
+    {position k: steps that accepted it}, `tokens` generated. vLLM counts a step's accepted tokens before it cuts
+    the output at a stop (EOS, max_tokens); those past it are taken back from the longest steps, as the engine
+    counts only what it emits. Steps that drafted nothing (the prefill's token aside) accepted 0."""
+    depth = max((k + 1 for k, n in at.items() if n), default=0)
+    reached = [at.get(k, 0) for k in range(depth)] + [0]  # steps that accepted at least k + 1 tokens
+    accepted = [0] * (drafts - reached[0]) + [k + 1 for k in range(depth) for _ in range(reached[k] - reached[k + 1])]
+    accepted += [0] * max(tokens - 1 - sum(accepted) - len(accepted), 0)  # steps with nothing drafted
+    excess = sum(accepted) + len(accepted) - (tokens - 1)
+    for i in sorted(range(len(accepted)), key=lambda i: -accepted[i]):
+        if excess <= 0:
+            break
+        take = min(excess, accepted[i])
+        accepted[i] -= take
+        excess -= take
+    return accepted
+
+
 class Endpoint:
     def __init__(self, url: str, kind: str, params, stops: set[int], seed: int, timeout: float = 600.0):
         import httpx
@@ -115,11 +134,7 @@ class Endpoint:
             tokens = self._post("/v1/completions", body)["choices"][0]["token_ids"]
             after = vllm_counters(self.client, self.root)
             drafts, at = int(after[0] - before[0]), {k: int(v - before[2].get(k, 0)) for k, v in after[2].items()}
-            depth = max((k + 1 for k, n in at.items() if n), default=0)
-            reached = [at.get(k, 0) for k in range(depth)] + [0]  # steps that accepted at least k + 1 tokens
-            accepted = [0] * (drafts - reached[0]) + [k + 1 for k in range(depth) for _ in range(reached[k] -
-                                                                                                  reached[k + 1])]
-            accepted += [0] * max(len(tokens) - 1 - sum(accepted) - len(accepted), 0)  # steps with nothing drafted
+            accepted = vllm_accepted(drafts, at, len(tokens))
         seconds = time.perf_counter() - start
         return Result(tokens=list(tokens), verify_steps=len(accepted), accepted=accepted,
                       seconds={"prefill": 0.0, "draft": 0.0, "verify": seconds})
