@@ -5,6 +5,9 @@ prompt + the engine's answer, which gives the simulated tau (the formula of loss
 is the check that training and serving compute the same head; the simulated tau over-predicts both."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 
 from toolkit.infer.engine import Engine
@@ -62,13 +65,35 @@ class HeldOutEval:
     def __init__(self, acc, template, held: list[dict], cfg, folder, stop_ids, eval_dtype, target=None):
         self.acc, self.template, self.held, self.cfg = acc, template, held, cfg
         self.folder, self.stop_ids, self.eval_dtype, self.target = folder, stop_ids, eval_dtype, target
+        self.off = None  # why evaluation is off for this run: the target it would load does not fit
+        if target is None and acc.is_main_process and cfg.eval_samples:  # offline: no target in training
+            self.off = self._target_misfit()
+            if self.off:
+                print(f"warning: held-out evaluation is off for this run ({cfg.eval_samples} rows still held back; "
+                      f"eval_samples=0 trains on them): {self.off}", file=sys.stderr, flush=True)
+
+    def _target_misfit(self) -> str | None:
+        """Why the target cannot be loaded for evaluation on this process's device (an offline run on cards
+        smaller than it), found at the start: at the first evaluation it stopped the run, with the other ranks
+        waiting for the main one until their timeout."""
+        from toolkit.infer.config import ModelConfig
+        from toolkit.infer.target_weights import check_weights_fit
+        from toolkit.json_files import read_json
+
+        folder = Path(self.folder)
+        raw = read_json(folder / "config.json")
+        try:
+            check_weights_fit(folder, ModelConfig.from_folder(folder, raw), raw, self.eval_dtype, self.acc.device)
+        except ValueError as e:
+            return str(e)
+        return None
 
     def __call__(self, model, step: int, tracker) -> None:
         from toolkit.infer.loading import load_target
         from toolkit.train.checkpoint import load_head
 
         state = self.acc.get_state_dict(model)  # collective under ZeRO-3
-        if self.acc.is_main_process and self.cfg.eval_samples:
+        if self.acc.is_main_process and self.cfg.eval_samples and self.off is None:
             load_head(self.template, state)
             if self.target is None:
                 self.target = load_target(self.folder, self.eval_dtype, self.acc.device)
