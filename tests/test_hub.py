@@ -82,3 +82,59 @@ def test_a_draft_revision_picks_that_snapshot_and_needs_a_hub_id(hf_cache):
     with pytest.raises(ValueError, match=r"a draft revision \(v1\) picks a version of a hub repository, and the draft "
                                          "plain-name is no hub id: drop the revision"):
         hub.draft_folder("plain-name", revision="v1")
+
+
+def test_the_files_fetched_are_the_ones_loaders_read(hf_cache, monkeypatch):
+    """Mistral's repositories ship consolidated.safetensors beside model.safetensors (the weights again, which no
+    loader reads: fetched, a download twice the size; offline, a cache without it refused as incomplete); nor are
+    subfolders read. A draft's pytorch_model.bin is fetched only where its repository has no safetensors."""
+    from fnmatch import fnmatch
+
+    import huggingface_hub
+
+    calls = []
+
+    def fake(repo_id, revision=None, allow_patterns=(), ignore_patterns=(), local_files_only=False):
+        calls.append((allow_patterns, ignore_patterns))
+        return str(snap)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+
+    def fetched(name):
+        allow, ignore = calls[-1]
+        return any(fnmatch(name, p) for p in allow) and not any(fnmatch(name, p) for p in ignore)
+    snap = cached_repo(hf_cache, "org/mistral", {"config.json": b"{}"})
+    hub.snapshot("org/mistral", "--model", hub.MODEL_FILES, "a local folder")
+    assert fetched("model-00001-of-00002.safetensors") and fetched("tokenizer.json")
+    assert not fetched("consolidated.safetensors") and not fetched("original/model.safetensors")
+    snap = cached_repo(hf_cache, "org/head", {"config.json": b"{}", "model.safetensors": b"x"})
+    calls.clear()
+    hub.draft_folder("org/head")
+    assert len(calls) == 1 and fetched("model.safetensors") and not fetched("pytorch_model.bin")
+    snap = cached_repo(hf_cache, "org/safeai", {"config.json": b"{}"})
+    calls.clear()
+    hub.draft_folder("org/safeai")
+    assert len(calls) == 2 and fetched("pytorch_model.bin") and not fetched("optimizer.pt")
+
+
+@pytest.mark.parametrize("error, said", [
+    ("GatedRepoError", "the repository is gated (GatedRepoError: Access to model org/x is restricted): accept its terms "
+                       "on its hub page and set HF_TOKEN"),
+    ("RepositoryNotFoundError", "the hub has no such repository, or it is private and no token with access to it is "
+                                "set (RepositoryNotFoundError): check the id, or set HF_TOKEN"),
+    ("RevisionNotFoundError", "the repository has no such revision (RevisionNotFoundError)"),
+    ("IncompleteSnapshotError", "the local HF cache holds only part of it (IncompleteSnapshotError)")])
+def test_hub_errors_say_what_to_do_for_each_kind(hf_cache, monkeypatch, error, said):
+    """A gated repository, a wrong id or revision and a partial cache each said as what they are (all read
+    'could not be reached, or has no such repository'), with what to do."""
+    import huggingface_hub
+    import huggingface_hub.errors
+
+    def fail(*a, **k):
+        cls = getattr(huggingface_hub.errors, error)
+        err = cls.__new__(cls)
+        Exception.__init__(err, "Access to model org/x is restricted.\nmore")
+        raise err
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fail)
+    with pytest.raises(ValueError) as err:
+        hub.snapshot("org/x", "--model", hub.MODEL_FILES, "a local folder")
+    assert str(err.value).startswith(f"--model org/x: {said}") and str(err.value).endswith("; or pass a local folder.")

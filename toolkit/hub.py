@@ -15,7 +15,12 @@ from pathlib import Path
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 HUB_FILE = re.compile(r"^([A-Za-z0-9][\w.\-]*/[\w.\-]+)/([\w.\-][\w.\-/]*)$")
 MODEL_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
-DRAFT_FILES = ["*.json", "*.safetensors", "pytorch_model*.bin", "*.pt"]  # SafeAILab's heads ship pytorch_model.bin
+DRAFT_FILES = ["*.json", "*.safetensors"]
+DRAFT_BIN = ["*.json", "pytorch_model*.bin"]  # SafeAILab's heads: fetched only where a repository has no safetensors
+# loaders read a repository's top folder only, and never Mistral's consolidated.safetensors (a second copy of the
+# weights in Mistral's naming: weight_files.py): fetched, it doubled the download, and offline a cache without it
+# was refused as incomplete
+IGNORED = ["consolidated*", "*/*"]
 
 
 def offline() -> bool:
@@ -23,9 +28,23 @@ def offline() -> bool:
 
 
 def _why(err: Exception) -> str:
+    """What went wrong fetching from the hub, and what to do, by huggingface_hub's error type."""
+    kind = type(err).__name__
+    said = (str(err).strip().splitlines() or [""])[0][:200].rstrip(".")
+    if kind == "GatedRepoError":
+        return (f"the repository is gated ({kind}: {said}): accept its terms on its hub page and set HF_TOKEN (or "
+                "run `hf auth login`)")
+    if kind == "RepositoryNotFoundError":
+        return (f"the hub has no such repository, or it is private and no token with access to it is set ({kind}): "
+                "check the id, or set HF_TOKEN")
+    if kind == "RevisionNotFoundError":
+        return f"the repository has no such revision ({kind}): give a branch, tag or commit it has"
+    if kind == "IncompleteSnapshotError":
+        return (f"the local HF cache holds only part of it ({kind}): fetch it again where the hub is reachable "
+                "(unset HF_HUB_OFFLINE)")
     how = ("HF_HUB_OFFLINE is set and it is not in the local HF cache" if offline()
-           else "the hub could not be reached, or has no such repository, and it is not in the local HF cache")
-    return f"{how} ({type(err).__name__})"
+           else "the hub could not be reached, and it is not in the local HF cache")
+    return f"{how} ({kind}): download it where the hub is reachable (unset HF_HUB_OFFLINE)"
 
 
 def snapshot(repo_id: str, flag: str, patterns: list[str], alternatives: str, revision: str | None = None) -> Path:
@@ -34,12 +53,11 @@ def snapshot(repo_id: str, flag: str, patterns: list[str], alternatives: str, re
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns,
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns, ignore_patterns=IGNORED,
                                       local_files_only=offline()))
     except Exception as err:  # huggingface_hub raises several types for "not reachable / not cached"
         at = f" at revision {revision}" if revision else ""
-        raise ValueError(f"{flag} {repo_id}{at}: {_why(err)}. Download it where the hub is reachable (unset "
-                         f"HF_HUB_OFFLINE), or pass {alternatives}.") from None
+        raise ValueError(f"{flag} {repo_id}{at}: {_why(err)}; or pass {alternatives}.") from None
 
 
 def draft_folder(name: str | None, flag: str = "--draft", revision: str | None = None) -> str | None:
@@ -50,7 +68,11 @@ def draft_folder(name: str | None, flag: str = "--draft", revision: str | None =
             raise ValueError(f"a draft revision ({revision}) picks a version of a hub repository, and the draft "
                              f"{name} is {'no hub id' if name else 'not given'}: drop the revision")
         return name
-    return str(snapshot(name, flag, DRAFT_FILES, "a local draft folder", None if revision == "main" else revision))
+    revision = None if revision == "main" else revision
+    folder = snapshot(name, flag, DRAFT_FILES, "a local draft folder", revision)
+    if not any(folder.glob("*.safetensors")):  # not also a .bin copy of the same weights
+        folder = snapshot(name, flag, DRAFT_BIN, "a local draft folder", revision)
+    return str(folder)
 
 
 def file(value: str | None, flag: str) -> str | None:
@@ -66,5 +88,4 @@ def file(value: str | None, flag: str) -> str | None:
         return hf_hub_download(repo_id, filename, local_files_only=offline())
     except Exception as err:
         raise ValueError(f"{flag} {value}: no such file here, and as the file {filename} of hub repository "
-                         f"{repo_id}: {_why(err)}. Give a local file, or fetch it where the hub is reachable.") \
-            from None
+                         f"{repo_id}: {_why(err)}; or give a local file.") from None
