@@ -214,3 +214,19 @@ def test_cli_reads_a_url_and_puts_the_answers_to_one(tiny_target, tmp_path, caps
         assert "missing.jsonl: GET answered HTTP 404" in capsys.readouterr().err
     finally:
         store.server.shutdown()
+
+
+def test_a_batch_file_from_a_url_splits_at_newlines_alone_and_skips_its_bom(monkeypatch):
+    """JSON strings may hold U+2028 raw (json.dumps(ensure_ascii=False) writes it so), which str.splitlines breaks
+    at: a file fetched from a URL (or uploaded to the server) split there, and its BOM was read as text; a local
+    file never was."""
+    import httpx
+
+    from toolkit.serve import run_batch
+
+    row = chat("a", "one\u2028two")
+    data = b"\xef\xbb\xbf" + json.dumps(row, ensure_ascii=False).encode() + b"\n"
+    monkeypatch.setattr(httpx, "get", lambda *a, **k: type("R", (), {"status_code": 200, "content": data,
+                                                                    "text": data.decode("utf-8")})())
+    lines = run_batch.read_lines("http://127.0.0.1:1/in.jsonl")
+    assert len(lines) == 1 and lines[0].custom_id == "a"

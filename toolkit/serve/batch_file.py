@@ -138,6 +138,14 @@ def read_batch(path: str | Path) -> list[BatchLine]:
         return parse_batch(_utf8_lines(f, str(path)), str(path))
 
 
+def parse_batch_bytes(data: bytes, name: str, endpoint: str | None = None) -> list[BatchLine]:
+    """parse_batch over a batch file's bytes (fetched from a URL, uploaded): split at "\n" alone, as a file is
+    read, not at every line break str.splitlines knows (JSON strings may hold U+2028 raw), its BOM skipped."""
+    import io
+
+    return parse_batch(_utf8_lines(io.BytesIO(data), name), name, endpoint)
+
+
 def _utf8_lines(f, name: str):
     """The file's lines as text; one that is not UTF-8 is named with its line."""
     for number, raw in enumerate(f, 1):

@@ -21,7 +21,7 @@ from fastapi import Request
 from pydantic import BaseModel
 
 from toolkit.serve.api_error import ApiError
-from toolkit.serve.batch_file import URLS, BatchLine, parse_batch
+from toolkit.serve.batch_file import URLS, BatchLine, parse_batch_bytes
 from toolkit.serve.batch_send import Tally, send_all
 from toolkit.serve.file_store import FileStore
 from toolkit.serve.json_body import read_object, validated
@@ -84,7 +84,7 @@ class Jobs:
         """An OpenAI batch over an uploaded file: failed at once when the file is not a batch file."""
         source = self.files.get(create.input_file_id, "input_file_id")
         try:
-            lines = parse_batch(source.data.decode("utf-8").splitlines(), source.filename, create.endpoint)
+            lines = parse_batch_bytes(source.data, source.filename, create.endpoint)
             errors = []
         except (ValueError, UnicodeDecodeError) as e:
             lines, errors = [], [{"code": "invalid_batch_file", "message": str(e), "param": "input_file_id",

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from toolkit.serve import engine_args
-from toolkit.serve.batch_file import BatchLine, parse_batch, read_batch
+from toolkit.serve.batch_file import BatchLine, parse_batch_bytes, read_batch
 from toolkit.serve.batch_send import Tally, send_all
 
 
@@ -79,7 +79,7 @@ def read_lines(source: str) -> list[BatchLine]:
         raise ValueError(f"--input-file {source}: cannot fetch it ({type(e).__name__}: {e})") from None
     if response.status_code != 200:
         raise ValueError(f"--input-file {source}: GET answered HTTP {response.status_code}")
-    return parse_batch(response.text.splitlines(), source)
+    return parse_batch_bytes(response.content, source)
 
 
 def upload(path: Path, url: str) -> None:
