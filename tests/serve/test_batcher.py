@@ -250,6 +250,10 @@ def test_a_stop_the_engine_misses_still_gives_final_usage_through_it(split_stop,
         assert seq.done and upto <= len(seq.result.tokens) < 200  # cancelled soon after, not run to max_tokens
         assert got[2]["speculative"]["verify_steps"] == upto - 1  # plain decoding: one step per later token
     assert client.get("/health").json()["running"] == 0
+    # a stop found in the text is a stop, as vLLM counts its detokenizer's: not an abort (the client stayed)
+    reasons = {line.split('finished_reason="')[1].split('"')[0]: float(line.split()[-1])
+               for line in client.get("/metrics").text.splitlines() if line.startswith("vllm:request_success_total{")}
+    assert reasons.get("stop") == 2 and not reasons.get("abort")
 
 
 def test_usage_through_a_stop_keeps_the_steps_that_emitted_those_tokens():

@@ -40,7 +40,8 @@ def test_vllm_names_and_its_positional_model_are_our_flags():
 @pytest.mark.parametrize("argv, lookup", [
     (["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"], (7, 12, 1)),  # SGLang's window
     (["--speculative-algorithm", "NGRAM", "--speculative-ngram-max-match-window-size", "5",
-      "--speculative-ngram-min-match-window-size", "2"], (11, 5, 2)),  # SGLang's 12 draft tokens by default
+      "--speculative-ngram-min-match-window-size", "2"], (4, 5, 2)),  # no draft tokens given: the window's, as SGLang
+    (["--speculative-algorithm", "NGRAM"], (11, 12, 1)),  # neither: SGLang's window of 12, so 12 draft tokens
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'], (4, 5, 5)),  # vLLM's defaults
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'], (4, 3, 3)),
     (["--speculative-config", '{"model": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_min": 1, '

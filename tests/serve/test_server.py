@@ -297,8 +297,8 @@ def test_logs_acceptance_and_stops_cleanly(serve, tiny_target, tiny_draft, sig):
                                                                                         abs=0.006)
 
 
-@pytest.mark.parametrize("flags", [["--no-speculation"], ["--speculative-disable-by-batch-size", "0"]],
-                         ids=["no-speculation", "disabled-by-batch-size"])
+# (--speculative-disable-by-batch-size takes N >= 2, as vLLM's: test_serve_metrics.py checks its plain steps)
+@pytest.mark.parametrize("flags", [["--no-speculation"]], ids=["no-speculation"])
 def test_plain_decoding_modes_serve_the_draft_target(serve, tiny_target, tiny_draft, reference, flags):
     _, chat_ref, _ = reference
     with serve("--draft", str(tiny_draft), *flags, "--max-seq-len", "256") as (base, proc):

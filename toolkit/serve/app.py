@@ -30,6 +30,7 @@ from toolkit.serve.choice import Choice
 from toolkit.serve.defaults import SamplingDefaults
 from toolkit.serve.file_store import FileStore, add_files_routes
 from toolkit.serve.json_body import read_object, validated
+from toolkit.serve.metrics import draft_positions
 from toolkit.serve.protocol import ChatRequest, CompletionRequest
 from toolkit.serve.reasoning import TAGS as REASONING_TAGS
 from toolkit.serve.reply import Reply
@@ -69,8 +70,7 @@ def build_app(served: Served) -> FastAPI:
     app = FastAPI(title="toolkit serve", docs_url=None, redoc_url=None)
     batcher, tok = served.batcher, served.tok
     engine, metrics = batcher.engine, batcher.metrics
-    positions = max(engine.tree.num_steps if engine.head is not None else 0,  # draft positions usage reports:
-                    engine.lookup.num_tokens if engine.lookup is not None else 0)  # the tree's or lookup's depth
+    positions = draft_positions(engine)  # the draft positions usage reports, as /metrics' per-position series
     served.created = served.created or int(time.time())
     # the parser's tags that are special tokens here: kept in the text it reads (vLLM turns skip_special_tokens off)
     tags = shown_ids(tok, TAGS[served.tool_parser]) if served.tool_parser else frozenset()

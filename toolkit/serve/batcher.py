@@ -72,6 +72,7 @@ class Request:
     updates: Mailbox = field(default_factory=Mailbox)
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
+    reason: str = "abort"  # vLLM's finished_reason once cancelled: abort (the client left), stop (a stop string)
     sent: int = 0  # tokens published so far
 
     def publish(self, update: Update) -> None:
@@ -86,7 +87,7 @@ class Batcher:
     def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int = 256, log_every: int = 50,
                  disable_by_batch_size: int | None = None):
         self.engine, self.metrics, self.max_queue, self.log_every = engine, metrics, max_queue, log_every
-        self.disable_by_batch_size = disable_by_batch_size  # more running sequences than this: plain steps
+        self.disable_by_batch_size = disable_by_batch_size  # this many running or more: plain steps (vLLM's >=)
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []  # admitted, not yet finished
         self.wake = threading.Condition()
@@ -136,10 +137,12 @@ class Batcher:
             self.flushing = True
             self.wake.notify()
 
-    def cancel(self, req: Request) -> None:
-        """The client went away: the sequence leaves at the next step boundary and its row is reused."""
+    def cancel(self, req: Request, reason: str = "abort") -> None:
+        """The client went away (or the reply showed a stop string the engine missed: reason "stop"): the sequence
+        leaves at the next step boundary, its row is reused, and it counts as finished with the first reason."""
         with self.wake:
-            req.cancelled = True
+            if not req.cancelled:
+                req.cancelled, req.reason = True, reason
             self.wake.notify()
 
     def _run(self) -> None:
@@ -155,8 +158,9 @@ class Batcher:
                     self.flushing = False
                 if not (self.waiting or self.active):
                     continue
-                for req in [r for r in self.waiting if r.cancelled]:
+                for req in [r for r in self.waiting if r.cancelled]:  # never admitted: they finish here
                     self.waiting.remove(req)
+                    self.metrics.finished(req.reason, time.perf_counter() - req.arrived)
                     req.publish(Update([], True))
                 admit = []
                 while self.waiting and len(admit) < self.engine.max_batch - len(self.engine.running):
@@ -183,7 +187,7 @@ class Batcher:
         for req in [r for r in self.active if r.cancelled]:
             self.engine.release(req.seq)
             self.active.remove(req)
-            self.metrics.finished("abort", time.perf_counter() - req.arrived)
+            self.metrics.finished(req.reason, time.perf_counter() - req.arrived)
             # said, so a response that cancelled at a stop string reads the counts once the engine has let go
             req.publish(Update([], True))
         before = dict(self.engine.seconds)
@@ -192,7 +196,7 @@ class Batcher:
             self.metrics.prompt_tokens.inc(sum(len(r.seq.prompt) for r in admit))
             self.metrics.cached_tokens.inc(sum(r.seq.result.cached_tokens for r in admit))
             self.active += admit
-        busy = self.disable_by_batch_size is not None and len(self.engine.running) > self.disable_by_batch_size
+        busy = self.disable_by_batch_size is not None and len(self.engine.running) >= self.disable_by_batch_size
         t0 = time.perf_counter()
         stepped = self.engine.step(speculate=not busy)
         if stepped:  # SGLang's step_time_dict (SpecForge's tuning scripts read its 20th percentile)

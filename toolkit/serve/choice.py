@@ -82,7 +82,7 @@ class Choice:
         """The text showed a stop string before the engine stopped (ClientStops makes that rare): cancel the
         sequence and wait until the engine has let it go. Usage read at once raced the engine thread, which was
         still adding tokens and steps; read after, it is final and cut at the stop."""
-        self.batcher.cancel(self.req)
+        self.batcher.cancel(self.req, "stop")  # vLLM counts a stop its detokenizer finds as finished_reason stop
         try:
             while not self.done:
                 await self.update(RELEASE_WAIT)

@@ -51,8 +51,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="tokens verified per round, root included (default: num_steps + 1)")
     p.add_argument("--no-speculation", action="store_true", help="serve the target alone (plain decoding)")
     p.add_argument("--speculative-disable-by-batch-size", type=int, default=None, metavar="N",
-                   help="decode without drafting while more than N sequences run (as vLLM's option): under load "
-                        "a large verify batch can cost more than speculation saves")
+                   help="decode without drafting while N or more sequences run (N >= 2, as vLLM's option): under "
+                        "load a large verify batch can cost more than speculation saves")
     p.add_argument("--default-chat-template-kwargs", default=None, metavar="JSON",
                    help='template variables for every chat request, e.g. \'{"enable_thinking": false}\' (Qwen3); a '
                         "request's chat_template_kwargs override them key by key (as vLLM's flag)")
@@ -131,8 +131,10 @@ def check(args: argparse.Namespace, command: str):
     check_template_name(args.chat_template)  # a bad one fails here, before loading
     if problem := threads_problem(args.threads):
         raise ValueError(problem)
-    if args.speculative_disable_by_batch_size is not None and args.speculative_disable_by_batch_size < 0:
-        raise ValueError("--speculative-disable-by-batch-size must be >= 0")
+    if (n := args.speculative_disable_by_batch_size) is not None and n < 2:  # as vLLM refuses it ("... is > 1")
+        raise ValueError(f"--speculative-disable-by-batch-size {n} (or --speculative-config's disable_by_batch_size): "
+                         "give a number of running sequences >= 2, from which on steps decode without drafting, or "
+                         "leave it out (--no-speculation never drafts)")
     if args.log_every < 0:
         raise ValueError(f"--log-every {args.log_every}: give a number of steps >= 1, or 0 for no log")
     if args.draft is None and not args.no_speculation:
@@ -192,7 +194,7 @@ def build(args: argparse.Namespace, tree, branch, max_queue: int, command: str) 
     from toolkit.serve.app import Served
     from toolkit.serve.batcher import Batcher
     from toolkit.serve.defaults import sampling_defaults
-    from toolkit.serve.metrics import ServerMetrics
+    from toolkit.serve.metrics import ServerMetrics, draft_positions
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -217,7 +219,7 @@ def build(args: argparse.Namespace, tree, branch, max_queue: int, command: str) 
     recorded = recorded_target(args.draft) if args.draft else {}
     names = args.served_model_name or [args.model or recorded.get("target") or DEFAULT_MODEL]
     name = names[0]
-    metrics = ServerMetrics(max(tree.num_steps, args.lookup) + 1, name)  # the most tokens one verify step emits
+    metrics = ServerMetrics(draft_positions(engine) + 1, name)  # the most tokens one verify step emits
     batcher = Batcher(engine, metrics, max_queue, args.log_every, args.speculative_disable_by_batch_size)
     defaults = sampling_defaults(args.generation_config, loaded.folder)
     served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher, aliases=tuple(names[1:]),

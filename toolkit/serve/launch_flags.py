@@ -99,7 +99,8 @@ def _sglang(args, algorithm: str) -> None:
         if args.draft is not None:
             raise ValueError(f"{flag} drafts by n-gram lookup and takes no draft model; drop "
                              "--speculative-draft-model-path / --draft")
-        tokens = args.num_draft_tokens or 12  # SGLang's default for NGRAM
+        # SGLang's default for NGRAM: the match window size (--speculative-ngram-max-match-window-size), else 12
+        tokens = args.num_draft_tokens or args.lookup_max_ngram or 12
         args.num_draft_tokens = args.num_steps = args.topk = None  # SGLang derives them for NGRAM from its trie
         args.no_speculation = True
         set_once(args, "lookup", tokens - 1, flag)

@@ -18,9 +18,12 @@ this server as they are (labels model_name, and engine="0" for vLLM's):
 
     vllm:spec_decode_num_drafts_total, vllm:spec_decode_num_draft_tokens_total,
     vllm:spec_decode_num_accepted_tokens_total, vllm:spec_decode_num_accepted_tokens_per_pos_total{position}
-                                                 (position 0-based: the first draft token is position 0)
+                                                 (position 0-based: the first draft token is position 0; one per
+                                                 draft position, draft_positions(); none without speculation)
     vllm:num_requests_running, vllm:num_requests_waiting, vllm:prompt_tokens_total, vllm:generation_tokens_total,
     vllm:time_to_first_token_seconds, vllm:e2e_request_latency_seconds, vllm:request_success_total{finished_reason}
+                                                 (stop, length, abort: each at 0 from the start; a cancelled request
+                                                 is abort, queued or running, one a stop string ended is stop)
     vllm:kv_cache_usage_perc, sglang:token_usage  share (0..1) of the batch's cache slots the running sequences fill
     sglang:spec_accept_length                    τ over the last 40 engine steps (SGLang's log interval)
     sglang:num_running_reqs, sglang:num_queue_reqs, sglang:prompt_tokens_total, sglang:generation_tokens_total,
@@ -85,6 +88,14 @@ class _Fan:
             m.observe(value)
 
 
+def draft_positions(engine) -> int:
+    """The draft positions one verify step can accept (what usage's accept_rate_by_position and vLLM's per-position
+    series cover): the tree's depth with a draft head, the prompt lookup's length with lookup (the longer of the
+    two with both), 0 without speculation."""
+    return max(engine.tree.num_steps if engine.head is not None else 0,
+               engine.lookup.num_tokens if engine.lookup is not None else 0)
+
+
 TTFT_BUCKETS = [.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560]
 E2E_BUCKETS = [.3, .5, .8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680]  # vLLM's
 
@@ -93,6 +104,8 @@ class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, max_tau: int = 8, model_name: str = "toolkit"):
+        """max_tau: the most tokens one verify step emits (draft_positions + 1; 1: no speculation, and then no vLLM
+        spec_decode series, as vLLM has none without a speculative config)."""
         self.registry = r = CollectorRegistry()
         vl = {"model_name": model_name, "engine": "0"}  # vLLM's labels
 
@@ -102,14 +115,18 @@ class ServerMetrics:
         def sglang(kind, name, doc, **kw):
             return kind(f"sglang:{name}", doc, ["model_name"], registry=r, **kw).labels(model_name=model_name)
 
-        self.vllm_drafts = vllm(Counter, "spec_decode_num_drafts", "verify steps checking draft tokens").labels(**vl)
-        self.vllm_draft_tokens = vllm(Counter, "spec_decode_num_draft_tokens", "draft tokens checked").labels(**vl)
-        self.vllm_accepted = vllm(Counter, "spec_decode_num_accepted_tokens", "draft tokens accepted").labels(**vl)
-        self.vllm_per_pos = vllm(Counter, "spec_decode_num_accepted_tokens_per_pos", "accepted at draft position",
-                                 ["position"])
-        for position in range(max_tau - 1):  # every position at 0 from the start, as vLLM: a ratio reads 0, not no data
-            self.vllm_per_pos.labels(**vl, position=str(position))
+        self.speculating = max_tau > 1
+        if self.speculating:
+            self.vllm_drafts = vllm(Counter, "spec_decode_num_drafts", "verify steps checking drafts").labels(**vl)
+            self.vllm_draft_tokens = vllm(Counter, "spec_decode_num_draft_tokens", "draft tokens checked").labels(**vl)
+            self.vllm_accepted = vllm(Counter, "spec_decode_num_accepted_tokens", "draft tokens accepted").labels(**vl)
+            self.vllm_per_pos = vllm(Counter, "spec_decode_num_accepted_tokens_per_pos", "accepted at draft position",
+                                     ["position"])
+            for position in range(max_tau - 1):  # every position at 0 from the start, as vLLM: a ratio reads 0
+                self.vllm_per_pos.labels(**vl, position=str(position))
         self.vllm_success = vllm(Counter, "request_success", "finished requests", ["finished_reason"])
+        for reason in ("stop", "length", "abort"):  # each at 0 from the start, as vLLM: rate() reads 0, not no data
+            self.vllm_success.labels(**vl, finished_reason=reason)
         self.e2e = _Fan(vllm(Histogram, "e2e_request_latency_seconds", "arrival to the last token",
                              buckets=E2E_BUCKETS).labels(**vl),
                         sglang(Histogram, "e2e_request_latency_seconds", "arrival to the last token",
@@ -163,8 +180,9 @@ class ServerMetrics:
         for a in accepted:
             for k in range(1, a + 1):
                 self.accepted_at.labels(position=str(k)).inc()
-                self.vllm_per_pos.labels(**self.vl, position=str(k - 1)).inc()
-        if checked is not None:
+                if self.speculating:
+                    self.vllm_per_pos.labels(**self.vl, position=str(k - 1)).inc()
+        if checked is not None and self.speculating:
             self.vllm_drafts.inc(sum(n > 0 for n in checked))
             self.vllm_draft_tokens.inc(sum(checked))
             self.vllm_accepted.inc(sum(accepted))
