@@ -128,6 +128,38 @@ def test_a_slow_reader_holds_one_merged_update_not_one_per_step(tiny_target):
     assert box.qsize() == 1 and box.get_nowait().error == "boom" and box.qsize() == 0
 
 
+def test_the_token_prefill_chose_goes_out_before_the_next_step(tiny_target, monkeypatch):
+    """Prefill picks each admitted sequence's first token; it waited for the next (speculative) step before it was
+    published, so time to first token read a whole step later than vLLM's. It is published at admission now."""
+    import asyncio
+
+    from toolkit.infer.sampling import SamplingParams
+    from toolkit.infer.sequence import Sequence
+
+    tok = load_tokenizer(model=str(tiny_target))
+    engine = Engine(load_target(tiny_target), max_len=128, max_batch=2)
+    batcher = Batcher(engine, ServerMetrics(), log_every=0)
+    real_step, sent_at_step = engine.step, []
+
+    def step(speculate=True):
+        sent_at_step.append([r.sent for r in batcher.active])
+        return real_step(speculate)
+    monkeypatch.setattr(engine, "step", step)
+
+    async def ask():
+        req = batcher.submit(Sequence(tok("Hello").input_ids, SamplingParams(max_new_tokens=5)))
+        while not req.seq.done:
+            await asyncio.sleep(0.01)
+        return req
+
+    batcher.start()
+    try:
+        req = asyncio.run(ask())
+    finally:
+        batcher.stop()
+    assert sent_at_step[0] == [1] and req.sent == 5
+
+
 def test_the_kv_usage_gauge_follows_the_running_sequences(tiny_target):
     """vllm:kv_cache_usage_perc / sglang:token_usage: the share of the batch's cache slots the running sequences
     fill, set after every step; 0 once they are done."""

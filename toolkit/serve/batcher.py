@@ -196,6 +196,7 @@ class Batcher:
             self.metrics.prompt_tokens.inc(sum(len(r.seq.prompt) for r in admit))
             self.metrics.cached_tokens.inc(sum(r.seq.result.cached_tokens for r in admit))
             self.active += admit
+            self._publish(admit)  # the token prefill chose goes out now, not after the next step (vLLM's TTFT)
         busy = self.disable_by_batch_size is not None and len(self.engine.running) >= self.disable_by_batch_size
         t0 = time.perf_counter()
         stepped = self.engine.step(speculate=not busy)
@@ -205,8 +206,12 @@ class Batcher:
                           {k: v - before[k] for k, v in self.engine.seconds.items()},
                           [s.result.checked[-1] for s in stepped])
         self._log(stepped)
+        self._publish(self.active)
+
+    def _publish(self, reqs: list[Request]) -> None:
+        """Each request's new tokens (and its end) to its response; the finished ones leave the active list."""
         now = time.perf_counter()
-        for req in self.active:
+        for req in reqs:
             toks = req.seq.result.tokens
             if len(toks) > req.sent or req.seq.done:
                 if req.sent == 0 and toks:
