@@ -87,3 +87,14 @@ def test_cache_length_from_memory_is_capped_by_the_target_and_refused_under_two_
     monkeypatch.setattr(kv_cache, "free_memory_bytes", lambda device: per_slot * 3)
     with pytest.raises(ValueError, match="KV cache of 0 slots is too small"):
         kv_cache.cache_length(CONFIG, None, 2, 1, 0.5, torch.float32, "cpu")
+
+
+def test_cuda_free_memory_counts_what_the_caching_allocator_holds_unused(monkeypatch):
+    """The driver's free figure leaves out memory PyTorch reserved and freed again, which this process allocates
+    first: an engine built after another in one process (bench's sweep) was refused memory it could reuse."""
+    from toolkit.infer import kv_cache
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 20 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 12 * 2**30)
+    assert kv_cache.free_memory_bytes("cuda:0") == (3 + 8) * 2**30

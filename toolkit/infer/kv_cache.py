@@ -70,10 +70,13 @@ def utilization_budget(device: torch.device | str, utilization: float) -> int:
 
 
 def free_memory_bytes(device: torch.device | str) -> int:
-    """Free accelerator memory, or available RAM on CPU (Linux /proc/meminfo)."""
+    """Free accelerator memory, or available RAM on CPU (Linux /proc/meminfo). On CUDA that is the driver's free
+    memory plus what PyTorch's caching allocator holds reserved but unused, which this process allocates first
+    (an engine built after another in one process, as bench's sweep does, was refused memory it could reuse)."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + idle
     return meminfo_bytes("MemAvailable")[0]
 
 
