@@ -309,3 +309,12 @@ def test_an_answer_cut_at_max_new_tokens_is_trained_without_its_end_of_turn(qwen
     rows, _ = tokenize(ChatRenderer(qwen3_like), [conv], 4096)
     assert [[qwen3_like.decode(r["input_ids"][a:b]) for a, b in runs(r["loss_mask"])] for r in rows] == [
         [THOUGHT[1]["content"] + "<|im_end|>"], [THOUGHT[3]["content"]]]
+
+
+def test_an_empty_last_answer_under_a_template_that_adds_text_before_it_masks_its_end_of_turn(qwen3_like):
+    """Qwen3 puts an empty think block before the last answer's content: the search for an empty answer found the
+    header's end, before that block, so the end-of-turn token after it (the one token the target wrote) was not
+    masked. It is found where the template puts the content."""
+    conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]
+    row, = tokenize(ChatRenderer(qwen3_like), [conv], 4096)[0]
+    assert [qwen3_like.decode(row["input_ids"][a:b]) for a, b in runs(row["loss_mask"])] == ["<|im_end|>"]
