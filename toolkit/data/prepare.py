@@ -27,7 +27,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=f"target whose tokenizer and template are used (default "
                                                  f"{DEFAULT_MODEL})")
     p.add_argument("--tokenizer", default=None, help="a tokenizer.json or folder instead of the model's")
-    p.add_argument("--chat-template", default=None, help="built-in name (llama3|qwen2|chatml) or a .jinja file")
+    p.add_argument("--chat-template", default=None, help="built-in name (llama3|qwen2|chatml|chatml-tools) or a .jinja file")
     p.add_argument("--chat-template-kwargs", default=None,
                    help='extra template variables, as regenerate and serve were given them, e.g. '
                         '\'{"reasoning_effort": "low"}\' (gpt-oss: the system message the target read)')
