@@ -164,3 +164,33 @@ def test_a_reasoning_models_grammar_starts_after_its_think_block(setup):
     assert after_thinking(Tok(), [1, 7, 5, 8, 5, 7]) == (8, False)  # the template opened one: think first
     assert after_thinking(Tok(), [1, 5]) == (8, False)
     assert after_thinking(tok, prompts[0]) == (None, True)  # SmolLM2 has no </think> token
+
+
+@pytest.mark.parametrize("schema, problem", [
+    # property names and enum / const values are no keywords: OpenAI's weather tool has a property "format" (a
+    # 500: the walk took {"type": ...} for a format name), and these were refused as unenforced
+    ({"type": "object", "properties": {"format": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                                       "pattern": {"type": "string"}, "maxLength": {"type": "integer"}}}, None),
+    ({"const": {"format": "x", "uniqueItems": True}}, None),
+    ({"type": "integer", "format": "int64"}, None),  # pydantic / OpenAPI: an annotation off strings
+    # pydantic's field of a nested model: merged, so its $ref is enforced (xgrammar ignored the allOf)
+    ({"type": "object", "properties": {"a": {"allOf": [{"$ref": "#/$defs/A"}], "description": "d"}},
+      "$defs": {"A": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}, None),
+    # what xgrammar compiles and does not enforce (replies broke them under random logits), refused by path
+    ({"type": "object", "required": ["zz"]}, "schema: required 'zz', which properties does not define"),
+    ({"allOf": [{"required": ["a"]}, {"required": ["b"]}]}, "schema: allOf"),
+    ({"not": {"type": "string"}}, "schema: not"),
+    ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, "schema: if"),
+    ({"type": "object", "anyOf": [{"type": "object"}]}, "schema: type beside anyOf / oneOf"),
+    ({"type": "string", "format": "date", "maxLength": 3}, "schema: format together with pattern / minLength"),
+    ({"type": "string", "enum": ["a", 1]}, "schema: enum / const value 1, which type string does not allow"),
+    ({"type": "integer", "const": True}, "schema: enum / const value True, which type integer does not allow"),
+    ({"type": "object", "properties": {"p": {"type": "array", "items": {"not": {}}}}}, "schema.properties.p.items: not"),
+])
+def test_schemas_are_enforced_or_refused_by_path(setup, schema, problem):
+    grammars = setup[2]
+    if problem is None:
+        grammars.compile("json_schema", schema)
+    else:
+        with pytest.raises(ValueError, match="^" + problem.replace("(", r"\(").replace(")", r"\)")):
+            grammars.compile("json_schema", schema)

@@ -28,20 +28,85 @@ def allowed_ids(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     return bits.bool().reshape(bitmask.shape[0], -1)[:, :vocab]
 
 
-def unenforced(schema, path: str = "schema") -> str | None:
-    """The first keyword of a JSON schema that xgrammar would compile but not enforce (so a reply could break the
-    schema unnoticed), named with its path; None when there is none (vLLM refuses the same kinds)."""
+NOTES = {"title", "description", "default", "examples", "$comment", "$schema", "$id", "deprecated", "readOnly",
+         "writeOnly"}  # keywords that say, not constrain
+MAPS = ("properties", "patternProperties", "$defs", "definitions")  # {name: subschema}
+ONES = ("items", "additionalProperties", "propertyNames", "additionalItems")  # a subschema (items: or a list)
+LISTS = ("prefixItems", "anyOf", "oneOf")  # [subschema, ...]
+IGNORED = ("allOf", "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+           "unevaluatedProperties", "unevaluatedItems")  # compiled by xgrammar 0.2 without a word, not enforced
+TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "null": (type(None),),
+         "object": (dict,), "array": (list,)}
+
+
+def normalized(schema):
+    """The schema with pydantic's one-element allOf (a nested model's field: {"allOf": [{"$ref": ...}], "description":
+    ...}) merged into its parent, which xgrammar would otherwise not enforce at all; everything else as given."""
     if isinstance(schema, list):
-        return next((found for i, item in enumerate(schema) if (found := unenforced(item, f"{path}[{i}]"))), None)
+        return [normalized(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (normalized(v) if k not in ("enum", "const", "default", "examples") else v) for k, v in schema.items()}
+    if isinstance(out.get("allOf"), list) and len(out["allOf"]) == 1 and isinstance(out["allOf"][0], dict):
+        only = out.pop("allOf")[0]
+        if set(only) & (set(out) - NOTES):  # both sides constrain one keyword: left for unenforced to refuse
+            out["allOf"] = [only]
+        else:
+            out = {**out, **only}
+    return out
+
+
+def _subschemas(schema: dict, path: str):
+    """(subschema, its path) for every place in `schema` that holds a schema (not enum / const values, nor the names
+    of properties, which may well be "format" or "pattern")."""
+    for key in MAPS:
+        if isinstance(schema.get(key), dict):
+            yield from ((sub, f"{path}.{key}.{name}") for name, sub in schema[key].items())
+    for key in ONES:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            yield value, f"{path}.{key}"
+        elif isinstance(value, list):
+            yield from ((sub, f"{path}.{key}[{i}]") for i, sub in enumerate(value))
+    for key in LISTS:
+        if isinstance(schema.get(key), list):
+            yield from ((sub, f"{path}.{key}[{i}]") for i, sub in enumerate(schema[key]))
+
+
+def _typed(value, types) -> bool:
+    return any(isinstance(value, TYPES.get(t, ())) and not (isinstance(value, bool) and t in ("integer", "number"))
+               for t in types)
+
+
+def unenforced(schema, path: str = "schema") -> str | None:
+    """The first keyword of a (normalized) JSON schema that xgrammar would compile but not enforce (so a reply could
+    break the schema unnoticed), named with its path; None when there is none. vLLM refuses some of these kinds;
+    the rest it passes on, and its replies may break them."""
     if not isinstance(schema, dict):
         return None
     if schema.get("uniqueItems") or any(k in schema for k in ("contains", "minContains", "maxContains")):
         return f"{path}: uniqueItems / contains"
-    if "format" in schema and schema["format"] not in FORMATS:
-        return f"{path}: format {schema['format']!r} (enforced: {', '.join(sorted(FORMATS))})"
+    if ignored := next((k for k in IGNORED if k in schema), None):
+        return f"{path}: {ignored}"
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    if isinstance(schema.get("format"), str) and (not types or "string" in types):  # elsewhere an annotation
+        if schema["format"] not in FORMATS:
+            return f"{path}: format {schema['format']!r} (enforced: {', '.join(sorted(FORMATS))})"
+        if any(k in schema for k in ("pattern", "minLength", "maxLength")):
+            return f"{path}: format together with pattern / minLength / maxLength"
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
         return f"{path}: pattern together with minLength / maxLength"
-    return next((found for key, value in schema.items() if (found := unenforced(value, f"{path}.{key}"))), None)
+    missing = [n for n in schema.get("required") or [] if n not in (schema.get("properties") or {})]
+    if missing:
+        return f"{path}: required {missing[0]!r}, which properties does not define"
+    if any(k in schema for k in ("anyOf", "oneOf")) and (beside := sorted(set(schema) - NOTES - {
+            "anyOf", "oneOf", "$defs", "definitions"})):
+        return f"{path}: {beside[0]} beside anyOf / oneOf (move it into each branch)"
+    values = schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else []
+    if types and (wrong := [v for v in values if not _typed(v, types)]):
+        return f"{path}: enum / const value {wrong[0]!r}, which type {'/'.join(types)} does not allow"
+    return next((found for sub, where in _subschemas(schema, path) if (found := unenforced(sub, where))), None)
 
 
 class GrammarMask:
@@ -142,6 +207,7 @@ class Grammars:
                 schema = json.loads(spec) if isinstance(spec, str) else spec
             except ValueError as e:
                 raise ValueError(f"not JSON: {e}") from None
+            schema = normalized(schema)
             problem = unenforced(schema)
             if problem:
                 raise ValueError(f"{problem} is not supported (the grammar would not enforce it)")
