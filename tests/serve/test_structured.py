@@ -122,3 +122,16 @@ def test_json_object_is_an_object(tiny_target):
         for text, whole in (('{"a": [1, 2]}', True), ("[1, 2]", False), ("7", False)):
             m = xgr.GrammarMatcher(compiled)
             assert (m.accept_string(text) and m.is_completed()) == whole, (text, compact)
+
+
+@pytest.mark.parametrize("given", [{"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
+                                   {"response_format": {"type": "json_object"}}, {"guided_json": SCHEMA}])
+def test_disable_any_whitespace_applies_to_every_json_constraint(given):
+    """vLLM's structured_outputs.disable_any_whitespace compacts response_format and guided_json too; it was read for
+    structured_outputs' own constraints alone."""
+    from toolkit.serve.protocol import ChatRequest
+    from toolkit.serve.structured import constraint
+
+    body = ChatRequest(messages=MESSAGES, structured_outputs={"disable_any_whitespace": True}, **given)
+    assert constraint(body).any_whitespace is False
+    assert constraint(ChatRequest(messages=MESSAGES, **given)).any_whitespace is True

@@ -27,22 +27,23 @@ class Constraint:
 
 def constraint(body) -> Constraint | None:
     found: list[Constraint] = []
+    options = dict(body.structured_outputs or {})
+    compact = options.pop("disable_any_whitespace", False)  # vLLM applies it to every JSON constraint
     fmt = body.response_format or {}
     kind = fmt.get("type", "text")
     if kind == "json_object":
-        found.append(Constraint("response_format", "json", None))
+        found.append(Constraint("response_format", "json", None, not compact))
     elif kind == "json_schema":
         schema = (fmt.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
             raise ApiError(400, "response_format json_schema needs json_schema.schema, a JSON schema object",
                            "response_format")
-        found.append(Constraint("response_format", "json_schema", schema))
+        found.append(Constraint("response_format", "json_schema", schema, not compact))
     elif kind != "text":
         raise ApiError(400, f"response_format {kind!r} is not supported; accepted: text, json_object, json_schema",
                        "response_format")
-    found += [Constraint(name, kind, getattr(body, name)) for name, kind in EXTRAS if getattr(body, name) is not None]
-    options = dict(body.structured_outputs or {})
-    compact = options.pop("disable_any_whitespace", False)
+    found += [Constraint(name, kind, getattr(body, name), not compact) for name, kind in EXTRAS
+              if getattr(body, name) is not None]
     for key, value in options.items():
         kind = STRUCTURED_OUTPUTS.get(key)
         if kind is None and value:  # vLLM's other options (backend, whitespace pattern) at their off values pass
