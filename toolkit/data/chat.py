@@ -110,20 +110,20 @@ class ChatRenderer:
                 if start >= 0:
                     break
             else:  # an empty answer sits where the template puts content, which may be past text it adds first
-                start, candidate = self._empty_at(conv, i, text, cursor) if not candidates else (-1, "")
+                start, candidate = self._empty_at(conv, i, text, cursor) if not candidates else -1, ""
                 if start < 0:
                     raise BadRecord("the chat template rewrites assistant content; it cannot be located")
             spans.append((start, start + len(candidate)))
             cursor = start + len(candidate)
         return text, spans
 
-    def _empty_at(self, conv, i: int, text: str, cursor: int) -> tuple[int, str]:
+    def _empty_at(self, conv, i: int, text: str, cursor: int) -> int:
         """Where answer i, empty, stands in `text`: found by rendering a marker as its content (Qwen3 puts an empty
         think block before it, and the search for "" found the header's end, so its end-of-turn token was not
         masked); -1 where the marked rendering does not match."""
         marked = self.render(conv[:i] + [{**conv[i], "content": NEXT}] + conv[i + 1:])
         at = marked.find(NEXT)
-        return (at if at >= cursor and text.startswith(marked[:at]) else -1), ""
+        return at if at >= cursor and text.startswith(marked[:at]) else -1
 
     def _preamble(self, msg: dict, text: str) -> str:
         """What the template renders before a reply that opens the conversation (a default system prompt, the

@@ -118,7 +118,7 @@ class ModelConfig:
             raise ConfigError(f"model_type {kind!r} is not supported; accepted: {sorted(FAMILIES)}")
         # a multimodal config's quantization_config sits at its top level
         _refuse_unsupported(kind, {**cfg, "quantization_config": fp8.quantization(outer) or None})
-        cfg = {**family_keys.SIZES.get(kind, {}), **cfg}  # keys a multimodal text_config leaves at their defaults
+        cfg = family_keys.text_config(outer)  # with the keys a multimodal text_config leaves at their defaults
         check_sizes(kind, cfg)
         family, heads = FAMILIES[kind], cfg["num_attention_heads"]
         max_positions = cfg.get("max_position_embeddings") or family.max_positions
