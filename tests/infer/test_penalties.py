@@ -18,6 +18,7 @@ from toolkit.infer.engine import Engine
 from toolkit.infer.lookup import LookupConfig
 from toolkit.infer.penalties import Penalties
 from toolkit.infer.sampling import SamplingParams
+from toolkit.infer.sequence import Sequence
 from toolkit.infer.tree import Tree, TreeConfig
 
 PENALIZED = SamplingParams(max_new_tokens=20, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.3)
@@ -247,3 +248,43 @@ def test_a_bias_outside_the_vocabulary_is_refused_before_any_prefill(tiny):
 def test_bad_values_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kw)
+
+
+NAMED = "output token {}: together, the request's allowed_token_ids and {} allow none"
+STUCK = {  # params -> (tokens they let out, what the error says)
+    "at the first token": (SamplingParams(max_new_tokens=20, allowed_token_ids=(5,), bad_words=((5,),)), [],
+                           NAMED.format(0, "bad_words")),
+    "after one token": (SamplingParams(max_new_tokens=20, allowed_token_ids=(5, 6), bad_words=((6,), (5, 5))), [5],
+                        NAMED.format(1, "bad_words")),
+    "min_tokens over the only ids allowed": (SamplingParams(max_new_tokens=20, allowed_token_ids=(2,), min_tokens=3),
+                                             [], NAMED.format(0, "min_tokens")),
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("draft", ["plain", "oracle-tree", "eagle3-tree", "mtp-chain", "lookup"])
+def test_constraints_that_allow_no_token_end_that_sequence_alone(tiny, draft, temperature):
+    """Where a request's constraints leave no token at all (the first, or one a tree node would need), that
+    sequence ends there with finish "abort" and an error naming them; nothing is made up (an argmax over -inf
+    picked token 0, a sample over them failed the whole batch step), and the batch beside it goes on as alone."""
+    target, hf = tiny
+    free = SamplingParams(max_new_tokens=20, temperature=temperature)
+    want = reference_greedy(hf, PROMPTS[0], free) if temperature == 0 else None
+    kind, tree, lookup = DRAFTS[draft]
+    head = None if kind is None else (Oracle.of(target, [PROMPTS[0] + (want or [])], wrong_every=4)
+                                      if kind == "oracle" else make_head(kind, target))
+    eng = Engine(target, head, tree, max_len=64, max_batch=4, lookup=lookup)
+    stuck = [Sequence(PROMPTS[1], params, frozenset({2}), generator=torch.Generator().manual_seed(0))
+             for params, _, _ in STUCK.values()]
+    beside = Sequence(PROMPTS[0], free, frozenset({2}), generator=torch.Generator().manual_seed(1))
+    eng.admit([stuck[0], beside, *stuck[1:]])
+    while eng.running:
+        eng.step()
+    for s, (_, tokens, named) in zip(stuck, STUCK.values()):
+        assert (s.result.tokens, s.result.finish, s.done) == (tokens, "abort", True)
+        assert named in s.result.error
+    assert beside.result.finish == "length" and beside.result.error is None
+    if want is not None:
+        assert beside.result.tokens == want
+    for s in stuck:  # a step that found no token still counts: it accepted no draft token
+        assert min(s.result.accepted, default=0) >= 0 and len(s.result.accepted) == s.result.verify_steps

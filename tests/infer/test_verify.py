@@ -103,3 +103,17 @@ def test_target_probs_and_params():
     for bad in (dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(top_k=-2), dict(max_new_tokens=0)):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
+
+
+def test_an_accepted_path_stops_at_a_node_that_allows_no_token():
+    """Path 0 -> 2 -> 5, emitted tokens a b c: node 5 allows none, so its own token (b, chosen at node 2) is the
+    last; node 2 allowing none ends after a; the root allowing none emits nothing (its KV kept)."""
+    from toolkit.infer.verify import stop_at_empty
+
+    path, out = [0, 2, 5], ["a", "b", "c"]
+    empty = [False] * 6
+    assert stop_at_empty(path, out, empty) == (path, out, False)
+    assert stop_at_empty(path, out, [i == 5 for i in range(6)]) == ([0, 2], ["a", "b"], True)
+    assert stop_at_empty(path, out, [i in (2, 5) for i in range(6)]) == ([0], ["a"], True)
+    assert stop_at_empty(path, out, [i == 0 for i in range(6)]) == ([0], [], True)
+    assert stop_at_empty(path, out, [i == 3 for i in range(6)]) == (path, out, False)  # off the path: no matter

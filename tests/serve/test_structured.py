@@ -135,3 +135,24 @@ def test_disable_any_whitespace_applies_to_every_json_constraint(given):
     body = ChatRequest(messages=MESSAGES, structured_outputs={"disable_any_whitespace": True}, **given)
     assert constraint(body).any_whitespace is False
     assert constraint(ChatRequest(messages=MESSAGES, **given)).any_whitespace is True
+
+
+def test_a_grammar_and_allowed_ids_with_nothing_left_fail_that_request_alone(client, tiny_target):
+    """The choice's word is allowed but not the end of turn it must be followed by: after that token nothing may
+    come. That request is a 400 naming both (streamed: the word, then the error), not a made-up token or a failed
+    batch; the server answers the next request as before."""
+    from toolkit.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model=str(tiny_target))
+    red = tok("red", add_special_tokens=False).input_ids
+    body = {"messages": MESSAGES, "max_tokens": 10, "temperature": 0, "guided_choice": ["red", "blue"],
+            "allowed_token_ids": red}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "no_token_allowed", r.text
+    said = r.json()["error"]["message"]
+    assert f"output token {len(red)}: together, the request's structured output and allowed_token_ids" in said
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    text = "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", ()))
+    assert text in ("", "red") and events[-1]["error"]["code"] == "no_token_allowed"
+    assert chat(client, guided_choice=["red", "blue"])["message"]["content"] in ("red", "blue")

@@ -32,7 +32,7 @@ from toolkit.infer.runner import Runner
 from toolkit.infer.sampling import SamplingParams, target_probs
 from toolkit.infer.sequence import Result, Sequence, StopStrings, check_request
 from toolkit.infer.tree import Tree, TreeConfig, ancestor_masks, window_mask
-from toolkit.infer.verify import verify_tree
+from toolkit.infer.verify import stop_at_empty, verify_tree
 
 
 class Engine:
@@ -146,12 +146,15 @@ class Engine:
                     s.penalties = Penalties(s.params, s.prompt, logits.shape[-1], self.device, held)
                 scores = logits[b] if s.grammar is None else s.grammar.apply(logits[b])            # [1, V]
                 scores = scores if s.penalties is None else s.penalties.apply(scores)
+                if (s.grammar is not None or s.penalties is not None) and bool(torch.isneginf(scores[0]).all()):
+                    s.stuck()  # its constraints allow no first token
+                    continue
                 token = self._pick(scores[0], s.params, s.generator)
                 if s.params.logprobs is not None:
                     s.result.logprobs += token_logprobs(logits[b], [token], s.params.logprobs)
                 s.add(token)
             if self.head is not None:  # draft pairs (token t+1, target hidden t) for t = start..len-1
-                nxt = self._host(pad([(s.prompt[1:] + s.result.tokens)[start:] for s in part], 0))
+                nxt = self._host(pad([(s.prompt[1:] + (s.result.tokens or [0]))[start:] for s in part], 0))  # 0: stuck
                 self.runner.extend(part, nxt, torch.cat(aux, -1), [start] * len(part), row0)
         self.seconds["prefill"] += time.perf_counter() - t0
         for s in seqs:
@@ -183,17 +186,19 @@ class Engine:
                 trees = graft_all(trees, chains)
         t2 = self.clock.mark()
         grafted = len(trees[0].tokens) > own
-        paths, emitted, aux, logprobs = self._verify(trees, seqs, grafted=grafted)
+        paths, emitted, aux, logprobs, stuck = self._verify(trees, seqs, grafted=grafted)
         t3 = self.clock.mark()
         # draft tokens each sequence's step checked: the head's own nodes, or (a branch grafted) the real nodes of
         # its merged tree, padding left out (read after the verify, which has synced: no extra wait)
         checked = [int((t.parents[1:] >= 0).sum()) for t in trees] if grafted else [own - 1] * len(seqs)
-        for s, path, out, lp, n in zip(seqs, paths, emitted, logprobs, checked):
+        for s, path, out, lp, n, dead in zip(seqs, paths, emitted, logprobs, checked, stuck):
             s.result.verify_steps += 1
             s.result.checked.append(n)
             added = next((i + 1 for i, tok in enumerate(out) if s.add(tok)), len(out))  # stop where plain would
+            if dead and not s.done:
+                s.stuck()
             s.result.logprobs += lp[:added]
-            s.result.accepted.append(added - 1)  # tokens this step emitted, the bonus not counted
+            s.result.accepted.append(max(added - 1, 0))  # tokens this step emitted, the bonus not counted
             s.result.from_lookup += sum(node >= own for node in path[1:added])  # of those, nodes only lookup had
         for s, path in zip(seqs, paths):
             s.prefix += len(path)
@@ -240,8 +245,9 @@ class Engine:
 
     def _verify(self, trees: list[Tree], seqs: list[Sequence], grafted: bool = False):
         """One target forward over every sequence's tree; returns per sequence the accepted path and the
-        emitted tokens, the aux hidden states of the tree nodes, and the emitted tokens' log-probs where the
-        sequence asks for them (emitted token i was chosen at path node i). Accepted nodes' KV moves to
+        emitted tokens, the aux hidden states of the tree nodes, the emitted tokens' log-probs where the
+        sequence asks for them (emitted token i was chosen at path node i), and whether its constraints left no
+        token after the last one. Accepted nodes' KV moves to
         contiguous slots right after the sequence's prefix. grafted: the trees carry a lookup branch."""
         n, dev, prefix = len(trees[0].tokens), self.device, [s.prefix for s in seqs]
         start = self._host(prefix)[:, None]                                            # [B, 1]
@@ -256,15 +262,20 @@ class Engine:
         tokens = self._host(torch.stack([t.tokens for t in trees]))
         positions = start + self._host(torch.stack([t.depth for t in trees]))
         logits, aux = self.runner.verify(tokens, positions, slots, mask)
-        paths, emitted, logprobs = [], [], []
+        paths, emitted, logprobs, stuck = [], [], [], []
         for b, (tree, s) in enumerate(zip(trees, seqs)):
             scores = logits[b] if s.grammar is None else s.grammar.apply(logits[b], tree.tokens, tree.parents)
             scores = scores if s.penalties is None else s.penalties.apply(
                 scores, tree.tokens, tree.ancestor_mask() if ancestors is None else ancestors[b])
+            empty = None if s.grammar is None and s.penalties is None else torch.isneginf(scores).all(-1)  # [n]
+            if empty is not None:  # rows the constraints leave no token: finite for the walk, which stops there
+                scores = scores.masked_fill(empty[:, None], 0.0)
             path, out = verify_tree(tree, scores, s.params, s.generator, self._draft_ids)
+            path, out, dead = (path, out, False) if empty is None else stop_at_empty(path, out, empty.tolist())
             self.cache.keep_path(b, s.prefix, path)
             paths.append(path)
             emitted.append(out)
-            logprobs.append([] if s.params.logprobs is None else token_logprobs(logits[b, path], out,
-                                                                                 s.params.logprobs))
-        return paths, emitted, aux, logprobs
+            stuck.append(dead)
+            logprobs.append([] if s.params.logprobs is None or not out else token_logprobs(
+                logits[b, path[:len(out)]], out, s.params.logprobs))
+        return paths, emitted, aux, logprobs, stuck

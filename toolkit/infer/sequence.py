@@ -20,7 +20,9 @@ class Result:
     category: str = "all"               # the caller's label (bench groups τ by it)
     turn: int = 1                       # which turn of a multi-turn prompt (bench groups τ by it too)
     from_lookup: int = 0                # accepted draft tokens on nodes only the lookup branch proposed
-    finish: str | None = None           # why it ended: "stop" (a stop id or string) or "length" (max_new_tokens)
+    finish: str | None = None           # why it ended: "stop" (a stop id or string), "length" (max_new_tokens)
+                                        # or "abort" (its constraints allowed no next token: `error` says so)
+    error: str | None = None
     logprobs: list = field(default_factory=list)  # a TokenLogprob per token, when params.logprobs asks for them
     prompt_logprobs: list = field(default_factory=list)  # one per prompt token after the first, when asked for
     cached_tokens: int = 0              # prompt positions copied from the prefix cache, not prefilled
@@ -91,6 +93,19 @@ class Sequence:
             self.result.finish = "length"
         self.done = self.result.finish is not None
         return self.done
+
+    def stuck(self) -> None:
+        """Its constraints leave no token to generate next (a grammar and allowed_token_ids with none in common, a
+        bad word banning the last allowed id, min_tokens holding back the only ones allowed): it ends here."""
+        p = self.params
+        named = [name for name, on in (("structured output", self.grammar is not None),
+                                       ("allowed_token_ids", bool(p.allowed_token_ids)),
+                                       ("bad_words", bool(p.bad_words)),
+                                       ("min_tokens", len(self.result.tokens) < p.min_tokens)) if on]
+        self.result.finish, self.done = "abort", True
+        named = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named) or "constraints"
+        self.result.error = (f"no token may follow output token {len(self.result.tokens)}: together, the request's "
+                             f"{named} allow none (loosen them)")
 
 
 def check_request(prompt: list[int], params: SamplingParams, vocab: int, max_len: int) -> None:

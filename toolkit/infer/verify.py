@@ -112,3 +112,15 @@ def verify_tree(tree: Tree, logits: torch.Tensor, params: SamplingParams, genera
         draft = chain_draft_probs(tree.draft_logp, params.temperature, draft_ids, logits.shape[-1])
         return sample_chain_verify(tree.tokens, probs, draft, generator)
     return sample_verify(tree.tokens, tree.parents, probs, generator)
+
+
+def stop_at_empty(path: list[int], out: list[int], empty: list[bool]) -> tuple[list[int], list[int], bool]:
+    """A request's constraints (a grammar with allowed_token_ids, bad_words or min_tokens) can leave a node no
+    token at all: its row is -inf everywhere (empty [N+1], per node). Nothing can follow such a node, so the
+    sequence ends there: the emitted tokens stop at that node's own token (chosen at its parent's row, which
+    allowed it) and the kept path before it. -> (path, tokens, True when an empty node was reached)."""
+    dead = next((i for i, node in enumerate(path) if empty[node]), None)
+    if dead is None:
+        return path, out, False
+    return path[:max(dead, 1)], out[:dead], True  # the root's KV stays: it is a generated token either way
+

@@ -28,7 +28,8 @@ log = logging.getLogger("toolkit.serve")
 class Update:
     tokens: list[int]         # generated since the previous update
     done: bool = False        # the engine is through with the sequence: its counts are final, no update follows
-    error: str | None = None  # the engine step failed (then nothing else counts)
+    error: str | None = None  # the engine step failed, or the request could not go on (then nothing else counts)
+    status: int = 500         # the error's: 400 where the request's own constraints left no token to generate
     logprobs: list = field(default_factory=list)  # the new tokens' TokenLogprobs, when the request asked for them
 
 
@@ -221,7 +222,8 @@ class Batcher:
                 self.totals["tokens"] += len(toks) - req.sent
                 # only the new tokens: a slow reader's pending update then holds each token once, not a copy of
                 # the whole generation per step
-                req.publish(Update(toks[req.sent:], req.seq.done, logprobs=req.seq.result.logprobs[req.sent:]))
+                error = req.seq.result.error  # its constraints allowed no next token: the request fails alone
+                req.publish(Update(toks[req.sent:], req.seq.done, error, 400, req.seq.result.logprobs[req.sent:]))
                 req.sent = len(toks)
             if req.seq.done and req.seq.result.verify_steps:
                 self.metrics.tau.observe(req.seq.result.tau)

@@ -71,6 +71,8 @@ class Choice:
         """Wait for the engine's next update of this sequence; the text it adds (nothing once finished)."""
         update = await asyncio.wait_for(self.req.updates.get(), timeout)
         if update.error is not None:
+            if update.status < 500:
+                raise ApiError(update.status, update.error, None, "no_token_allowed")
             raise ApiError(500, update.error, None, "engine_error", "server_error")
         self.generated.extend(update.tokens)
         self.logprobs.extend(update.logprobs)
