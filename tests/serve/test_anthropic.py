@@ -153,6 +153,19 @@ def test_count_tokens_is_the_prompt_a_message_bills(client):
     assert r.json() == {"input_tokens": message(client, **body, tool_choice={"type": "none"})["usage"]["input_tokens"]}
 
 
+def test_a_last_assistant_turn_is_a_prefill_the_reply_continues(client):
+    """Anthropic's prefill: the reply goes on from the assistant's text (chat's continue_final_message), whole,
+    streamed and counted, where it was a 400 asking for chat-only fields."""
+    turns = [{"role": "user", "content": Q}, {"role": "assistant", "content": "The weather in Paris is"}]
+    reply = message(client, messages=turns)
+    want = chat(client, turns, continue_final_message=True, add_generation_prompt=False)
+    assert reply["content"][0]["text"] == want["choices"][0]["message"]["content"]
+    assert reply["usage"]["input_tokens"] == want["usage"]["prompt_tokens"]
+    assert joined(stream(client, messages=turns)) == reply["content"]
+    r = client.post("/v1/messages/count_tokens", json={"model": "tiny", "messages": turns})
+    assert r.json() == {"input_tokens": want["usage"]["prompt_tokens"]}
+
+
 def test_thinking_sets_the_templates_enable_thinking():
     for kind, on in (("enabled", True), ("adaptive", True), ("disabled", False)):
         body = MessagesRequest(messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
@@ -188,6 +201,7 @@ def test_thinking_text_and_calls_become_blocks_in_order():
     ({"container": "c1"}, 400, "container"),
     ({"output_config": {"effort": "high"}}, 400, "output_config.effort"),
     ({"output_config": {"format": {"type": "xml"}}}, 400, "output_config.format"),
+    ({"output_config": {"format": "json"}}, 400, "output_config.format"),  # was a 500 in plain text
     ({"thinking": {"type": "sometimes"}}, 400, "thinking.type"),
     ({"stop_sequences": ["x" * 2000]}, 400, "stop_sequences"),
     ({"temperature": -1}, 400, "temperature"),

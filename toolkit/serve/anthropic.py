@@ -8,7 +8,8 @@ engine sequence and tool-call reading; anthropic_reply.py writes the reply as a 
   system          a string or text blocks: a system turn first
   messages        user / assistant turns; content a string or blocks: text, an assistant's tool_use (chat's tool
                   calls), a user's tool_result (chat's tool turns, before the turn's text), thinking (the turn's
-                  reasoning, kept where the template keeps past thinking; redacted_thinking dropped)
+                  reasoning, kept where the template keeps past thinking; redacted_thinking dropped); a last
+                  assistant turn is a prefill: the reply continues its text (chat's continue_final_message)
   max_tokens      required, as Anthropic has it (count_tokens needs none)
   stop_sequences, temperature, top_p, top_k, stream, metadata.user_id
   tools           custom tools {"name", "description", "input_schema"}: chat's function tools
@@ -95,6 +96,8 @@ class MessagesRequest(BaseModel):
                 "tool_choice": chat_tool_choice(self.tool_choice) if self.tools or self.tool_choice else None,
                 "parallel_tool_calls": False if choice.get("disable_parallel_tool_use") else None,
                 "response_format": chat_format((self.output_config or {}).get("format"))}
+        if body["messages"][-1]["role"] == "assistant":  # a prefill: the reply goes on from its text, as Anthropic's
+            body.update(continue_final_message=True, add_generation_prompt=False)
         if self.thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": self.thinking.get("type") != "disabled"}
         if self.stream:  # the counts come with the last chunk, for message_delta
@@ -201,7 +204,7 @@ def chat_tool_choice(choice: dict | None) -> str | dict:
 def chat_format(fmt: dict | None) -> dict | None:
     if fmt is None:
         return None
-    if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
         raise ApiError(400, 'output_config.format: give {"type": "json_schema", "schema": {...}}',
                        "output_config.format")
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}

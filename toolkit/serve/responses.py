@@ -141,6 +141,8 @@ def input_messages(items: str | list[dict]) -> list[dict]:
                              "content": output if isinstance(output, str) else _text(output, where)})
         elif kind == "reasoning":
             parts = item.get("content") or []
+            if not isinstance(parts, list):
+                raise ApiError(400, f"{where}.content: give a list of reasoning_text parts", f"{where}.content")
             thought += [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)]
         else:
             raise ApiError(400, f"{where}: input items of type {kind!r} are not served; accepted: message, "
@@ -173,7 +175,12 @@ def chat_tool_choice(choice: str | dict | None) -> str | dict | None:
 
 
 def chat_format(fmt: dict | None) -> dict | None:
-    if fmt is None or fmt.get("type") == "text":
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise ApiError(400, "text.format: give an object {\"type\": text | json_object | json_schema, ...}",
+                       "text.format")
+    if fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
