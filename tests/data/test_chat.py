@@ -168,3 +168,33 @@ def test_template_kwargs_are_a_json_object_of_the_templates_own_variables(value,
         template_kwargs(value, "--chat-template-kwargs")
     assert template_kwargs(None) == {} and template_kwargs('{"enable_thinking": false}') == {"enable_thinking": False}
     assert template_kwargs({"reasoning_effort": "low"}, "chat_template_kwargs") == {"reasoning_effort": "low"}
+
+
+def test_named_chat_templates_are_picked_as_transformers_picks_them(shared, tmp_path):
+    """A tokenizer_config whose chat_template is a list of named templates (Hermes-2-Pro, Command-R): `default`
+    renders a conversation without tools, `tool_use` one with tools, each as apply_chat_template renders it (the
+    renderer took the dict for one template and failed on every conversation); with no `default`, a clear error."""
+    import json
+    import shutil
+
+    from toolkit.data.schemas import TOOLS
+
+    plain = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    tooled = "<|im_start|>system\nTools: {{ tools | length }}<|im_end|>\n" + plain
+    shutil.copy(shared / "tokenizers/qwen2/tokenizer.json", tmp_path / "tokenizer.json")
+    config = {"eos_token": "<|im_end|>", "chat_template": [{"name": "default", "template": plain},
+                                                           {"name": "tool_use", "template": tooled}]}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(tokenizer=str(tmp_path))
+    assert isinstance(tok.chat_template, dict)
+    conv = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    renderer = ChatRenderer(tok)
+    assert renderer.render_with_spans(conv)[0] == tok.apply_chat_template(conv, tokenize=False)
+    with_tools = [{**conv[0], TOOLS: tools}, conv[1]]
+    text = renderer.render_with_spans(with_tools)[0]
+    assert text == tok.apply_chat_template(conv, tools=tools, tokenize=False) and text.startswith("<|im_start|>system")
+    config["chat_template"] = config["chat_template"][1:]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(TokenizerError, match="none is 'default'"):
+        ChatRenderer(load_tokenizer(tokenizer=str(tmp_path)))

@@ -225,7 +225,9 @@ def build(args: argparse.Namespace, tree, branch, max_queue: int, command: str) 
     served = Served(name, tok, frozenset(stop_ids(tok, loaded.folder)), batcher, aliases=tuple(names[1:]),
                     template_kwargs=args.template_kwargs, defaults=defaults, reasoning_parser=args.reasoning_parser,
                     tool_parser=args.tool_call_parser if args.enable_auto_tool_choice else None)
-    if served.tool_parser and "tools" not in (tok.chat_template or ""):
+    template = tok.chat_template or ""  # named templates (a dict): tool_use renders a request with tools
+    if served.tool_parser and "tools" not in (template.get("tool_use", template.get("default", ""))
+                                              if isinstance(template, dict) else template):
         print(f"toolkit {command}: the chat template never reads `tools`, so the model is not shown the functions a "
               "request offers; give --chat-template with a tool-use template (chatml-tools for "
               "--tool-call-parser hermes)", file=sys.stderr)
