@@ -318,3 +318,30 @@ def test_an_empty_last_answer_under_a_template_that_adds_text_before_it_masks_it
     conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]
     row, = tokenize(ChatRenderer(qwen3_like), [conv], 4096)[0]
     assert [qwen3_like.decode(row["input_ids"][a:b]) for a, b in runs(row["loss_mask"])] == ["<|im_end|>"]
+
+
+@pytest.mark.parametrize("answer, masked", [("think", "think<|im_end|>"), (">", "><|im_end|>")])
+def test_a_short_answer_is_masked_where_the_template_puts_it_not_in_template_text_before_it(qwen3_like, answer,
+                                                                                            masked):
+    """The answer was searched for from the header's end: "think" and ">" were found inside Qwen3's empty think
+    block, so a template token was masked and the answer's end-of-turn was not. It is found where a marker rendered
+    as the content stands."""
+    conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": answer}]
+    row, = tokenize(ChatRenderer(qwen3_like), [conv], 4096)[0]
+    assert [qwen3_like.decode(row["input_ids"][a:b]) for a, b in runs(row["loss_mask"])] == [masked]
+
+
+def test_a_whitespace_only_answer_a_template_trims_keeps_its_end_of_turn(qwen2_tokenizer):
+    """Mistral v0.3 writes "[/INST] " then the trimmed content: "   " renders as nothing, and the answer's end of
+    turn (what the target wrote) is masked, where the empty answer was placed before that space and the sample
+    dropped as having no assistant token; ChatML keeps the spaces, masked too."""
+    import copy
+
+    mistral_like = copy.deepcopy(qwen2_tokenizer)
+    mistral_like.chat_template = ("{%- for m in messages %}{%- if m.role == 'user' %}{{ '[INST] ' + m.content + "
+                                  "'[/INST]' }}{%- else %}{{ ' ' + m.content | trim + '<|im_end|>' }}{%- endif %}"
+                                  "{%- endfor %}")
+    for tok, want in ((mistral_like, ["<|im_end|>"]), (qwen2_tokenizer, ["   <|im_end|>"])):
+        conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "   "}]
+        rows, counts = tokenize(ChatRenderer(tok), [conv], 4096)
+        assert [tok.decode(rows[0]["input_ids"][a:b]) for a, b in runs(rows[0]["loss_mask"])] == want, counts

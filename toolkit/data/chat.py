@@ -111,23 +111,26 @@ class ChatRenderer:
                 cursor = end
                 continue
             content = msg["content"]
-            candidates = (content, content.strip()) if content else ()
-            for candidate in candidates:  # some templates (Llama-3) trim message content
+            # where the template puts the content, found by rendering a marker there: a short answer searched for
+            # from the cursor was found in template text first ("think" in Qwen3's empty think block, "\n" after
+            # Gemma's end of turn); a whitespace-only one that a template trims is an empty answer there
+            at = self._empty_at(conv, i, text, cursor)
+            candidates = (content, content.strip())  # some templates (Llama-3) trim content: the second
+            start, candidate = next(((at, c) for c in candidates if at >= 0 and text.startswith(c, at)), (-1, ""))
+            for candidate in [c for c in candidates if c] if start < 0 else ():  # the marker moved: search
                 start = text.find(candidate, cursor, bound)
                 if start >= 0:
                     break
-            else:  # an empty answer sits where the template puts content, which may be past text it adds first
-                start, candidate = self._empty_at(conv, i, text, cursor) if not candidates else -1, ""
-                if start < 0:
-                    raise BadRecord("the chat template rewrites assistant content; it cannot be located")
+            if start < 0:
+                raise BadRecord("the chat template rewrites assistant content; it cannot be located")
             spans.append((start, start + len(candidate)))
             cursor = start + len(candidate)
         return text, spans
 
     def _empty_at(self, conv, i: int, text: str, cursor: int) -> int:
-        """Where answer i, empty, stands in `text`: found by rendering a marker as its content (Qwen3 puts an empty
-        think block before it, and the search for "" found the header's end, so its end-of-turn token was not
-        masked); -1 where the marked rendering does not match."""
+        """Where answer i's content starts in `text`: found by rendering a marker as its content (Qwen3 puts an
+        empty think block before it; the search for "" found the header's end, so an empty answer's end-of-turn
+        token was not masked); -1 where the marked rendering does not match."""
         marked = self.render(conv[:i] + [{**conv[i], "content": NEXT}] + conv[i + 1:])
         at = marked.find(NEXT)
         return at if at >= cursor and text.startswith(marked[:at]) else -1
