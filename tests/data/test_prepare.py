@@ -345,3 +345,32 @@ def test_a_whitespace_only_answer_a_template_trims_keeps_its_end_of_turn(qwen2_t
         conv = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "   "}]
         rows, counts = tokenize(ChatRenderer(tok), [conv], 4096)
         assert [tok.decode(rows[0]["input_ids"][a:b]) for a, b in runs(rows[0]["loss_mask"])] == want, counts
+
+
+MISTRAL_V03_LIKE = (  # Mistral-7B-Instruct-v0.3's rule: the system message goes into the last user turn, while it is last
+    "{%- if messages[0]['role'] == 'system' %}{%- set system_message = messages[0]['content'] %}"
+    "{%- set loop_messages = messages[1:] %}{%- else %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- for m in loop_messages %}{%- if m['role'] == 'user' %}"
+    "{%- if loop.last and system_message is defined %}{{- '[INST] ' + system_message + '\\n\\n' + m['content'] + "
+    "'[/INST]' }}{%- else %}{{- '[INST] ' + m['content'] + '[/INST]' }}{%- endif %}"
+    "{%- else %}{{- ' ' + m['content'] | trim + '<|im_end|>' }}{%- endif %}{%- endfor %}")
+
+
+def test_a_system_turn_the_template_shows_only_in_the_prompt_gives_one_sample_per_answer(qwen2_tokenizer):
+    """Mistral v0.3 shows the system message only in a generation prompt (in the last user turn), never in a
+    finished conversation: every conversation with a system turn was refused. Each answer is now a sample of the
+    prompt the target read, then what the template writes before the answer (a space), the answer and its end."""
+    import copy
+
+    tok = copy.deepcopy(qwen2_tokenizer)
+    tok.chat_template = MISTRAL_V03_LIKE
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "More"},
+            {"role": "assistant", "content": "Sure, more."}]
+    rows, counts = tokenize(ChatRenderer(tok), [conv], 4096)
+    assert counts["bad"] == 0 and len(rows) == 2
+    for row, i in zip(rows, (2, 4)):
+        prompt = tok.apply_chat_template(conv[:i], tokenize=False, add_generation_prompt=True)
+        assert tok.decode(row["input_ids"]) == prompt + " " + conv[i]["content"] + "<|im_end|>"
+        assert [tok.decode(row["input_ids"][a:b]) for a, b in runs(row["loss_mask"])] == [
+            " " + conv[i]["content"] + "<|im_end|>"]

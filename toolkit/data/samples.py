@@ -45,14 +45,33 @@ def answer_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int]
         prompt = renderer.render(conv[:-1], add_generation_prompt=True)
         marked = renderer.render(conv[:-1] + [{**conv[-1], "content": MARK}])
         at = marked.find(MARK)
-        if at < 0 or not prompt.startswith(marked[:at]):  # the answer does not follow the prompt's header
+        gap = "" if at >= 0 and prompt.startswith(marked[:at]) else _gap(prompt, marked[:at], conv) if at >= 0 else None
+        if gap is None:  # the answer does not follow the prompt's header
             raise rewritten
         answer = conv[-1]["content"]
-        opened = prompt[at:]  # what the generation prompt adds after the answer's header (R1: "<think>\n")
-        if opened and answer.startswith(opened):
+        opened = prompt[at:] if not gap else ""  # what the generation prompt adds after the answer's header (R1:
+        if opened and answer.startswith(opened):  # "<think>\n")
             answer = answer[len(opened):]
         end = marked[at + len(MARK):]  # the template's end of turn
-        return prompt + answer + end, [(len(prompt), len(prompt) + len(answer))]
+        start = len(prompt) + len(gap)
+        return prompt + gap + answer + end, [(start, start + len(answer))]
+
+
+def _gap(prompt: str, head: str, conv: list[dict]) -> str | None:
+    """What the template writes between the generation prompt's end and the answer where the prompt renders the
+    history otherwise than the finished conversation does (Mistral v0.3 puts the system message into the last user
+    turn only while that turn is last): the shortest tail of `head` (the finished rendering up to the answer) whose
+    removal leaves it ending as the prompt ends, from the last user turn's content on; None if there is none."""
+    user = next((m["content"] for m in reversed(conv) if m["role"] == "user"), None)
+    if not isinstance(user, str) or not user:
+        return None
+    for cut in range(min(len(head), 64) + 1):  # a few characters: a space, a header
+        rest = head[:len(head) - cut]
+        same = next((n for n in range(min(len(rest), len(prompt))) if rest[-1 - n] != prompt[-1 - n]),
+                    min(len(rest), len(prompt)))  # the common tail's length
+        if same and user in prompt[len(prompt) - same:]:
+            return head[len(head) - cut:]
+    return None
 
 
 def written_sample(renderer, conv: list[dict]) -> tuple[str, list[tuple[int, int]]]:
