@@ -122,6 +122,45 @@ def test_served_replies_are_split(tiny_target, in_process_app, parser):
     assert all(d.get("reasoning") == d.get("reasoning_content") for d in deltas)
 
 
+def test_a_reply_constrained_from_its_first_token_is_content_not_thinking(tiny_target, in_process_app):
+    """deepseek_r1 reads a reply as thinking until `</think>`; one the grammar holds from its first token (here no
+    `</think>` token exists to wait for) never writes it: the choice came back as reasoning and content empty
+    (a named tool's arguments likewise, its call empty). It is the content, whole and streamed."""
+    body = {"messages": MESSAGES, "max_tokens": 10, "temperature": 0, "guided_choice": ["red", "blue"]}
+    with in_process_app(tiny_target, reasoning_parser="deepseek_r1") as (asgi, _), TestClient(asgi) as client:
+        msg = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            deltas = [c["delta"] for line in r.iter_lines() if line.startswith("data: {")
+                      for c in json.loads(line[6:])["choices"]]
+    assert msg["content"] in ("red", "blue") and msg["reasoning_content"] is None
+    assert "".join(d.get("content") or "" for d in deltas) == msg["content"]
+    assert not any(d.get("reasoning_content") for d in deltas)
+
+
+def test_a_prompt_that_closed_its_think_block_gets_a_reply_of_content():
+    """Qwen3 with enable_thinking false ends its prompt with an empty think block: the reply is all content for
+    every parser (deepseek_r1 read it all as thinking); a prompt that opened the block (R1's) is thinking first."""
+    from types import SimpleNamespace
+
+    from toolkit.serve.reasoning import reply_closed
+
+    class Tok:
+        unk_token_id = 0
+        ids = {"<think>": 5, "</think>": 6}
+
+        def convert_tokens_to_ids(self, t):
+            return self.ids.get(t, 0)
+
+        def convert_ids_to_tokens(self, i):
+            return {v: k for k, v in self.ids.items()}.get(i, "<unk>")
+
+    closed, opened = [1, 2, 5, 9, 6, 3], [1, 2, 6, 3, 5]
+    assert reply_closed(Tok(), SimpleNamespace(prompt=closed, grammar=None))
+    assert not reply_closed(Tok(), SimpleNamespace(prompt=opened, grammar=None))
+    split = reasoning_split("deepseek_r1", closed=True)
+    assert split.feed("The answer.", done=True) == ("", "The answer.")
+
+
 def test_structured_output_beside_the_gpt_oss_parser_is_refused(tiny_target, in_process_app):
     """Harmony's answer starts after its analysis message and a header: a grammar from the first token would
     break the format, so a constrained chat request is refused by name, not served wrong."""

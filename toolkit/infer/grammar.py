@@ -122,6 +122,7 @@ class GrammarMask:
         # stop_token_ids are not among them: text the grammar needs must stay writable, as in vLLM)
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=sorted(stop_ids) or None)
         self.vocab, self.after, self.active = vocab, after, active or after is None
+        self.from_start = self.active  # the text is constrained from its first token (no thinking first)
         self.words = xgr.get_bitmask_shape(1, vocab)[1]
 
     def add(self, token: int) -> None:

@@ -18,7 +18,7 @@ from toolkit.infer.sequence import Result
 from toolkit.serve.api_error import ApiError
 from toolkit.serve.batcher import Batcher, Request
 from toolkit.serve.logprobs import LogprobWriter
-from toolkit.serve.reasoning import reasoning_split
+from toolkit.serve.reasoning import reasoning_split, reply_closed
 from toolkit.serve.text import TextStream
 from toolkit.serve.tool_calls import ToolCallReader
 
@@ -52,7 +52,7 @@ class Choice:
         self.stop_token_ids = stop_token_ids  # the request's own (not end-of-turn): vLLM's stop_reason names them
         self.silent = silent            # max_tokens 0: the generated token is dropped
         harmony_calls = bool(tools) and tools[0] == "openai"  # gpt-oss's calls are read by its reasoning split
-        self.split = reasoning_split(reasoning, harmony_calls) if reasoning else None  # chat: thinking apart
+        self.split = reasoning_split(reasoning, harmony_calls, reply_closed(tok, req.seq)) if reasoning else None
         self.calls = ToolCallReader(*tools) if tools else None  # chat: (mode, name, parallel) tool calls read
         self.called = False             # tool calls were read: finish_reason tool_calls (but for a named one)
         self.generated: list[int] = []  # the updates carry new tokens only

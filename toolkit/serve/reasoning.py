@@ -25,18 +25,32 @@ PARSERS = ("qwen3", "deepseek_r1", "gpt_oss")
 TAGS = {"gpt_oss": HARMONY_TAGS}  # special tokens the parser reads: kept in its text
 
 
-def reasoning_split(parser: str, calls: bool = False):
+def reasoning_split(parser: str, calls: bool = False, closed: bool = False):
     """The splitter of --reasoning-parser `parser`: feed(text, done) -> (reasoning, content) deltas; gpt_oss with
-    `calls` also reads harmony's tool calls (HarmonySplit.take_calls)."""
-    return HarmonySplit(calls) if parser == "gpt_oss" else ReasoningSplit(parser)
+    `calls` also reads harmony's tool calls (HarmonySplit.take_calls). closed: the reply starts past any thinking
+    (reply_closed), so it is all content."""
+    return HarmonySplit(calls) if parser == "gpt_oss" else ReasoningSplit(parser, closed)
+
+
+def reply_closed(tok, seq) -> bool:
+    """Whether a chat reply starts past thinking: its prompt has closed the think block (Qwen3's enable_thinking
+    false writes an empty one), or a grammar constrains it from its first token (a forced tool call's arguments,
+    a response format, where `</think>` is no token to wait for). deepseek_r1 read such a reply, which never
+    writes `</think>`, as all thinking: a named tool's arguments came back as reasoning and the call empty."""
+    from toolkit.infer.grammar import after_thinking
+
+    if seq.grammar is not None:
+        return seq.grammar.from_start  # read on the event loop: the engine thread may have moved `active` on
+    end, closed = after_thinking(tok, seq.prompt)
+    return end is not None and closed
 
 
 class ReasoningSplit:
-    def __init__(self, parser: str):
+    def __init__(self, parser: str, closed: bool = False):
         if parser not in PARSERS:
             raise ValueError(f"reasoning parser {parser!r}: accepted {', '.join(PARSERS)}")
         self.parser = parser
-        self.phase = "open"  # open (the reply's first characters decide), think, answer
+        self.phase = "answer" if closed else "open"  # open (the reply's first characters decide), think, answer
         self.pending = ""    # text not yet assigned to a part
 
     def feed(self, text: str, done: bool = False) -> tuple[str, str]:
