@@ -216,6 +216,21 @@ def test_refusals_are_in_anthropics_shape(client, extra, status, message_has):
     assert message_has in err["error"]["message"], err
 
 
+def test_every_error_on_a_messages_path_is_in_anthropics_shape(client):
+    """An unknown Messages path (404), a wrong method (405), a body over the limit (413, the gate's) and a query
+    parameter of the wrong type (FastAPI's 422 {"detail": ...}, now a 400) came in OpenAI's shape or FastAPI's;
+    the anthropic client reads {"type": "error", "error": {"type", "message"}}. Other paths keep OpenAI's."""
+    cases = [(client.post("/v1/messages/nothing", json={}), 404, "not_found_error"),
+             (client.get("/v1/messages"), 405, "api_error"),
+             (client.post("/v1/messages", content=b"{" + b" " * 70_000 + b"}"), 413, "request_too_large"),
+             (client.get("/v1/messages/batches?limit=abc"), 400, "invalid_request_error")]
+    for r, status, kind in cases:
+        assert r.status_code == status and r.json()["type"] == "error", r.text
+        assert r.json()["error"]["type"] == kind and r.json()["error"]["message"], r.text
+    r = client.get("/v1/files?limit=abc")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
+
+
 def test_the_anthropic_client_gets_the_same_answer_with_a_draft(tiny_target, tiny_draft, serve):
     """The real server, anthropic's client (create, stream, count_tokens): a draft tree's answer is plain decoding's."""
     import anthropic

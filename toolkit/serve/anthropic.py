@@ -40,6 +40,11 @@ PARAMS = {"stop": "stop_sequences", "response_format": "output_config.format", "
           "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
 
 
+def messages_path(path: str) -> bool:
+    """The Messages API's paths, whose every error (a 404, 405, 413, a bad query) is in Anthropic's shape."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
 def error_body(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": KINDS.get(status, "api_error"), "message": message}}
 

@@ -18,7 +18,7 @@ def _field_path(loc) -> tuple[list[str], str | None]:
     """pydantic loc -> the field path, and the union member it tried (e.g. 'str', 'list[TextPart]'), if any."""
     path = []
     for x in loc:
-        if x == "body":
+        if x in ("body", "query", "path"):  # where FastAPI found it: the field's name says enough
             continue
         if isinstance(x, str) and ("[" in x or x in ("str", "int", "float", "bool", "none")):
             return path, x

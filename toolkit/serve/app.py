@@ -17,13 +17,14 @@ import time
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolkit.infer.sequence import Sequence
-from toolkit.serve.anthropic import add_messages_routes
+from toolkit.serve.anthropic import add_messages_routes, anthropic_error, messages_path
 from toolkit.serve.anthropic_batches import add_message_batches_routes
-from toolkit.serve.api_error import ApiError
+from toolkit.serve.api_error import ApiError, validation_error
 from toolkit.serve.batch_jobs import Jobs, add_batches_routes
 from toolkit.serve.batcher import Batcher
 from toolkit.serve.choice import Choice
@@ -78,6 +79,8 @@ def build_app(served: Served) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError):
+        if messages_path(request.url.path):  # the anthropic client reads its own shape
+            return anthropic_error(err)
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -85,6 +88,10 @@ def build_app(served: Served) -> FastAPI:
         return await api_error(request, ApiError(err.status_code, f"{request.method} {request.url.path}: "
                                                  f"{err.detail}", None, "not_found" if err.status_code == 404
                                                  else None))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_query(request: Request, err: RequestValidationError):  # a query parameter of the wrong type
+        return await api_error(request, validation_error(err.errors()))
 
     async def parse(request: Request, model):
         body = validated(model, await read_object(request))

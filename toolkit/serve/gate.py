@@ -31,7 +31,7 @@ class Gate:
 
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await self._too_large(counted_send)
+            return await self._too_large(counted_send, scope["path"])
         chunks, total = [], 0
         while True:  # read the body here, counting, so a chunked upload cannot slip past the limit
             message = await receive()
@@ -40,7 +40,7 @@ class Gate:
             chunks.append(message.get("body", b""))
             total += len(chunks[-1])
             if total > self.limit:
-                return await self._too_large(counted_send)
+                return await self._too_large(counted_send, scope["path"])
             if not message.get("more_body"):
                 break
         body, replayed = b"".join(chunks), False
@@ -54,10 +54,12 @@ class Gate:
 
         await self.app(scope, replay, counted_send)
 
-    async def _too_large(self, send) -> None:
+    async def _too_large(self, send, path: str) -> None:
+        from toolkit.serve.anthropic import error_body, messages_path
+
         err = ApiError(413, f"request body is over the limit of {self.limit} bytes (--max-body-bytes)", None,
                        "body_too_large")
-        payload = json.dumps(err.body()).encode()
+        payload = json.dumps(error_body(413, err.message) if messages_path(path) else err.body()).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})
