@@ -202,6 +202,8 @@ def test_thinking_text_and_calls_become_blocks_in_order():
     ({"output_config": {"effort": "high"}}, 400, "output_config.effort"),
     ({"output_config": {"format": {"type": "xml"}}}, 400, "output_config.format"),
     ({"output_config": {"format": "json"}}, 400, "output_config.format"),  # was a 500 in plain text
+    ({"tools": [{"name": "f", "input_schema": "x"}]}, 400, "tools.0.input_schema: give"),  # not chat's names
+    ({"tools": [{"name": "a b"}]}, 400, "tools.0.name: give"),
     ({"thinking": {"type": "sometimes"}}, 400, "thinking.type"),
     ({"stop_sequences": ["x" * 2000]}, 400, "stop_sequences"),
     ({"temperature": -1}, 400, "temperature"),

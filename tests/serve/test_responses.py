@@ -188,7 +188,8 @@ def test_input_items_lists_a_stored_responses_input_in_pages(client):
     ({"input": [{"role": "user", "content": Q}, {"type": "function_call", "call_id": "c", "name": "f",
                                                  "arguments": "[1]"}]}, "input.1.arguments", "JSON object"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format", "json_schema"),
-    ({"text": {"format": "json_object"}}, "text.format", "give an object"),  # these two were 500s in plain text
+    ({"text": {"format": "json_object"}}, "text.format", "give an object"),
+    ({"tools": [{"type": "function", "name": "a b"}]}, "tools.0.name", "tools.0.name: give"),  # not chat's name  # these two were 500s in plain text
     ({"input": [{"type": "reasoning", "content": 5}, {"role": "user", "content": Q}]}, "input.0.content",
      "reasoning_text parts"),
     ({"max_output_tokens": 10 ** 6}, "max_output_tokens", "max_output_tokens"),

@@ -24,6 +24,7 @@ change the output and are not served: refused with a 400 naming them.
 from __future__ import annotations
 
 import json
+import re
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -38,6 +39,11 @@ KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
 # chat fields -> the Messages fields they came from (a chat refusal names the Messages field)
 PARAMS = {"stop": "stop_sequences", "response_format": "output_config.format", "user": "metadata.user_id",
           "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
+# chat's words in a refusal's text -> what a Messages client sends (its tools are {name, input_schema})
+WORDS = [(r"tools\[(\d+)\]\.function\.parameters", r"tools.\1.input_schema"),
+         (r"tools\[(\d+)\]\.function\.", r"tools.\1."),
+         (r'tool_choice "none", "required" or a named function',
+          'tool_choice {"type": "none"}, {"type": "any"} or {"type": "tool", "name": ...}')]
 
 
 def messages_path(path: str) -> bool:
@@ -55,6 +61,8 @@ def anthropic_error(err: ApiError) -> JSONResponse:
     for chat_name, name in PARAMS.items():
         if err.param and err.param.split(".")[0] == chat_name:
             message = message.replace(chat_name, name, 1)
+    for chat_words, words in WORDS:
+        message = re.sub(chat_words, words, message)
     return JSONResponse(error_body(err.status, message), status_code=err.status)
 
 

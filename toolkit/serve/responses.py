@@ -19,6 +19,8 @@ prompt templates, images and files) is refused with a 400 naming the field. `rea
 """
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, Field, StrictBool, StrictInt, model_validator
 
 from toolkit.serve.api_error import ApiError
@@ -191,7 +193,9 @@ def chat_format(fmt: dict | None) -> dict | None:
 
 
 def renamed(err: ApiError) -> ApiError:
-    """A chat refusal of a translated request, naming the Responses field."""
+    """A chat refusal of a translated request, naming the Responses field (its function tools are flat)."""
+    flat = re.compile(r"tools\[(\d+)\]\.function\.")
+    err.message, err.param = flat.sub(r"tools.\1.", err.message), err.param and flat.sub(r"tools.\1.", err.param)
     if err.param:
         head, dot, rest = err.param.partition(".")
         if head in PARAMS:
