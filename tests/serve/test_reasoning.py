@@ -159,6 +159,16 @@ def test_a_prompt_that_closed_its_think_block_gets_a_reply_of_content():
     assert not reply_closed(Tok(), SimpleNamespace(prompt=opened, grammar=None))
     split = reasoning_split("deepseek_r1", closed=True)
     assert split.feed("The answer.", done=True) == ("", "The answer.")
+    # usage's reasoning_tokens (Responses' output_tokens_details, chat's completion_tokens_details; was always 0):
+    # the tokens inside the block, tags left out, as vLLM counts them
+    from toolkit.serve.reasoning import reasoning_tokens
+
+    assert reasoning_tokens(Tok(), "deepseek_r1", [7, 8, 9, 6, 10, 11], closed=False) == 3
+    assert reasoning_tokens(Tok(), "deepseek_r1", [5, 7, 8, 6, 10], closed=False) == 2  # a leading <think> too
+    assert reasoning_tokens(Tok(), "deepseek_r1", [7, 8, 9], closed=False) == 3  # cut inside its thinking
+    assert reasoning_tokens(Tok(), "deepseek_r1", [7, 8, 9], closed=True) == 0
+    assert reasoning_tokens(Tok(), "qwen3", [5, 7, 8, 6, 10], closed=False) == 2
+    assert reasoning_tokens(Tok(), "qwen3", [7, 8, 6, 10], closed=False) == 0  # no block opened: all answer
 
 
 def test_structured_output_beside_the_gpt_oss_parser_is_refused(tiny_target, in_process_app):
@@ -178,3 +188,13 @@ def test_sglang_and_vllm_names_of_the_harmony_parser_are_read(name):
     args = build_parser().parse_args(["serve", "--draft", "nowhere", "--reasoning-parser", name])
     check(args, "serve")
     assert args.reasoning_parser == "gpt_oss"
+
+
+def test_responses_usage_carries_the_reasoning_tokens_chat_counted():
+    from toolkit.serve.response_items import response_usage
+
+    chat = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14, "prompt_tokens_details": {
+        "cached_tokens": 2}, "completion_tokens_details": {"reasoning_tokens": 7}, "speculative": {}}
+    assert response_usage(chat)["output_tokens_details"] == {"reasoning_tokens": 7}
+    del chat["completion_tokens_details"]  # no reasoning parser: none counted
+    assert response_usage(chat)["output_tokens_details"] == {"reasoning_tokens": 0}

@@ -18,7 +18,7 @@ from toolkit.infer.sequence import Result
 from toolkit.serve.api_error import ApiError
 from toolkit.serve.batcher import Batcher, Request
 from toolkit.serve.logprobs import LogprobWriter
-from toolkit.serve.reasoning import reasoning_split, reply_closed
+from toolkit.serve.reasoning import reasoning_split, reasoning_tokens, reply_closed
 from toolkit.serve.text import TextStream
 from toolkit.serve.tool_calls import ToolCallReader
 
@@ -52,7 +52,8 @@ class Choice:
         self.stop_token_ids = stop_token_ids  # the request's own (not end-of-turn): vLLM's stop_reason names them
         self.silent = silent            # max_tokens 0: the generated token is dropped
         harmony_calls = bool(tools) and tools[0] == "openai"  # gpt-oss's calls are read by its reasoning split
-        self.split = reasoning_split(reasoning, harmony_calls, reply_closed(tok, req.seq)) if reasoning else None
+        self.reasoning, self.closed = reasoning, bool(reasoning) and reply_closed(tok, req.seq)
+        self.split = reasoning_split(reasoning, harmony_calls, self.closed) if reasoning else None
         self.calls = ToolCallReader(*tools) if tools else None  # chat: (mode, name, parallel) tool calls read
         self.called = False             # tool calls were read: finish_reason tool_calls (but for a named one)
         self.generated: list[int] = []  # the updates carry new tokens only
@@ -197,8 +198,10 @@ def usage(choices: list[Choice], positions: int = 0, n: int = 1) -> dict:
     s = summarize(results, positions=positions)
     n_prompt, n_out = sum(len(c.req.seq.prompt) for c in choices[::n]), sum(len(r.tokens) for r in results)
     cached = sum(r.cached_tokens for r in results[::n])  # prompt positions the prefix cache held (OpenAI's name)
+    thinking = {} if not choices[0].reasoning else {"completion_tokens_details": {"reasoning_tokens": sum(
+        reasoning_tokens(c.stream.tok, c.reasoning, r.tokens, c.closed) for c, r in zip(choices, results))}}
     return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-            "prompt_tokens_details": {"cached_tokens": cached},
+            "prompt_tokens_details": {"cached_tokens": cached}, **thinking,
             "speculative": {"verify_steps": s["verify_steps"], "accepted_tokens": sum(sum(r.accepted) for r in results),
                             # null, not 0, when no verify step ran (the answer ended at prefill's token)
                             "tau": s["tau"] if s["verify_steps"] else None,

@@ -45,6 +45,24 @@ def reply_closed(tok, seq) -> bool:
     return end is not None and closed
 
 
+def reasoning_tokens(tok, parser: str, tokens: list[int], closed: bool) -> int:
+    """The reply's tokens inside its think block, the tags left out (vLLM's count_reasoning_tokens; OpenAI's
+    reasoning_tokens): deepseek_r1's reply starts inside (its prompt opened the block) unless `closed`. 0 where the
+    tags are no single tokens, and for gpt_oss (its analysis channel is not counted)."""
+    start, end = (tok.convert_tokens_to_ids(t) for t in (START, END))
+    if parser == "gpt_oss" or tok.convert_ids_to_tokens(end) != END or tok.convert_ids_to_tokens(start) != START:
+        return 0
+    inside, count = parser == "deepseek_r1" and not closed, 0
+    for i, t in enumerate(tokens):
+        if t == start and i == 0 and not closed:  # a reply that opens its block (qwen3's only way to think)
+            inside = True
+        elif t == end and inside:  # the rest is the answer
+            break
+        else:
+            count += inside
+    return count
+
+
 class ReasoningSplit:
     def __init__(self, parser: str, closed: bool = False):
         if parser not in PARSERS:
