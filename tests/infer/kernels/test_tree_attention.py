@@ -64,6 +64,25 @@ def test_decode_and_fully_masked_rows():
 
 
 @pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_scores_in_the_thousands_keep_the_softmax_finite(splits, dtype):
+    """Scores of +-3,000 (keys and queries of norm ~500): exp of a score overflows; the online softmax and the
+    merge of splits subtract their running max first (random-normal inputs, scores of a few units, passed a kernel
+    without it). The one visible slot in a late block and a near tie are exact too."""
+    g = torch.Generator().manual_seed(3)
+    q = (torch.randn(2, 4, 3, 64, generator=g) * 60).to(dtype).to(device)
+    k = (torch.randn(2, 2, 100, 64, generator=g) * 60).to(dtype).to(device)
+    v = torch.randn(2, 2, 100, 64, generator=g).to(dtype).to(device)
+    mask = torch.ones(2, 3, 100, dtype=torch.bool, device=device)
+    mask[1, 0] = False
+    mask[1, 0, 97] = True  # one slot, in the last block
+    got = tree_attention(q, k, v, mask, splits=splits, block_s=16).float()
+    want = reference_attention(q.double(), k.double(), v.double(), mask).float()
+    assert got.isfinite().all() and (got - want).abs().max() <= (2e-5 if dtype == torch.float32 else 4e-3)
+    assert torch.equal(got[1, :, 0], v[1, :, 97].float().repeat_interleave(2, 0))
+
+
+@pytest.mark.parametrize("splits", [1, 3])
 def test_slots_past_lens_are_never_read(splits):
     """A sequence's bound (lens) stops the walk over the cache: NaN planted past it changes nothing."""
     g = torch.Generator().manual_seed(2)

@@ -141,7 +141,7 @@ def store_pairs(y, m, m_ok, pid, y_ptr, sy, N, cos_ptr, sin_ptr, slot_ptr, k_ptr
         q = y_ptr + m * sy + head * (2 * D2) + d
         tl.store(q, r_lo.to(dt), mask=is_q)
         tl.store(q + D2, r_hi.to(dt), mask=is_q)
-        b, t = m // T, m % T
+        b, t = (m // T).to(tl.int64), m % T                                       # int64: b * skb
         slot = tl.load(slot_ptr + b * s_slot + t, mask=m_ok, other=0)              # [BM, 1]
         is_k = ok & (head >= HQ) & (head < HQ + HKV)
         kp = k_ptr + b * skb + (head - HQ) * skh + slot * sks + d

@@ -172,7 +172,7 @@ def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
     wait_prior(PDL)
     row = tl.program_id(0)                                     # b * T + t
     head = tl.program_id(1)                                    # q heads, then kv heads
-    b, t = row // T, row % T
+    b, t = (row // T).to(tl.int64), row % T                    # int64: b * skb may pass 2**31
     d = tl.arange(0, BLOCK_D)
     ok = d < D
     rot = (d + D // 2) % D                                     # roll by D / 2

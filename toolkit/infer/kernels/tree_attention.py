@@ -58,7 +58,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, m_ptr, len_ptr, o_ptr, po_ptr, pm_ptr
                       UPCAST: tl.constexpr, PARTIAL: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr,
                       SOFTCAP: tl.constexpr = False):
     wait_prior(PDL)
-    b, kvh = tl.program_id(0) // HKV, tl.program_id(0) % HKV
+    # int64: b * skb passes 2**31 elements in one layer's cache view of a large batch x max_len
+    b, kvh = (tl.program_id(0) // HKV).to(tl.int64), tl.program_id(0) % HKV
     r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)           # packed rows: token t, query head h
     t, h = r // GROUPS, kvh * GROUPS + r % GROUPS
     split = tl.program_id(2)
@@ -165,6 +166,7 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
     m = mask if mask.dtype == torch.int8 and mask.stride(-1) == 1 else mask.to(torch.int8).contiguous()
     if lens is None:
         lens = torch.full((B,), S, dtype=torch.int32, device=q.device)
+    # the interpreter's bf16 tl.dot is wrong: upcast there; fp16 runs the half path a GPU runs
     groups, interpret = HQ // HKV, os.environ.get("TRITON_INTERPRET") == "1"
     block_r = min(64, max(16, triton.next_power_of_2(T * groups)))
     block_d, e = max(16, triton.next_power_of_2(D)), q.element_size()
@@ -187,7 +189,7 @@ def tree_attention(q, k, v, mask, scale: float | None = None, lens: torch.Tensor
         q, k, v, m, lens, out, po, pm, pl, q if sinks is None else sinks, q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), m.stride(0), m.stride(1),
         out.stride(0), out.stride(1), out.stride(2), T, D, HQ, HKV, groups, scale or 1 / math.sqrt(D), splits,
-        float(softcap or 1.0), BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret,
+        float(softcap or 1.0), BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_D=block_d, UPCAST=interpret and q.dtype == torch.bfloat16,
         PARTIAL=partial, SINKS=sinks is not None, SOFTCAP=softcap is not None, num_warps=num_warps,
         num_stages=stages, **launch_kw(q.device, B * T))
     if partial:
