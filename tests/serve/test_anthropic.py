@@ -233,6 +233,19 @@ def test_every_error_on_a_messages_path_is_in_anthropics_shape(client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "limit", r.text
 
 
+def test_message_start_counts_the_prefix_cache_as_the_message_does(tiny_target, in_process_app):
+    """The same prompt streamed twice: the second's message_start said every prompt token was input (it went out
+    before admission), message_delta and the whole message that the prefix cache held some; now all three agree."""
+    body = {"model": "tiny", "max_tokens": 6, "temperature": 0, "messages": [{"role": "user", "content": Q}]}
+    with in_process_app(tiny_target, prefix_cache_rows=4) as (asgi, _), TestClient(asgi) as c:
+        for _ in range(2):
+            events = stream(c, **body)
+        start, delta = events[0]["message"]["usage"], events[-2]["usage"]
+        assert start["cache_read_input_tokens"] > 0
+        assert (start["input_tokens"], start["cache_read_input_tokens"]) == (delta["input_tokens"],
+                                                                             delta["cache_read_input_tokens"])
+
+
 def test_the_anthropic_client_gets_the_same_answer_with_a_draft(tiny_target, tiny_draft, serve):
     """The real server, anthropic's client (create, stream, count_tokens): a draft tree's answer is plain decoding's."""
     import anthropic

@@ -87,13 +87,20 @@ def stop_reason(finish: str | None, matched, called: bool) -> tuple[str, str | N
     return "end_turn", None
 
 
-def message_usage(prompt_tokens: int, usage: dict | None) -> dict:
+def message_usage(prompt_tokens: int, usage: dict | None, cached: int = 0) -> dict:
     """Chat usage -> Anthropic's names, speculation figures beside: as Anthropic counts, input_tokens leaves out
-    the prompt tokens read from the (prefix) cache, which cache_read_input_tokens counts; none written apart."""
-    cached = usage["prompt_tokens_details"]["cached_tokens"] if usage else 0
+    the prompt tokens read from the (prefix) cache, which cache_read_input_tokens counts; none written apart.
+    Without chat usage yet (message_start), `cached` is the prefix cache's share."""
+    cached = usage["prompt_tokens_details"]["cached_tokens"] if usage else cached
     out = {"input_tokens": prompt_tokens - cached, "output_tokens": usage["completion_tokens"] if usage else 0,
            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
     return out | ({"speculative": usage["speculative"]} if usage else {})
+
+
+def _opening(data: dict) -> bool:
+    """Chat's first chunk of a choice: the role alone, sent before the sequence is admitted."""
+    return "error" not in data and all(c["delta"] == {"role": "assistant", "content": ""} and not c["finish_reason"]
+                                       for c in data["choices"])
 
 
 class MessageReply:
@@ -103,10 +110,10 @@ class MessageReply:
         self.reply, self.model, self.prompt_tokens = reply, model, prompt_tokens
         self.mid = f"msg_{uuid.uuid4().hex}"
 
-    def message(self, blocks: Blocks, stop: tuple, usage: dict | None) -> dict:
+    def message(self, blocks: Blocks, stop: tuple, usage: dict | None, cached: int = 0) -> dict:
         return {"id": self.mid, "type": "message", "role": "assistant", "model": self.model,
                 "content": blocks.blocks, "stop_reason": stop[0], "stop_sequence": stop[1],
-                "usage": message_usage(self.prompt_tokens, usage)}
+                "usage": message_usage(self.prompt_tokens, usage, cached)}
 
     async def whole(self, request: Request) -> dict:
         chat = await self.reply.whole(request)
@@ -123,21 +130,31 @@ class MessageReply:
         def sse(event: dict) -> str:
             return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
-        blocks, finish, matched, usage, error = Blocks(), None, None, None, None
-        yield sse({"type": "message_start", "message": self.message(blocks, (None, None), None)})
-        yield sse({"type": "ping"})
+        def from_start() -> str:
+            cached = self.reply.choices[0].req.seq.result.cached_tokens
+            return sse({"type": "message_start", "message": self.message(Blocks(), (None, None), None, cached)})
+
+        blocks, finish, matched, usage, error, started = Blocks(), None, None, None, None, False
         async with contextlib.aclosing(self.reply.chunks()) as chunks:
             async for data in chunks:  # read to the end: an engine failure's error body is the last
+                if not started and not _opening(data):  # past chat's role chunk the sequence has been admitted,
+                    started = True                       # so the prefix cache's share of the prompt is known
+                    yield from_start()
+                    yield sse({"type": "ping"})
                 if "error" in data:
-                    error = data["error"]["message"]
+                    error = data["error"]
                     continue
                 for c in data["choices"]:
                     for event in blocks.feed(c["delta"]):
                         yield sse(event)
                     finish, matched = c["finish_reason"] or finish, c.get("stop_reason") or matched
                 usage = data.get("usage") or usage
-        if error is not None:  # the engine failed: Anthropic's error event ends the stream
-            yield sse({"type": "error", "error": {"type": "api_error", "message": error}})
+        if not started:
+            yield from_start()
+            yield sse({"type": "ping"})
+        if error is not None:  # the engine failed, or the request's constraints left no token: the last event
+            kind = "invalid_request_error" if error.get("type") == "invalid_request_error" else "api_error"
+            yield sse({"type": "error", "error": {"type": kind, "message": error["message"]}})
             return
         for event in blocks.close():
             yield sse(event)
