@@ -76,6 +76,22 @@ def test_text_equals_chat_and_the_stream_joins_to_the_whole(client):
         **whole["usage"], "speculative": final["usage"]["speculative"]}
 
 
+def test_input_tokens_counts_the_prompt_a_response_reads(client):
+    """OpenAI's POST /v1/responses/input_tokens (the SDK's responses.input_tokens.count; a 405 before): the
+    instructions, tools and input as the reply's prompt counts them, in the SDK's shape."""
+    from openai.types.responses import InputTokenCountResponse
+
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    body = {"input": Q, "instructions": "Answer briefly.", "tools": tools, "tool_choice": "none"}
+    r = client.post("/v1/responses/input_tokens", json=body)
+    assert r.status_code == 200, r.text
+    counted = InputTokenCountResponse.model_validate(r.json())
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == respond(client, **body)["usage"]["input_tokens"]
+    bare = client.post("/v1/responses/input_tokens", json={"input": Q}).json()["input_tokens"]
+    assert 0 < bare < counted.input_tokens  # the instructions and tools take tokens too
+
+
 def test_max_output_tokens_cuts_the_reply_as_incomplete(client):
     whole = respond(client, max_output_tokens=3, input=[{"role": "user", "content": [
         {"type": "input_text", "text": "Write a long story about a dragon."}]}])

@@ -253,7 +253,8 @@ def build_app(served: Served) -> FastAPI:
             return whole
         return reply.streaming()
 
-    add_responses_routes(app, parse, chat_sequences, queued, served.name)  # response_store.py
+    add_responses_routes(app, parse, chat_sequences, queued, lambda body: prompt_ids(body)[0],  # response_store.py
+                         served.name)
     add_messages_routes(app, parse, chat_sequences, queued, lambda body: prompt_ids(body)[0], served.name)
     files = FileStore()
     add_files_routes(app, files)  # file_store.py: uploads and batch outputs, in memory

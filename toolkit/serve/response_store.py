@@ -78,27 +78,41 @@ class ResponseStore:
                 "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(items)}
 
 
-def add_responses_routes(app, parse, chat_sequences, queued, model: str) -> None:
+def add_responses_routes(app, parse, chat_sequences, queued, prompt_ids, model: str) -> None:
     """The Responses routes over build_app's chat steps (app.py): `chat_sequences` a chat request's engine
-    sequences, `queued` them queued with their Reply."""
+    sequences, `queued` them queued with their Reply, `prompt_ids` a chat request's prompt's token ids."""
     stored = ResponseStore()
 
-    @app.post("/v1/responses")
-    async def responses(request: Request):
-        body = await parse(request, ResponsesRequest)
+    def as_chat(body: ResponsesRequest) -> tuple[ChatRequest, list[dict]]:
+        """The chat request a Responses request amounts to, and the turns before its reply."""
         history = [] if body.previous_response_id is None else stored.get(
             body.previous_response_id, "previous_response_id")[1]
         turns = history + input_messages(body.input)  # what a response continuing this one sees before its reply
         try:  # a refusal names the Responses field (max_output_tokens, not max_tokens)
-            chat_body = ChatRequest.model_validate(body.chat(turns))
-            seqs, text, tools, keep = await chat_sequences(chat_body)
+            return ChatRequest.model_validate(body.chat(turns)), turns
         except ValidationError as e:
             raise renamed(validation_error(e.errors())) from None
+        except ApiError as e:
+            raise renamed(e) from None
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        body = await parse(request, ResponsesRequest)
+        chat_body, turns = as_chat(body)
+        try:
+            seqs, text, tools, keep = await chat_sequences(chat_body)
         except ApiError as e:
             raise renamed(e) from None
         reply = ResponseReply(queued(chat_body, seqs, [text], True, tools, keep), body, model, stored, turns,
                               input_items(body.input))
         return reply.streaming() if body.stream else await reply.whole(request)
+
+    @app.post("/v1/responses/input_tokens")
+    async def input_tokens(request: Request):
+        """OpenAI's count of the tokens a Responses request's input takes (instructions, tools and a previous
+        response's turns included), as the prompt the reply would read."""
+        return {"object": "response.input_tokens",
+                "input_tokens": len(prompt_ids(as_chat(await parse(request, ResponsesRequest))[0]))}
 
     @app.get("/v1/responses/{rid}")
     async def stored_response(rid: str):
