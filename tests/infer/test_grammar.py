@@ -160,7 +160,11 @@ def test_a_reasoning_models_grammar_starts_after_its_think_block(setup):
         def convert_ids_to_tokens(self, i):
             return {7: "<think>", 8: "</think>"}[i]
 
+        def decode(self, ids):
+            return "".join({5: "\n\n", 7: "<think>", 8: "</think>"}.get(i, "x") for i in ids)
+
     assert after_thinking(Tok(), [1, 7, 5, 8, 5]) == (8, True)    # enable_thinking false: an empty block, closed
+    assert after_thinking(Tok(), [1, 7, 5, 8, 5, 3, 1]) == (8, False)  # an earlier turn's block (a tool loop)
     assert after_thinking(Tok(), [1, 7, 5, 8, 5, 7]) == (8, False)  # the template opened one: think first
     assert after_thinking(Tok(), [1, 5]) == (8, False)
     assert after_thinking(tok, prompts[0]) == (None, True)  # SmolLM2 has no </think> token

@@ -154,9 +154,16 @@ def test_a_prompt_that_closed_its_think_block_gets_a_reply_of_content():
         def convert_ids_to_tokens(self, i):
             return {v: k for k, v in self.ids.items()}.get(i, "<unk>")
 
+        def decode(self, ids):
+            return "".join({5: "<think>", 6: "</think>", 3: "\n\n"}.get(i, "x") for i in ids)
+
     closed, opened = [1, 2, 5, 9, 6, 3], [1, 2, 6, 3, 5]
     assert reply_closed(Tok(), SimpleNamespace(prompt=closed, grammar=None))
     assert not reply_closed(Tok(), SimpleNamespace(prompt=opened, grammar=None))
+    # Qwen3 keeps the think block of an assistant turn after the last user query (a tool loop): it is followed by
+    # that turn's call, the tool turn and the next header, and the new reply thinks again (it was read as content)
+    tool_loop = [1, 2, 5, 9, 6, 3, 7, 8, 1, 2]
+    assert not reply_closed(Tok(), SimpleNamespace(prompt=tool_loop, grammar=None))
     split = reasoning_split("deepseek_r1", closed=True)
     assert split.feed("The answer.", done=True) == ("", "The answer.")
     # usage's reasoning_tokens (Responses' output_tokens_details, chat's completion_tokens_details; was always 0):

@@ -234,10 +234,12 @@ class Grammars:
 
 def after_thinking(tokenizer, prompt: list[int]) -> tuple[int | None, bool]:
     """(the `</think>` token a reasoning model's constrained answer starts after, whether the prompt has already
-    closed its think block: Qwen3 with enable_thinking false writes an empty one); (None, True) where `</think>` is
-    no single token (then the grammar holds from the first token)."""
+    closed its think block: Qwen3 with enable_thinking false ends it with an empty one); (None, True) where
+    `</think>` is no single token (then the grammar holds from the first token)."""
     start, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<think>", "</think>"))
     if end is None or end == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(end) != "</think>":
         return None, True
     last = {t: max((i for i, x in enumerate(prompt) if x == t), default=-1) for t in (start, end)}
-    return end, last[end] > last[start]
+    # closed by the generation prompt itself: only whitespace after it (an earlier turn's block that a template
+    # keeps, Qwen3's in a tool loop, is followed by that turn's answer and the next headers)
+    return end, last[end] > last[start] and not tokenizer.decode(prompt[last[end] + 1:]).strip()
