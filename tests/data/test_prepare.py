@@ -374,3 +374,15 @@ def test_a_system_turn_the_template_shows_only_in_the_prompt_gives_one_sample_pe
         assert tok.decode(row["input_ids"]) == prompt + " " + conv[i]["content"] + "<|im_end|>"
         assert [tok.decode(row["input_ids"][a:b]) for a, b in runs(row["loss_mask"])] == [
             " " + conv[i]["content"] + "<|im_end|>"]
+
+
+def test_template_text_the_prompt_lacks_is_not_taken_for_a_separator(qwen3_like):
+    """An answer that writes its own think block off the template's layout: Qwen3-like renders an empty think block
+    before it in the finished conversation, which the generation prompt lacks; that block was taken for the
+    separator before the answer (Mistral v0.3's space), giving a sample with two think blocks the target never
+    read. Only whitespace is such a separator: the record is refused as before."""
+    conv = [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "<think>R</think>A"}]
+    rows, counts = tokenize(ChatRenderer(qwen3_like), [conv], 4096)
+    assert all(qwen3_like.decode(r["input_ids"]).count("<think>") <= 1 for r in rows), rows
+    assert counts["bad"] == 1 and not rows
+

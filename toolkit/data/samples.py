@@ -61,16 +61,18 @@ def _gap(prompt: str, head: str, conv: list[dict]) -> str | None:
     """What the template writes between the generation prompt's end and the answer where the prompt renders the
     history otherwise than the finished conversation does (Mistral v0.3 puts the system message into the last user
     turn only while that turn is last): the shortest tail of `head` (the finished rendering up to the answer) whose
-    removal leaves it ending as the prompt ends, from the last user turn's content on; None if there is none."""
+    removal leaves it ending as the prompt ends, from the last user turn's content on, when it is whitespace (a
+    separator, Mistral's space); None otherwise."""
     user = next((m["content"] for m in reversed(conv) if m["role"] == "user"), None)
     if not isinstance(user, str) or not user:
         return None
-    for cut in range(min(len(head), 64) + 1):  # a few characters: a space, a header
+    for cut in range(min(len(head), 64) + 1):  # a separator is a few characters
         rest = head[:len(head) - cut]
         same = next((n for n in range(min(len(rest), len(prompt))) if rest[-1 - n] != prompt[-1 - n]),
                     min(len(rest), len(prompt)))  # the common tail's length
         if same and user in prompt[len(prompt) - same:]:
-            return head[len(head) - cut:]
+            gap = head[len(head) - cut:]  # text the prompt lacks (Qwen3's empty think block before an answer
+            return gap if not gap.strip() else None  # that opens its own) is no separator
     return None
 
 
