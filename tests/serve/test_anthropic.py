@@ -246,6 +246,25 @@ def test_message_start_counts_the_prefix_cache_as_the_message_does(tiny_target, 
                                                                              delta["cache_read_input_tokens"])
 
 
+def test_message_start_goes_out_at_admission_while_a_parser_holds_the_text(tools_target, in_process_app):
+    """A forced tool call's text is held by the tool parser until the call closes: message_start waited for the
+    first shown text, so a client saw nothing for the whole generation. It goes out with the first update (each
+    engine step slowed to 0.06 s here: the call takes many steps, message_start comes within the first few)."""
+    import time
+
+    with in_process_app(tools_target, max_len=512, tool_parser="hermes") as (asgi, engine), TestClient(asgi) as c:
+        step = engine.step
+        engine.step = lambda *a, **k: (time.sleep(0.06), step(*a, **k))[1]
+        t0, seen = time.perf_counter(), {}
+        with c.stream("POST", "/v1/messages", json={"model": "tiny", "max_tokens": 60, "temperature": 0, "messages": [
+                {"role": "user", "content": Q}], "tools": TOOLS, "tool_choice": {"type": "any"}, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    seen.setdefault(line[7:], time.perf_counter() - t0)
+    assert seen["content_block_start"] > 1.5, seen  # the call is written over 25 steps or more
+    assert seen["message_start"] < seen["content_block_start"] - 1.0, seen
+
+
 def test_the_anthropic_client_gets_the_same_answer_with_a_draft(tiny_target, tiny_draft, serve):
     """The real server, anthropic's client (create, stream, count_tokens): a draft tree's answer is plain decoding's."""
     import anthropic

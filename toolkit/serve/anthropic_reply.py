@@ -108,6 +108,7 @@ class MessageReply:
 
     def __init__(self, reply: Reply, model: str, prompt_tokens: int):
         self.reply, self.model, self.prompt_tokens = reply, model, prompt_tokens
+        reply.beats = True  # the first update, shown or held by a parser, starts the stream
         self.mid = f"msg_{uuid.uuid4().hex}"
 
     def message(self, blocks: Blocks, stop: tuple, usage: dict | None, cached: int = 0) -> dict:
@@ -137,10 +138,12 @@ class MessageReply:
         blocks, finish, matched, usage, error, started = Blocks(), None, None, None, None, False
         async with contextlib.aclosing(self.reply.chunks()) as chunks:
             async for data in chunks:  # read to the end: an engine failure's error body is the last
-                if not started and not _opening(data):  # past chat's role chunk the sequence has been admitted,
+                if not started and (data is None or not _opening(data)):  # an update: the sequence is admitted,
                     started = True                       # so the prefix cache's share of the prompt is known
                     yield from_start()
                     yield sse({"type": "ping"})
+                if data is None:
+                    continue
                 if "error" in data:
                     error = data["error"]
                     continue

@@ -37,6 +37,7 @@ class Reply:
         self.positions = positions  # draft positions usage reports
         self.rid, self.now = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         self.kind = "chat.completion" if chat else "text_completion"
+        self.beats = False  # chunks() yields None for an update with nothing to show (the Messages stream's start)
 
     def cancel(self) -> None:
         """Free every choice's row (an engine failure: the others go too)."""
@@ -137,8 +138,11 @@ class Reply:
                     # a delta whose text a parser holds back (a tag's start, a tool call not closed) goes later
                     if chunk is not None and (not self.chat or chunk["delta"] or chunk["logprobs"] is not None):
                         yield self.chunk([chunk], **self.counts(c))
-                    elif chunk is not None:  # its token ids (vLLM's return_token_ids) go with the next chunk
-                        c.unsent(chunk)
+                    else:
+                        if chunk is not None:  # its token ids (vLLM's return_token_ids) go with the next chunk
+                            c.unsent(chunk)
+                        if self.beats:  # an update with nothing to show yet: the sequence runs (admitted)
+                            yield None
                     if not c.finished:
                         waiting[asyncio.ensure_future(c.update())] = c
                         continue
