@@ -90,6 +90,8 @@ def test_input_tokens_counts_the_prompt_a_response_reads(client):
     assert counted.input_tokens == respond(client, **body)["usage"]["input_tokens"]
     bare = client.post("/v1/responses/input_tokens", json={"input": Q}).json()["input_tokens"]
     assert 0 < bare < counted.input_tokens  # the instructions and tools take tokens too
+    after = client.post("/v1/responses/input_tokens", json={"input": Q, "previous_response_id": respond(client)["id"]})
+    assert after.json()["input_tokens"] > 2 * bare  # a previous response's turns come first
 
 
 def test_max_output_tokens_cuts_the_reply_as_incomplete(client):
