@@ -52,7 +52,9 @@ class Choice:
         self.stop_token_ids = stop_token_ids  # the request's own (not end-of-turn): vLLM's stop_reason names them
         self.silent = silent            # max_tokens 0: the generated token is dropped
         harmony_calls = bool(tools) and tools[0] == "openai"  # gpt-oss's calls are read by its reasoning split
-        self.reasoning, self.closed = reasoning, bool(reasoning) and reply_closed(tok, req.seq)
+        # harmony's reply says its channels itself: whether thinking is past matters to the think-tag parsers alone
+        self.reasoning = reasoning
+        self.closed = reasoning in ("qwen3", "deepseek_r1") and reply_closed(tok, req.seq)
         self.split = reasoning_split(reasoning, harmony_calls, self.closed) if reasoning else None
         self.calls = ToolCallReader(*tools) if tools else None  # chat: (mode, name, parallel) tool calls read
         self.called = False             # tool calls were read: finish_reason tool_calls (but for a named one)
