@@ -209,6 +209,11 @@ def test_refusals_name_the_problem(tiny_target, prepared, tmp_path, capsys):
     assert train(tiny_target, prepared, out, "max_steps=2", "draft_vocab_size=512", flags=["--resume"]) == 2
     assert "cannot resume: the draft/target differ" in capsys.readouterr().err
     assert train(tiny_target, prepared, out, "max_steps=1", flags=["--overwrite"]) == 0
+    # --overwrite with bad data deleted the previous run before the data was found missing: it now stays whole
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert train(tiny_target, tmp_path / "nothing", out, "max_steps=1", flags=["--overwrite"]) == 2
+    assert "nothing: no such folder" in capsys.readouterr().err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before and (out / "draft").is_dir()
     assert train(tiny_target, tmp_path, tmp_path / "x", "max_steps=1") == 2
     assert "not a prepared dataset" in capsys.readouterr().err
     assert train(tiny_target, tmp_path / "prepare", tmp_path / "x", "max_steps=1") == 2  # a typo

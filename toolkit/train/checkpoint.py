@@ -82,16 +82,22 @@ def load(accelerator, checkpoint: Path) -> None:
         accelerator.scaler = scaler
 
 
-def open_output_dir(accelerator, out: Path, resume: bool, overwrite: bool) -> None:
-    """A folder holding a previous run (its run.json) is continued with --resume, deleted with --overwrite, and
-    otherwise refused, as is --resume on a folder without one."""
+def open_output_dir(out: Path, resume: bool, overwrite: bool) -> None:
+    """A folder holding a previous run (its run.json) is continued with --resume, replaced with --overwrite (by
+    replace_output_dir, once every input has been checked), and otherwise refused, as is --resume on a folder
+    without one."""
     previous = (out / "run.json").exists()
     if previous and not (resume or overwrite):
         raise ValueError(f"output_dir {out} holds a previous run; pass --resume to continue it or --overwrite "
                          "to replace it")
     if resume and not previous:
         raise ValueError(f"--resume: output_dir {out} holds no run to resume")
-    if overwrite and previous and accelerator.is_main_process:
+
+
+def replace_output_dir(accelerator, out: Path, overwrite: bool) -> None:
+    """--overwrite: the previous run goes just before the new one writes its first file, so a run refused for
+    its data, token map or target (checked after open_output_dir) leaves the old one whole."""
+    if overwrite and (out / "run.json").exists() and accelerator.is_main_process:
         shutil.rmtree(out)
     accelerator.wait_for_everyone()
 

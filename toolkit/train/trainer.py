@@ -68,7 +68,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
     acc.print(f"accelerate: {acc.distributed_type.value}, {acc.num_processes} process(es) on {acc.device}, "
               f"mixed precision {acc.mixed_precision}")
     out = Path(cfg.output_dir)
-    ckpt.open_output_dir(acc, out, args.resume, args.overwrite)  # a previous run is resumed, replaced or refused
+    ckpt.open_output_dir(out, args.resume, args.overwrite)  # a previous run is resumed, replaced or refused
 
     # --- target, data and draft vocabulary -------------------------------------------------------------
     folder = resolve_target(cfg.model)
@@ -145,6 +145,7 @@ def main(args: argparse.Namespace, head_kind: str | None = None) -> int:
         ckpt.check_launch(last, rows_per_step, progress.launch)  # processes, ZeRO stage, DeepSpeed precision
         ckpt.load(acc, last)
         acc.print(f"resumed from {last} at step {progress.step}")
+    ckpt.replace_output_dir(acc, out, args.overwrite)  # every input checked: the old run may go now
     if acc.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(acc, out, cfg)  # a tracker that cannot start (wandb without a key) stops the run here
