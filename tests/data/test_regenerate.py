@@ -272,6 +272,19 @@ def test_an_out_or_done_that_is_not_a_regenerate_output_is_refused_and_kept(data
     assert before is None or p.read_text() == before
 
 
+def test_an_out_that_is_the_input_or_holds_other_datas_answers_is_refused_and_kept(data, tmp_path, capsys):
+    """--out naming the --data file appended the new answers to the input (a regenerate output fed back in), and an
+    --out written from other data was resumed, mixing two sources in one file: both are refused, the file kept."""
+    earlier = tmp_path / "earlier.jsonl"
+    earlier.write_text('{"id": "gsm8k.jsonl:0", "messages": []}\n')
+    for args, message in ((["--data", str(earlier), "--out", str(earlier)], "is one of the --data files"),
+                          (["--data", str(data), "--out", str(earlier)], "holds answers to other data (id "
+                                                                         "'gsm8k.jsonl:0', not of convs.jsonl)")):
+        assert main(["regenerate", *args, "--endpoint", "http://127.0.0.1:9/v1"]) == 2
+        assert message in capsys.readouterr().err
+        assert earlier.read_text() == '{"id": "gsm8k.jsonl:0", "messages": []}\n'
+
+
 def test_an_endpoint_that_is_no_url_or_does_not_answer_is_named(data, tmp_path, capsys):
     """A bad --endpoint ended in openai's APIConnectionError traceback."""
     out = tmp_path / "o.jsonl"

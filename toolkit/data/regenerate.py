@@ -126,6 +126,9 @@ def main(args: argparse.Namespace) -> int:
     from toolkit.atomic import check_out_path
 
     check_out_path("--out", out, folder=False)
+    if out.exists() and any(Path(f).exists() and out.samefile(f) for f in args.data):
+        raise ValueError(f"--out {out} is one of the --data files: the answers would be appended to the input; "
+                         "give a new file")
     out.parent.mkdir(parents=True, exist_ok=True)
     k, n = parse_shard(args.shard)
     done = done_ids(out)
@@ -133,6 +136,11 @@ def main(args: argparse.Namespace) -> int:
         if not Path(f).exists():
             raise ValueError(f"--done {f}: no such file")
         done |= done_ids(Path(f), repair=False)
+    names = {Path(f).name for f in args.data}  # an id is "file name:index": a resume's ids are of these files
+    if other := next((i for i in sorted(done) if i.rsplit(":", 1)[0] not in names), None):
+        raise ValueError(f"--out {out}{' / --done' if args.done else ''} holds answers to other data (id {other!r}, "
+                         f"not of {', '.join(sorted(names))}): give a new --out for this --data, or the --data it "
+                         "was written from")
     mine = [c for i, c in enumerate(conversations(args.data, args.num_samples, args.limit)) if i % n == k]
     todo = [c for c in mine if c[0] not in done and None in c[2]]  # None: a user turn to answer
     asking = sum(None not in c[2] for c in mine)
