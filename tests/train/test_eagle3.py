@@ -228,6 +228,22 @@ def test_refusals_name_the_problem(tiny_target, prepared, tmp_path, capsys):
         assert not (tmp_path / f"short{n}" / "run.json").exists()
 
 
+def test_an_interrupt_during_a_checkpoint_save_leaves_no_half_written_folder(tiny_target, prepared, tmp_path,
+                                                                            monkeypatch, capsys):
+    """Ctrl-C while a checkpoint was written left its .checkpoint-N.tmp folder (tens of MB) while the CLI said
+    nothing half-written was left behind; the interrupted save's folder is removed first."""
+    from toolkit.train import checkpoint
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "export_draft", interrupted)
+    out = tmp_path / "run"
+    assert train(tiny_target, prepared, out, "max_steps=2", "save_every=1") == 130
+    assert "nothing half-written was left behind" in capsys.readouterr().err
+    assert not list(out.glob(".*.tmp")) and not list(out.glob("checkpoint-*"))
+
+
 def test_contradictory_flags_and_a_file_as_output_dir_are_refused_before_loading(tmp_path, capsys):
     """--resume --overwrite deleted the run and then started afresh without a word; an output_dir that is a file
     failed with FileExistsError's traceback after the target and data had loaded."""

@@ -138,8 +138,13 @@ def save(accelerator, model, template_head, output_dir: Path, step: int, keep: i
     # DeepSpeed writes the frozen parameters' fragments beside the module's state unless told not to (the
     # module's own state leaves them out: objectives.DraftTrainable)
     frozen_out = {"exclude_frozen_parameters": True} if accelerator.state.deepspeed_plugin is not None else {}
-    accelerator.save_state(str(tmp), **frozen_out)
-    export_draft(accelerator, model, template_head, tmp / "draft", *export_args)
+    try:
+        accelerator.save_state(str(tmp), **frozen_out)
+        export_draft(accelerator, model, template_head, tmp / "draft", *export_args)
+    except BaseException:  # Ctrl-C / SIGTERM / a full disk mid-save: no half-written checkpoint stays behind
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         replace_dir(tmp, final)
@@ -167,7 +172,11 @@ def publish_draft(checkpoint: Path, output_dir: Path) -> None:
     """Copy the final checkpoint's draft to output_dir/draft (a complete copy, then renamed into place)."""
     tmp = output_dir / ".draft.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(checkpoint / "draft", tmp)
+    try:
+        shutil.copytree(checkpoint / "draft", tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     replace_dir(tmp, output_dir / "draft")
 
 
