@@ -101,6 +101,24 @@ def test_overrides_may_come_before_or_after_the_options(capsys):
     assert "unknown config keys ['nonsense']" in capsys.readouterr().err
 
 
+def test_the_entry_scripts_end_on_ctrl_c_and_sigterm_without_a_traceback(monkeypatch, capsys):
+    """`accelerate launch toolkit/train/eagle3.py` printed a KeyboardInterrupt traceback on Ctrl-C and took SIGTERM
+    with no unwinding (no temp folder removed): both end as `toolkit train` ends them, 130 and 143."""
+    import os
+    import signal
+
+    from toolkit.train import trainer
+    from toolkit.train.launch import cli
+
+    monkeypatch.setattr(trainer, "main", lambda args, kind: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert cli("eagle3.py", "doc", "eagle3", ["--output-dir", "o", "data=x"]) == 130
+    assert "eagle3.py: interrupted; nothing half-written" in capsys.readouterr().err
+    monkeypatch.setattr(trainer, "main", lambda args, kind: os.kill(os.getpid(), signal.SIGTERM) or 0)
+    assert cli("eagle3.py", "doc", "eagle3", ["--output-dir", "o", "data=x"]) == 143
+    assert "eagle3.py: terminated" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is not None and "Traceback" not in capsys.readouterr().err
+
+
 def test_data_is_required():
     with pytest.raises(ValueError, match="prepared dataset folder"):
         TrainConfig()
