@@ -130,3 +130,36 @@ def test_json_of_the_wrong_shape_in_a_draft_or_a_dump_is_named(tmp_path):
         (tmp_path / f"h{i}" / "index.json").write_text(json.dumps(index))
         with pytest.raises(ValueError, match=r"index.json: not the layout `toolkit dump-hidden-states` writes"):
             read_index(tmp_path / f"h{i}")
+
+
+def test_a_target_or_draft_config_of_the_wrong_shape_is_named_not_a_traceback(tiny_target, tiny_draft, tmp_path,
+                                                                               capsys):
+    """A config.json that parses but is no object, or has a size that is null / a string, or aux layer ids that
+    are no list: AttributeError / TypeError tracebacks from bench, serve, train, regenerate before."""
+    from toolkit.infer.config import ModelConfig
+    from toolkit.infer.draft_folder import draft_kind
+    from toolkit.models import resolve_target
+
+    target = tmp_path / "t"
+    shutil.copytree(tiny_target, target)
+    (target / "config.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"config.json holds list, not a JSON object"):
+        resolve_target(str(target))
+    assert main(["bench", "--model", str(target), "--draft", str(tiny_draft), "--prompts", "x.jsonl"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    cfg = json.loads((tiny_target / "config.json").read_text())
+    for key, value in (("num_hidden_layers", None), ("hidden_size", "abc")):
+        with pytest.raises(ValueError, match=rf"{value!r}.*positive integer|positive integer, got {value!r}"):
+            ModelConfig.from_hf({**cfg, key: value})
+    draft = tmp_path / "d"
+    shutil.copytree(tiny_draft, draft)
+    (draft / "config.json").write_text("[1]")
+    with pytest.raises(ValueError, match=r"config.json holds list, not a JSON object"):
+        draft_kind(draft)
+    dcfg = json.loads((tiny_draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**dcfg, "eagle_aux_hidden_state_layer_ids": "1,2,3"}))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"turns": ["hi"]}) + "\n")
+    assert main(["bench", "--model", str(tiny_target), "--draft", str(draft), "--prompts", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert "eagle_aux_hidden_state_layer_ids '1,2,3': give a list of layer ids" in err and "Traceback" not in err

@@ -50,8 +50,9 @@ def _refuse_a_draft(name: str, config: Path) -> None:
         cfg = json.loads(config.read_text())
     except (ValueError, OSError):
         return  # the loader names a broken config.json
-    if not isinstance(cfg, dict):
-        return
+    if not isinstance(cfg, dict):  # every reader of it would fail on .get / .items with a traceback
+        raise TargetError(f"--model {name}: config.json holds {type(cfg).__name__}, not a JSON object of the model's "
+                          "settings")
     mark = cfg.get("toolkit")
     if is_eagle3(cfg) or (isinstance(mark, dict) and mark.get("head")):
         archs = ", ".join(cfg.get("architectures") or []) or (mark or {}).get("head")

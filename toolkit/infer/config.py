@@ -52,8 +52,9 @@ class ModelConfig:
             raise ConfigError(f"model_type {self.model_type!r} is not supported; accepted: {sorted(FAMILIES)}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+            value = getattr(self, name)  # a null or a string in config.json: a TypeError deep in a forward
+            if type(value) is not int or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads {self.num_heads} is not a multiple of num_key_value_heads "
                               f"{self.num_kv_heads}")
@@ -112,6 +113,9 @@ class ModelConfig:
     def from_hf(cls, cfg: dict) -> "ModelConfig":
         """From an HF config.json (its text_config if any), with transformers' defaults for absent keys; a key
         transformers honours and this engine cannot is refused by name."""
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("text_config", cfg), dict):
+            raise ConfigError(f"config.json holds {type(cfg).__name__} {str(cfg)[:40]}, not a JSON object of the "
+                              "model's settings")
         outer, cfg = cfg, cfg.get("text_config", cfg)
         kind = cfg.get("model_type")
         if kind not in FAMILIES:

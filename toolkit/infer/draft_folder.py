@@ -98,7 +98,12 @@ def draft_kind(folder: str | Path) -> str:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"draft {folder}: {no_draft_there(folder)}")
-    cfg = json.loads(path.read_text())
+    from toolkit.json_files import read_json
+
+    cfg = read_json(path, "draft config")
+    if not isinstance(cfg, dict):
+        raise ValueError(f"draft {folder}: config.json holds {type(cfg).__name__}, not a JSON object of the head's "
+                         "settings")
     archs = cfg.get("architectures") or []
     from toolkit.infer.eagle3_config import is_eagle3, refuse_other_speculators
 

@@ -66,6 +66,10 @@ def read_eagle3_config(cfg: dict, folder) -> Eagle3Layout:
     layer = {**layer, "model_type": "llama",
              "draft_vocab_size": cfg.get("draft_vocab_size") or layer.get("draft_vocab_size")}
     eagle = cfg.get("eagle_config") or {}
+    for ids in (cfg.get("eagle_aux_hidden_state_layer_ids"), eagle.get("eagle_aux_hidden_state_layer_ids")):
+        if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+            raise ValueError(f"draft {folder}: eagle_aux_hidden_state_layer_ids {ids!r}: give a list of layer ids "
+                             "(integers)")
     top = cfg.get("eagle_aux_hidden_state_layer_ids") or []
     aux = eagle.get("eagle_aux_hidden_state_layer_ids") or [i - 1 for i in top] or None
     return Eagle3Layout(
