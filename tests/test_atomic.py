@@ -46,3 +46,17 @@ def test_an_output_path_below_a_file_or_of_the_wrong_kind_is_refused_up_front(tm
     check_out_path("--out", tmp_path / "new" / "deeper", folder=True)  # folders that can be made: fine
     check_out_path("--out", tmp_path / "d" / "b.json", folder=False)
     assert not (tmp_path / "new").exists()
+
+
+def test_an_output_place_nothing_can_be_written_in_is_refused_up_front(tmp_path, capsys):
+    """`--out /proc/x` (or a read-only mount) failed with a bare '[Errno 2] No such file or directory' after the
+    corpus was counted or the target loaded; a write is tried first (os.access says yes to root everywhere)."""
+    from toolkit.atomic import check_out_path
+    from toolkit.cli import main
+
+    with pytest.raises(ValueError, match=r"--out /proc/toolkit-x: nothing can be written in /proc"):
+        check_out_path("--out", "/proc/toolkit-x", folder=True)
+    assert main(["build-token-map", "--data", str(tmp_path), "--out", "/proc/toolkit-x", "--sizes", "8"]) == 2
+    assert "nothing can be written in /proc" in capsys.readouterr().err
+    check_out_path("--out", tmp_path / "run", folder=True)
+    assert [p.name for p in tmp_path.iterdir()] == []  # the check leaves nothing behind

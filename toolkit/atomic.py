@@ -39,9 +39,15 @@ def check_out_path(flag: str, path: str | Path, folder: bool) -> None:
     if path.exists() and path.is_dir() != folder:
         raise ValueError(f"{flag} {path} is a {'file' if folder else 'folder'}; give "
                          f"{'a folder (made if absent)' if folder else 'a file name'}")
-    for parent in path.parents:
+    # an existing output folder is written in; else the nearest existing folder above gets the new ones
+    for parent in [path] if folder and path.is_dir() else path.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise ValueError(f"{flag} {path}: {parent} is a file, not a folder; give a path whose folders can "
                                  "be made")
+            try:  # a real write: permissions, a read-only mount, /proc; os.access says yes to root on all of them
+                tempfile.TemporaryDirectory(dir=parent, prefix=".toolkit-write-check-").cleanup()
+            except OSError as e:
+                raise ValueError(f"{flag} {path}: nothing can be written in {parent} ({e.strerror}); give a "
+                                 "writable place") from None
             return
