@@ -59,6 +59,10 @@ def test_overrides_are_typed_and_flags_win(tmp_path):
     (["epochs=.inf"], "epochs inf"),
     (["regression_weight=nan", "head=eagle"], "regression_weight nan"),
     (["threads=-1"], "threads -1"),
+    # one sentence for all of them named neither the key nor its value
+    (["lr=-1"], "lr -1.0: must be > 0"), (["epochs=0"], "epochs 0.0: must be > 0"),
+    (["warmup_ratio=1"], "warmup_ratio 1.0: must be in [0, 1)"), (["loss_decay=0"], "loss_decay 0.0: must be in"),
+    (["eval_every=-1"], "eval_every -1: must be >= 0"),
 ])
 def test_bad_values_are_named(override, words):
     with pytest.raises(ValueError) as err:

@@ -141,10 +141,13 @@ class TrainConfig:
             problems.append(f"schedule_steps {self.schedule_steps}: must be at least 1")
         if self.max_minutes is not None and not self.max_minutes > 0:
             problems.append(f"max_minutes {self.max_minutes}: must be > 0 (or null: no time limit)")
-        if not (self.lr > 0 and 0 < self.loss_decay <= 1 and self.epochs > 0 and 0 <= self.warmup_ratio < 1):
-            problems.append("lr and epochs must be > 0, loss_decay in (0, 1], warmup_ratio in [0, 1)")
-        if self.eval_samples < 0 or self.eval_every < 0:
-            problems.append("eval_samples and eval_every must be >= 0")
+        for name, ok, accepted in (("lr", self.lr > 0, "> 0"), ("epochs", self.epochs > 0, "> 0"),
+                                   ("loss_decay", 0 < self.loss_decay <= 1, "in (0, 1]"),
+                                   ("warmup_ratio", 0 <= self.warmup_ratio < 1, "in [0, 1)"),
+                                   ("eval_samples", self.eval_samples >= 0, ">= 0"),
+                                   ("eval_every", self.eval_every >= 0, ">= 0 (0: no evaluation)")):
+            if not ok:  # each named with its value (one sentence for all four named none of them)
+                problems.append(f"{name} {getattr(self, name)}: must be {accepted}")
         if not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
             problems.append(f"max_grad_norm {self.max_grad_norm}: must be a finite number > 0 (the gradient norm "
                             "clipped to)")
