@@ -467,6 +467,8 @@ def test_eval_data_is_evaluated_on_and_every_row_of_data_trained(tiny_target, pr
                                                             "target_fingerprint": "0" * 16}))
     assert train(tiny_target, prepared, tmp_path / "x", "max_steps=1", f"eval_data={other}") == 2
     assert "was prepared for org/another and data" in capsys.readouterr().err
+    assert train(tiny_target, prepared, tmp_path / "x", "max_steps=1", f"eval_data={tmp_path / 'nope'}") == 2
+    assert f"eval_data {tmp_path / 'nope'}: no such folder" in capsys.readouterr().err  # it said `data ...`
 
 
 def test_a_run_stopped_inside_a_longer_schedule_resumes_into_it_unchanged(tiny_target, prepared, tmp_path, capsys):

@@ -22,20 +22,21 @@ from toolkit.json_files import read_json
 class PreparedData:
     """Rows of a `toolkit prepare-data` folder: input_ids, loss_mask (docs/formats.md section 9)."""
 
-    def __init__(self, folder: str | Path, max_len: int):
+    def __init__(self, folder: str | Path, max_len: int, key: str = "data"):
+        """key: the config key that named the folder (data, eval_data), for the errors."""
         import datasets
 
         folder = Path(folder)
         if not (folder / "toolkit_prepare.json").is_file():
             what = "not a prepared dataset (no toolkit_prepare.json)" if folder.exists() else "no such folder"
-            raise ValueError(f"data {folder}: {what}; run `toolkit prepare-data --out` first")
+            raise ValueError(f"{key} {folder}: {what}; run `toolkit prepare-data --out` first")
         self.meta, self.folder = read_json(folder / "toolkit_prepare.json", "prepared data"), folder
         ds = datasets.load_from_disk(str(folder))
         self.lengths = [min(n, max_len) for n in ds["num_tokens"]]
         self.ds = ds.with_format("torch", columns=["input_ids", "loss_mask"])
         self.max_len = max_len
         if not self.lengths or sum(self.lengths) == 0:
-            raise ValueError(f"data {folder}: the dataset is empty")
+            raise ValueError(f"{key} {folder}: the dataset is empty")
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -217,7 +218,7 @@ def held_out(cfg, data: PreparedData) -> tuple[list[int], list[dict]]:
     when given, all of data trained on; else data's last eval_samples rows, held back. A row cut at max_len before
     its answer has no prompt + answer to evaluate on: left out."""
     if cfg.eval_data:
-        other = PreparedData(cfg.eval_data, cfg.max_len)
+        other = PreparedData(cfg.eval_data, cfg.max_len, "eval_data")
         if other.meta.get("target_fingerprint") != data.meta.get("target_fingerprint"):
             raise ValueError(f"eval_data {cfg.eval_data} was prepared for {other.meta.get('target')} and data "
                              f"{cfg.data} for {data.meta.get('target')}: prepare both for the target trained for")
