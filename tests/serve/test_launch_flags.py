@@ -78,6 +78,11 @@ def test_ngram_is_prompt_lookup_alone(argv, lookup):
      "--speculative-config sets --num-steps 3, and --num-steps 4 is given too"),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 4, '
                               '"prompt_lookup_max": 2}'], "1 <= min <= max"),
+    # served without speculation, the algorithm silently dropped
+    (["--draft", "d", "--no-speculation", "--speculative-algorithm", "EAGLE3"],
+     "--speculative-algorithm asks for speculation and --no-speculation serves the target alone: give one"),
+    (["--no-speculation", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+     "--speculative-config asks for speculation"),
 ])
 def test_what_is_not_served_is_refused_by_name(argv, message):
     with pytest.raises(ValueError) as err:

@@ -87,6 +87,10 @@ def apply(args: argparse.Namespace) -> None:
     if args.speculative_algorithm is not None and args.speculative_config is not None:
         raise ValueError("--speculative-algorithm is SGLang's and --speculative-config vLLM's way to ask for the "
                          "same thing: give one")
+    asked = ("--speculative-algorithm" if args.speculative_algorithm is not None else
+             "--speculative-config" if args.speculative_config is not None else None)
+    if asked and args.no_speculation:  # it was served without speculation, the flag silently dropped
+        raise ValueError(f"{asked} asks for speculation and --no-speculation serves the target alone: give one")
     if args.speculative_algorithm is not None:
         _sglang(args, args.speculative_algorithm.upper())
     if args.speculative_config is not None:
