@@ -50,6 +50,15 @@ def test_bad_lines_are_counted_not_fatal(tmp_path):
     assert any("wizard" in b for b in stats.bad_examples)
 
 
+def test_a_line_nested_past_the_stack_is_one_broken_line(tmp_path):
+    """A fuzzed line of 100,000 nested lists stopped the whole run with 'maximum recursion depth exceeded'."""
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"question": "q1", "answer": "a1"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    stats = ReadStats(str(f))
+    assert [s[0]["content"] for s in read_samples(f, stats)] == ["q1"]
+    assert stats.bad == 1 and any("nested too deep" in b for b in stats.bad_examples)
+
+
 def test_bad_values_are_counted_with_their_place_and_samples_carry_theirs(tmp_path, capsys):
     """A role that is a list or an object, an instance that is not an object: counted as bad with file:line,
     not a TypeError; every sample's place is its line (#j for a record's j-th of several)."""

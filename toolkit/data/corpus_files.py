@@ -23,6 +23,8 @@ def _json_lines(path: Path, stats: ReadStats) -> Iterator[tuple[str, Any]]:
                 stats.add_bad(f"{path}:{n}", "not UTF-8")
             except json.JSONDecodeError as e:
                 stats.add_bad(f"{path}:{n}", f"broken JSON ({e.msg} at column {e.colno})")
+            except RecursionError:  # nested past Python's stack (a fuzzed or runaway line): one broken line
+                stats.add_bad(f"{path}:{n}", "JSON nested too deep to read")
 
 
 def _json_array(path: Path, stats: ReadStats, chunk: int = 1 << 20) -> Iterator[tuple[str, Any]]:
