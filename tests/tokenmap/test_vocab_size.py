@@ -148,6 +148,11 @@ def test_training_refuses_a_t2d_that_is_not_d2ts_ids(train_cfg):
 def test_a_missing_or_foreign_vocab_map_is_refused_in_a_line(tmp_path):
     with pytest.raises(TokenMapError, match="file not found"):
         load_vocab_map(tmp_path / "absent.safetensors")
+    from toolkit.tokenmap.maps import load_counts, load_freq
+
+    for load, file in ((load_vocab_map, "vocab_map_N"), (load_freq, "freq_N.pt"), (load_counts, "token_counts")):
+        with pytest.raises(TokenMapError, match=f"is a folder; give the {file}"):  # it said "file not found"
+            load(tmp_path)
     (tmp_path / "junk.safetensors").write_text("not safetensors")
     with pytest.raises(TokenMapError, match="not a safetensors file"):
         load_vocab_map(tmp_path / "junk.safetensors")

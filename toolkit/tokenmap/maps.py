@@ -108,9 +108,16 @@ def save_freq(path: Path, ids: list[int]) -> None:
         tmp.write_bytes(buf.getvalue())
 
 
+def _missing(path: Path, what: str, file: str) -> str:
+    """Why `path` is no file: a folder (name the file in it that was meant) or nothing there."""
+    if Path(path).is_dir():
+        return f"{what} {path}: is a folder; give the {file} file (build-token-map writes it there)"
+    return f"{what} {path}: file not found"
+
+
 def load_freq(path: str | Path) -> list[int]:
     if not Path(path).is_file():
-        raise TokenMapError(f"token map {path}: file not found")
+        raise TokenMapError(_missing(path, "token map", "freq_N.pt or vocab_map_N.safetensors"))
     with open(path, "rb") as f:
         head = f.read(9)
     if len(head) == 9 and head[8:9] == b"{":  # a safetensors file: u64 header length, then its JSON header
@@ -140,7 +147,7 @@ def save_vocab_map(path: Path, d2t: torch.Tensor, t2d: torch.Tensor, metadata: d
 
 def load_vocab_map(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     if not Path(path).is_file():
-        raise TokenMapError(f"token map {path}: file not found")
+        raise TokenMapError(_missing(path, "token map", "vocab_map_N.safetensors"))
     try:
         t = load_file(str(path))
     except Exception as e:  # safetensors' own error for a file that is not one
@@ -161,7 +168,7 @@ def save_counts(path: Path, counts: np.ndarray, metadata: dict) -> None:
 def load_counts(path: str | Path) -> tuple[np.ndarray, dict]:
     path = Path(path)
     if not path.is_file():
-        raise TokenMapError(f"--from-counts {path}: file not found")
+        raise TokenMapError(_missing(path, "--from-counts", "token_counts.safetensors"))
     try:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
