@@ -68,27 +68,33 @@ def _terminate(signum, frame):
     raise Terminated()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from toolkit.train.launch import parse_with_overrides
-
-    args = parse_with_overrides(build_parser(), argv)
+def reported(name: str, run) -> int:
+    """run() with the command-line's endings: bad input an `error:` line and 2, Ctrl-C 130 and SIGTERM 143 (both
+    unwound, so temp files are removed on the way), never a traceback (TOOLKIT_DEBUG=1 shows it). `name` starts each
+    line (`toolkit train`, `eagle3.py`)."""
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set signal handlers
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
-        return args.func(args) or 0
+        return run() or 0
     except (ValueError, OSError, RuntimeError) as err:  # OSError: a path the system refused (full disk, permission)
         if os.environ.get("TOOLKIT_DEBUG"):
             raise
-        print(f"toolkit {args.command}: error: {err}", file=sys.stderr)
+        print(f"{name}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:
-        print(f"toolkit {args.command}: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}; "
+        print(f"{name}: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}; "
               "nothing half-written was left behind", file=sys.stderr)
         return 143 if isinstance(stop, Terminated) else 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
+
+def main(argv: list[str] | None = None) -> int:
+    from toolkit.train.launch import parse_with_overrides
+
+    args = parse_with_overrides(build_parser(), argv)
+    return reported(f"toolkit {args.command}", lambda: args.func(args))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -95,26 +95,7 @@ def cli(script: str, doc: str, head_kind: str, argv: list[str] | None = None) ->
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_args(p)
     args = parse_with_overrides(p, argv)
-    import signal
-    import threading
-
-    from toolkit.cli import Terminated, _terminate
+    from toolkit.cli import reported
     from toolkit.train.trainer import main
 
-    # SIGTERM (a scheduler's kill, accelerate stopping its ranks) unwinds like Ctrl-C, so temp folders go on the way
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
-    try:
-        return main(args, head_kind)
-    except (ValueError, OSError, RuntimeError) as err:  # as `toolkit train` reports them (toolkit/cli.py)
-        if os.environ.get("TOOLKIT_DEBUG"):
-            raise
-        print(f"{script}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as stop:  # no traceback, as `toolkit train`
-        print(f"{script}: {'terminated' if isinstance(stop, Terminated) else 'interrupted'}; nothing half-written "
-              "was left behind", file=sys.stderr)
-        return 143 if isinstance(stop, Terminated) else 130
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    return reported(script, lambda: main(args, head_kind))  # as `toolkit train` ends: errors, Ctrl-C, SIGTERM
