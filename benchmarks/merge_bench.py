@@ -17,7 +17,8 @@ SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sam
         "prompts_sha256", "limit", "seed", "dtype", "fp32_lm_head", "chat_template_kwargs")
 # what a JSON from before the field existed ran with (dtype: not recorded then)
 DEFAULTS = {"sample_draft": False, "lookup": None, "dtype": None, "fp32_lm_head": False, "chat_template_kwargs": {}}
-RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup")
+RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup", "endpoint")
+ENDPOINT = ("url", "kind", "model")  # --compare-endpoint's server: one server for every shard
 
 
 def weighted(parts: list[dict], key: str) -> float:
@@ -76,6 +77,12 @@ def merge_run(parts: list[dict], where: list[str]) -> dict:
             raise ValueError(f"--compare-pld lengths {lengths} of {where} differ: merge shards of one configuration "
                              "only")
         out["prompt_lookup_num_tokens"] = lengths[0]
+    for key in ENDPOINT:
+        if key in parts[0]:
+            if any(p.get(key) != parts[0][key] for p in parts):
+                raise ValueError(f"--compare-endpoint {key}s {[p.get(key) for p in parts]} of {where} differ: merge "
+                                 "shards answered by one server only")
+            out[key] = parts[0][key]
     return out
 
 
@@ -132,9 +139,13 @@ def merge(reports: list[dict], where: list[str], partial: bool = False) -> dict:
         if "prompt_lookup" in out:
             out["prompt_lookup"]["speedup_vs_hf"] = (out["prompt_lookup"]["tokens_per_second"]
                                                      / out["hf_generate"]["tokens_per_second"])
-    for key in ("greedy_identical_to_baseline", "greedy_identical_to_hf", "greedy_identical_to_prompt_lookup"):
+    if "endpoint" in out and out["endpoint"]["tau"]:
+        out["tau_vs_endpoint"] = out["speculative"]["tau"] / out["endpoint"]["tau"]
+    for key in ("greedy_identical_to_baseline", "greedy_identical_to_hf", "greedy_identical_to_prompt_lookup",
+                "greedy_identical_to_endpoint"):
         all_true(reports, key, out)
-    for key in ("greedy_answers_differing_from_baseline", "greedy_answers_differing_from_hf"):
+    for key in ("greedy_answers_differing_from_baseline", "greedy_answers_differing_from_hf",
+                "greedy_answers_differing_from_endpoint"):
         if all(key in r for r in reports):  # shards written before the count have the boolean alone
             out[key] = sum(r[key] for r in reports)
     if any("sweep" in r for r in reports):

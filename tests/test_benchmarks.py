@@ -141,6 +141,42 @@ def test_merged_shards_equal_one_run_over_every_prompt(tmp_path):
     assert table.returncode == 0 and f"| {whole['tau']:.2f} |" in table.stdout
 
 
+def test_merged_shards_carry_the_endpoint_comparison(tmp_path):
+    """--compare-endpoint's run joins like the engine's (τ, histogram, per-turn counts), with tau_vs_endpoint and the
+    greedy checks recomputed; shards answered by different servers are refused."""
+    from toolkit.infer.metrics import summarize
+
+    spec, theirs = fake_results(12, seed=3), fake_results(12, seed=4)
+    files = []
+    for i in range(2):
+        r = shard_report(i, 2, spec[i::2], spec[i::2], 4.0)
+        r["endpoint"] = {"url": "http://127.0.0.1:30000", "kind": "sglang", "model": "m",
+                         **summarize(theirs[i::2], 5.0, 4), "per_turn": counts(theirs[i::2], "turn")}
+        r["greedy_identical_to_endpoint"], r["greedy_answers_differing_from_endpoint"] = i == 0, i
+        files.append(tmp_path / f"s{i}.json")
+        files[-1].write_text(json.dumps(r))
+    out = tmp_path / "m.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks/merge_bench.py"), *map(str, files), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    m, whole = json.loads(out.read_text()), summarize(theirs, 10.0, 4)
+    ep = m["endpoint"]
+    assert (ep["url"], ep["kind"], ep["model"]) == ("http://127.0.0.1:30000", "sglang", "m")
+    for key in ("requests", "tokens", "verify_steps", "accepted_length_histogram", "wall_seconds"):
+        assert ep[key] == whole[key], key
+    assert ep["tau"] == pytest.approx(whole["tau"]) and ep["tokens_per_second"] == pytest.approx(whole["tokens"] / 10)
+    want = counts(theirs, "turn")
+    assert {t: (v["tau"], v["tokens"]) for t, v in ep["per_turn"].items()} == pytest.approx(
+        {t: (v["tau"], v["tokens"]) for t, v in want.items()})
+    assert m["tau_vs_endpoint"] == pytest.approx(summarize(spec)["tau"] / whole["tau"])
+    assert m["greedy_identical_to_endpoint"] is False and m["greedy_answers_differing_from_endpoint"] == 1
+    r = json.loads(files[1].read_text())
+    r["endpoint"]["url"] = "http://127.0.0.1:8000"
+    files[1].write_text(json.dumps(r))
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode != 0 and "answered by one server" in done.stderr
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda r: r["tree"].update(topk=2), "tree"),
     (lambda r: r.update(shard="0/2"), "different --shard"),

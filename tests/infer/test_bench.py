@@ -345,6 +345,22 @@ def test_prompt_ids_are_the_records_question_ids_or_places_in_the_file_across_sh
     assert [p["id"] for p in read_prompts(str(path), 2, (0, 2))] == [0, 81]
 
 
+def test_a_prompts_category_is_a_name_or_refused(tmp_path):
+    """per_category groups by the name: a null category read as "None" (and --answers wrote null), a list as
+    "['l']"."""
+    from toolkit.infer.prompts import read_prompts
+
+    path = tmp_path / "p.jsonl"
+    rows = [{"turns": ["a"], "category": None}, {"turns": ["b"], "category": 7},
+            {"messages": [{"role": "user", "content": "c"}], "category": None}, {"turns": ["d"]}]
+    path.write_text("\n".join(map(json.dumps, rows)) + "\n")
+    assert [p["category"] for p in read_prompts(str(path), None)] == ["all", "7", "all", "all"]
+    for bad in (["l"], {"a": 1}, True):
+        path.write_text(json.dumps({"turns": ["a"], "category": bad}) + "\n")
+        with pytest.raises(ValueError, match="is not a name; give a string"):
+            read_prompts(str(path), None)
+
+
 @pytest.mark.parametrize("lines, message", [
     (['{"turns": []}'], "non-empty list"), (['{"turns": [123]}'], "non-empty list"),
     (['{"turns": ["a", ""]}'], "non-empty list"),
@@ -398,6 +414,8 @@ def test_differing_answers_are_counted_and_explained_outside_fp32(capsys):
     (["--out", "DIR"], "is a folder"), (["--out", "DIR/"], "is a folder"),
     (["--out", "DIR/b.json"], "the PNG written beside it"), (["--answers", "DIR"], "--answers"),
     (["--out", "DIR/a.json", "--answers", "DIR/a.json"], "is --out too"),
+    (["--out", "DIR/a.json", "--answers", "DIR/a.png"], "is the PNG written beside --out"),
+    (["--sweep", ";"], "names no tree"), (["--sweep", ""], "names no tree"),
     (["--chat-template-kwargs", '{"tokenize": true}'], "tokenize set how the template is applied")])
 def test_bad_bench_options_are_refused_before_loading(tmp_path, capsys, extra, message):
     """--num-draft-tokens 0 once ran as the default, --temperature inf sampled uniformly, --out DIR ran the whole

@@ -147,6 +147,9 @@ def main(args: argparse.Namespace) -> int:
         check_out_path("--answers", args.answers, folder=False)
         if Path(args.answers).resolve() == Path(args.out).resolve():
             raise ValueError(f"--answers {args.answers} is --out too; give the answers their own file")
+        if Path(args.answers).resolve() == Path(args.out).with_suffix(".png").resolve():
+            raise ValueError(f"--answers {args.answers} is the PNG written beside --out {args.out}; give the answers "
+                             "their own file")
     if args.max_len < 2:
         raise ValueError(f"--max-len {args.max_len}: give the KV cache length per sequence, at least 2 tokens")
     if args.prefix_cache_rows < 0:
@@ -160,7 +163,7 @@ def main(args: argparse.Namespace) -> int:
                       args.num_steps + 1 if args.num_draft_tokens is None else args.num_draft_tokens)
     params = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)
     branch = lookup.from_args(args)
-    sweep = parse_sweep(args.sweep, branch, args.lookup_max_ngram or 3, args.lookup_min_ngram) if args.sweep else []
+    sweep = parse_sweep(args.sweep, branch, args.lookup_max_ngram or 3, args.lookup_min_ngram) if args.sweep is not None else []
     for cfg, own in sweep:
         if own is not None and args.sample_draft and cfg.topk == 1:
             raise ValueError(f"--sweep entry {cfg.num_steps},1,{cfg.num_draft_tokens},{own.num_tokens}: "

@@ -102,6 +102,7 @@ class Endpoint:
             raise ValueError(f"--compare-endpoint {url}: cannot reach it ({type(err).__name__}: {err})") from None
         self.model = models.json()["data"][0]["id"] if models.status_code == 200 else None
         self.params, self.stops, self.seed, self.asked = params, sorted(stops), seed, 0
+        self.counter_seconds = 0.0  # spent reading vLLM's /metrics around requests: the bench's, not the server's
 
     def _post(self, path: str, body: dict) -> dict:
         r = self.client.post(f"{self.root}{path}", json=body)
@@ -110,13 +111,14 @@ class Endpoint:
         return r.json()
 
     def generate(self, ids: list[int], max_new_tokens: int | None = None) -> Result:
-        """One turn's generated ids and the server's accepted lengths, timed from request to answer."""
+        """One turn's generated ids and the server's accepted lengths. Its seconds stay 0: the server's split is
+        not known, so a run's time is all `other`; the counters read around a vLLM request are not in it
+        (self.counter_seconds, which run_endpoint takes off the wall time)."""
         from dataclasses import replace
 
         p, seed = self.params, self.seed + self.asked
         p = p if max_new_tokens is None else replace(p, max_new_tokens=max_new_tokens)
         self.asked += 1
-        start = time.perf_counter()
         if self.kind == "sglang":
             # every sampling value given: a server that fills the unset ones from the model's generation_config
             # (SGLang's and vLLM's default) would otherwise sample otherwise than the engine
@@ -127,17 +129,19 @@ class Endpoint:
             tokens = out["output_ids"]
             accepted = sglang_accepted(out["meta_info"], len(tokens))
         else:
+            start = time.perf_counter()
             before = vllm_counters(self.client, self.root)
+            self.counter_seconds += time.perf_counter() - start
             body = {"model": self.model, "prompt": ids, "max_tokens": p.max_new_tokens, "temperature": p.temperature,
                     "top_p": p.top_p, "top_k": p.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0,
                     "stop_token_ids": self.stops, "seed": seed, "return_token_ids": True}
             tokens = self._post("/v1/completions", body)["choices"][0]["token_ids"]
+            start = time.perf_counter()
             after = vllm_counters(self.client, self.root)
+            self.counter_seconds += time.perf_counter() - start
             drafts, at = int(after[0] - before[0]), {k: int(v - before[2].get(k, 0)) for k, v in after[2].items()}
             accepted = vllm_accepted(drafts, at, len(tokens))
-        seconds = time.perf_counter() - start
-        return Result(tokens=list(tokens), verify_steps=len(accepted), accepted=accepted,
-                      seconds={"prefill": 0.0, "draft": 0.0, "verify": seconds})
+        return Result(tokens=list(tokens), verify_steps=len(accepted), accepted=accepted)
 
 
 def run_endpoint(url: str, kind: str, tok, prompts, params, seed: int, stops: set[int]):
@@ -147,7 +151,7 @@ def run_endpoint(url: str, kind: str, tok, prompts, params, seed: int, stops: se
 
     endpoint = Endpoint(url, kind, params, stops, seed)
     endpoint.generate(warm_up_ids(tok, prompts), max_new_tokens=4)  # a first request's start-up is not the run's
-    endpoint.asked, results, start = 0, [], time.perf_counter()
+    endpoint.asked, endpoint.counter_seconds, results, start = 0, 0.0, [], time.perf_counter()
 
     def generate(ids, p):
         res = endpoint.generate(ids)
@@ -156,7 +160,7 @@ def run_endpoint(url: str, kind: str, tok, prompts, params, seed: int, stops: se
         return res.tokens
 
     answers = answer_turns(tok, prompts, generate)
-    return results, answers, time.perf_counter() - start, endpoint
+    return results, answers, time.perf_counter() - start - endpoint.counter_seconds, endpoint
 
 
 def compare_endpoint(report: dict, args, tok, prompts, params, stops, spec_answers, dtype, positions: int,
@@ -169,7 +173,8 @@ def compare_endpoint(report: dict, args, tok, prompts, params, stops, spec_answe
                                                   args.seed, stops)
     report["endpoint"] = {"url": args.compare_endpoint, "kind": server.kind, "model": server.model,
                           **summarize(results, wall, positions), "per_turn": {
-                              str(t): summarize([r for r in results if r.turn == t])["tau"]
+                              str(t): {k: v for k, v in summarize([r for r in results if r.turn == t]).items()
+                                       if k in ("tau", "verify_steps", "tokens")}
                               for t in sorted({r.turn for r in results})}}
     if report["endpoint"]["tau"]:
         report["tau_vs_endpoint"] = report["speculative"]["tau"] / report["endpoint"]["tau"]

@@ -27,6 +27,9 @@ def parse_sweep(text: str, branch: lookup.LookupConfig | None = None,
             entries.append((TreeConfig(*numbers[:3]), own))
         except ValueError as e:  # TreeConfig names the run's flags, not this entry
             raise ValueError(f"--sweep entry {item.strip()!r}: {e}") from None
+    if not entries:
+        raise ValueError(f"--sweep {text!r} names no tree; give num_steps,topk,num_draft_tokens[,lookup] entries "
+                         "separated by ';', e.g. '3,1,4;5,8,32'")
     return entries
 
 

@@ -35,7 +35,7 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1),
         if index % shard[1] != shard[0]:
             continue
         if isinstance(rec, dict) and isinstance(rec.get("turns"), list):
-            item = {"id": rec.get("question_id", index), "category": rec.get("category", "all"),
+            item = {"id": rec.get("question_id", index), "category": _category(rec, where),
                     "system": None, "turns": list(rec["turns"])}
         else:
             try:
@@ -47,7 +47,7 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1),
             system = next((m["content"] for m in conv if m["role"] == "system"), None)
             known = isinstance(rec, dict) and rec.get("question_id") is not None
             item = {"id": rec["question_id"] if known else index,
-                    "category": rec.get("category", "all") if isinstance(rec, dict) else "all",
+                    "category": _category(rec, where) if isinstance(rec, dict) else "all",
                     "system": system, "turns": [m["content"] for m in conv if m["role"] == "user"]}
         if not item["turns"] or not all(isinstance(t, str) and t for t in item["turns"]):
             raise ValueError(f"{where}: turns must be a non-empty list of non-empty strings (the user turns)")
@@ -63,6 +63,16 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1),
         raise ValueError(f"--prompts {path}: no prompts read" + (f" in shard {shard[0]}/{shard[1]}"
                                                                  if shard[1] > 1 else ""))
     return out
+
+
+def _category(rec: dict, where: str) -> str:
+    """A record's `category` as the name its τ is grouped under: missing or null is "all", a number its text."""
+    cat = rec.get("category")
+    if cat is None:
+        return "all"
+    if isinstance(cat, bool) or not isinstance(cat, (str, int, float)):
+        raise ValueError(f"{where}: category {cat!r} is not a name; give a string (e.g. \"writing\") or leave it out")
+    return str(cat)
 
 
 def answer_turns(tok, prompts, generate) -> list[list[str]]:
