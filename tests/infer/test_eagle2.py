@@ -79,6 +79,36 @@ def test_both_file_kinds_load_and_misfits_are_refused(target, tmp_path):
         load_eagle2(tmp_path / "wide", target)
 
 
+def test_a_folder_without_the_bias_key_has_an_fc_bias_or_not(target, tmp_path):
+    """vLLM's layout writes no `bias` key; a head without fc.bias there was refused as 'missing fc.bias'."""
+    write_eagle1(tmp_path / "d", bias=False)
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    del cfg["bias"]
+    (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
+    assert load_eagle2(tmp_path / "d", target).fc.bias is None
+    write_eagle1(tmp_path / "b", bias=True)
+    cfg = json.loads((tmp_path / "b" / "config.json").read_text())
+    del cfg["bias"]
+    (tmp_path / "b" / "config.json").write_text(json.dumps(cfg))
+    assert load_eagle2(tmp_path / "b", target).fc.bias is not None
+
+
+def test_an_lm_head_shipped_in_the_folder_is_not_read(target, tmp_path):
+    """SGLang and vLLM serve an EAGLE-1/2 head with the target's lm_head, whatever its folder holds: a shipped copy
+    replaced the target's rows, and under a token map failed as a shape mismatch."""
+    write_eagle1(tmp_path / "d", bin_file=False)
+    from safetensors.torch import load_file, save_file
+
+    w = load_file(str(tmp_path / "d" / "model.safetensors"))
+    w["lm_head.weight"] = torch.randn(49152, 576)
+    save_file(w, str(tmp_path / "d" / "model.safetensors"))
+    head = load_eagle2(tmp_path / "d", target)
+    assert torch.equal(head.lm_head.weight, target.lm_head.weight.detach().float())
+    save_freq(tmp_path / "freq_7.pt", [9, 2, 1, 40000, 7, 123, 5000])
+    small = load_eagle2(tmp_path / "d", target, tmp_path / "freq_7.pt")
+    assert torch.equal(small.lm_head.weight, target.lm_head.weight.detach().float()[[1, 2, 7, 9, 123, 5000, 40000]])
+
+
 def test_a_qwen2_head_keeps_its_qkv_biases(target, tmp_path):
     """SafeAILab's Qwen2 heads have q/k/v biases (`qkv_bias: true`; SGLang builds them from Qwen2DecoderLayer):
     they load into the attention and change its output, instead of being refused as unknown tensors."""

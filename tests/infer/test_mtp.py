@@ -275,6 +275,42 @@ def test_export_round_trip_in_mimo_layout(tmp_path, family):
     assert torch.allclose(a, b, atol=1e-5)
 
 
+def test_an_export_for_a_mimo_target_reads_in_transformers_autoconfig(tmp_path):
+    """AutoConfig is SGLang's and vLLM's first read of a draft: MiMo's own config carries model_type "mimo" and an
+    auto_map to configuration_mimo.py, which the draft folder lacks; the export is read as Qwen2's config."""
+    import transformers
+
+    c = ModelConfig.from_hf(hf_config("qwen2"))
+    head, _ = random_mtp(c)
+    mimo = {**hf_config("mimo"), "architectures": ["MiMoForCausalLM"], "num_nextn_predict_layers": 1,
+            "auto_map": {"AutoConfig": "configuration_mimo.MiMoConfig", "AutoModel": "modeling_mimo.MiMoModel"}}
+    save_mtp(head, tmp_path / "d", mimo, "tiny", "fp")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["model_type"] == "qwen2" and "auto_map" not in cfg and cfg["toolkit"]["target_model_type"] == "mimo"
+    for remote in (False, True):
+        read = transformers.AutoConfig.from_pretrained(tmp_path / "d", trust_remote_code=remote)
+        assert isinstance(read, transformers.Qwen2Config) and read.num_nextn_predict_layers == 1
+
+
+def test_a_mimo_folder_whose_first_mtp_layer_is_not_0_loads(tmp_path):
+    """The layer index was taken as 0: a folder holding mtp_layers.1 alone was refused as missing every weight."""
+    _, w = write_native(tmp_path / "t", "mimo", n_mtp=2)
+    w = {k: v for k, v in w.items() if not k.startswith("model.mtp_layers.0.")}
+    save_file({k: v.contiguous() for k, v in w.items()}, str(tmp_path / "t" / "model.safetensors"))
+    target = load_target(tmp_path / "t")
+    head = load_draft(str(tmp_path / "t"), target, None)
+    assert torch.equal(head.block.mlp.up_proj.weight, w["model.mtp_layers.1.mlp.up_proj.weight"])
+
+
+def test_mtp_weights_of_other_shapes_are_named_against_the_targets_config(tmp_path):
+    _, w = write_native(tmp_path / "t", "deepseek", n_mtp=1)
+    key = f"model.layers.{LAYERS}.mlp.up_proj.weight"
+    w[key] = torch.zeros(w[key].shape[0] + 4, w[key].shape[1])
+    save_file({k: v.contiguous() for k, v in w.items()}, str(tmp_path / "t" / "model.safetensors"))
+    with pytest.raises(ValueError, match="do not have the shapes the target's config.json gives"):
+        load_draft(str(tmp_path / "t"), load_target(tmp_path / "t"), None)
+
+
 @pytest.mark.parametrize("tree", [TreeConfig(1, 1, 2), TreeConfig(2, 1, 3), TreeConfig(4, 1, 5),
                                   TreeConfig(3, 2, 6)], ids=["steps1", "steps2", "steps4", "tree"])
 def test_greedy_with_an_mtp_draft_equals_plain_decoding(tmp_path, tree):

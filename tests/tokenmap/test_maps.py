@@ -65,11 +65,13 @@ def test_freq_file_loads_as_sglang_does(tmp_path, capsys):
     assert "1 repeated id(s) dropped" in capsys.readouterr().err
     # what a user may point --token-map at by mistake: one line each, never a torch traceback
     torch.save([], tmp_path / "empty.pt")
+    torch.save([True, 5, 7], tmp_path / "bools.pt")  # True is an int to Python: it was read as id 1
     (tmp_path / "text.pt").write_text("not a pickle")
     from safetensors.torch import save_file
 
     save_file({"d2t": torch.zeros(4, dtype=torch.int64)}, str(tmp_path / "vocab_map_4.safetensors"))
-    for name, message in (("empty.pt", "non-empty list"), ("text.pt", "is not a token map"),
+    for name, message in (("empty.pt", "non-empty list"), ("bools.pt", "list of int token ids"),
+                          ("text.pt", "is not a token map"),
                           ("missing.pt", "not found"), ("vocab_map_4.safetensors", "is a safetensors file .* "
                                                         "FR-Spec's freq_N.pt")):
         with pytest.raises(TokenMapError, match=message):

@@ -232,14 +232,16 @@ def their_layer_key(name: str, first: str = "layers.0.") -> str:
     return name
 
 
-def load_weights(head: nn.Module, weights: dict[str, torch.Tensor], folder, ignore=()) -> None:
-    """Load a draft's weights into `head`, built from its config.json: every weight must be there (but those in
-    `ignore`), none unknown, and each of the shape the config gives (else the mismatches are named)."""
+def load_weights(head: nn.Module, weights: dict[str, torch.Tensor], folder, ignore=(),
+                 shapes_from: str = "its config.json") -> None:
+    """Load a draft's weights into `head`, built from `shapes_from` (its config.json; an MTP module's block is the
+    target's): every weight must be there (but those in `ignore`), none unknown, and each of the shape that config
+    gives (else the mismatches are named)."""
     try:
         missing, unexpected = head.load_state_dict(weights, strict=False)
     except RuntimeError as e:
         sizes = [line.strip() for line in str(e).splitlines() if "size mismatch" in line]
-        raise ValueError(f"draft {folder}: its weights do not have the shapes its config.json gives: "
+        raise ValueError(f"draft {folder}: its weights do not have the shapes {shapes_from} gives: "
                          + "; ".join(sizes[:3])) from None
     missing = [k for k in missing if k not in ignore]
     if missing or unexpected:

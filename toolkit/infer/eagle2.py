@@ -89,12 +89,15 @@ def load_eagle2(folder: str | Path, target, token_map: str | Path | None = None,
         raise ConfigError(f"draft {folder}/config.json: {e}") from None
     if c.hidden_size != target.config.hidden_size:
         raise ValueError(f"draft {folder}: hidden_size {c.hidden_size} != target's {target.config.hidden_size}")
+    # the embedding and lm_head are the target's, as SGLang (load_weights skips "lm_head") and vLLM (the proposer
+    # takes the target's lm_head) serve an EAGLE-1/2 head: a copy shipped in the folder is not read
     w = {k.removeprefix("model."): v for k, v in read_weights(folder).items()
-         if not k.endswith(("embed_tokens.weight", "inv_freq"))}
+         if not k.endswith(("embed_tokens.weight", "inv_freq")) and k != "lm_head.weight"}
     w = {our_layer_key(k): v for k, v in w.items() if not k.startswith("layers.0.input_layernorm")}
     if cfg.get("qkv_bias") or any(k.endswith("self_attn.q_proj.bias") for k in w):  # SafeAILab's Qwen2 heads
         c = replace(c, qkv_bias=True)  # (cnets1.py: bias=config.qkv_bias), which the Llama reading above drops
-    fc_bias = bool(cfg.get("bias", True))
+    # SafeAILab's `bias` key (its default true); a folder without the key (vLLM's layout, no fc bias) has it or not
+    fc_bias = bool(cfg["bias"]) if "bias" in cfg else "fc.bias" in w
     if fc_bias and "fc.bias" in w and not w["fc.bias"].any():  # a head trained without one is written with zeros
         del w["fc.bias"]
         fc_bias = False

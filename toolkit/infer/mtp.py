@@ -110,7 +110,7 @@ def find_layout(folder: Path, cfg: dict) -> tuple[str, str, int]:
     n_layers = text.get("num_hidden_layers", 0)
     mimo = sorted({int(m.group(1)) for k in names if (m := re.match(r"model\.mtp_layers\.(\d+)\.", k))})
     if mimo:
-        return "mimo", "model.mtp_layers.0.", len(mimo)
+        return "mimo", f"model.mtp_layers.{mimo[0]}.", len(mimo)
     # the MTP layers are the ones with an eh_proj: model.layers.{num_hidden_layers + i} in a DeepSeek-V3 folder,
     # model.layers.{i} in one SGLang's export_deepseek_nextn.py wrote (the MTP layers alone, renumbered from 0,
     # num_hidden_layers == num_nextn_predict_layers, which a full model may have too); without any eh_proj the
@@ -172,7 +172,8 @@ def load_mtp(folder: str | Path, target, token_map: str | Path | None = None, dt
         check_ids_fit(ids, tc.vocab_size, f"token map {token_map}")
         ids = torch.tensor(ids)
     head = MTPHead(tc, target.lm_head.weight.detach().float().cpu(), ids)
-    load_weights(head, w, f"{folder} (MTP, {layout} layout)", ignore=("d2t", "lm_head.weight"))
+    load_weights(head, w, f"{folder} (MTP, {layout} layout)", ignore=("d2t", "lm_head.weight"),
+                 shapes_from="the target's config.json")
     return head.to(dtype=dtype, device=target.embed_tokens.weight.device).eval()
 
 
@@ -199,9 +200,16 @@ def save_mtp(head: MTPHead, folder: str | Path, target_hf_config: dict, target: 
     # the target architecture both servers turn into their MiMo MTP class when it names a draft: SGLang's
     # ModelConfig into MiMoMTP, vLLM's SpeculativeConfig.hf_config_override into MiMoMTPModel (which has no
     # entry named MiMoMTP)
+    # no remote code travels with the draft: a target's auto_map (MiMo's configuration_mimo.MiMoConfig, Phi-3's)
+    # would make transformers' AutoConfig, both servers' first read, look for files the folder lacks; MiMo's
+    # config class is Qwen2's (MiMoConfig(Qwen2Config)), which transformers itself knows
+    t.pop("auto_map", None)
+    kind = t.get("model_type")
+    if kind == "mimo":
+        t["model_type"] = "qwen2"
     cfg = {**t, **rope_keys(t), "architectures": ["MiMoForCausalLM"], "num_nextn_predict_layers": 1,
            "torch_dtype": "bfloat16",
            "toolkit": {"format_version": 1, "head": "mtp", "layout": "mimo", "target": target,
                        "target_fingerprint": target_fingerprint, "target_vocab_size": t["vocab_size"],
-                       "target_model_type": t.get("model_type"), **(extra or {})}}
+                       "target_model_type": kind, **(extra or {})}}
     write_draft_folder(folder, weights, cfg)

@@ -131,7 +131,8 @@ def load_freq(path: str | Path) -> list[int]:
                             f"freq_N.pt): {str(e).splitlines()[0][:120]}") from None
     if isinstance(ids, torch.Tensor):  # FR-Spec's own scripts save a tensor; accept it too
         ids = ids.tolist()
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and i >= 0 for i in ids):
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                       for i in ids):
         raise TokenMapError(f"{path}: a token map must hold a non-empty list of int token ids >= 0")
     unique = list(dict.fromkeys(ids))  # FR-Spec's fr.py appends encode(eos), BOS included: its maps repeat ids
     if len(unique) != len(ids):
