@@ -34,7 +34,7 @@ from toolkit.serve.json_body import read_object, validated
 from toolkit.serve.metrics import draft_positions
 from toolkit.serve.protocol import ChatRequest, CompletionRequest
 from toolkit.serve.reasoning import TAGS as REASONING_TAGS
-from toolkit.serve.reply import Reply
+from toolkit.serve.reply import ClientGone, Reply
 from toolkit.serve.response_store import add_responses_routes
 from toolkit.serve.sequences import Sequences
 from toolkit.serve.sglang_generate import add_generate_route
@@ -82,6 +82,10 @@ def build_app(served: Served) -> FastAPI:
         if messages_path(request.url.path):  # the anthropic client reads its own shape
             return anthropic_error(err)
         return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, err: ClientGone):  # normal traffic: not an error with a traceback
+        return Response(status_code=499)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException):  # unknown paths, wrong methods

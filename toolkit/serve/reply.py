@@ -28,7 +28,8 @@ def event_stream(events) -> StreamingResponse:
 
 
 class ClientGone(Exception):
-    """A non-streamed request's client went away: its choices are cancelled."""
+    """A non-streamed request's client went away: its choices are cancelled, and the app answers 499 (nginx's
+    "client closed request") to no one, so that the access log says so and no error is logged."""
 
 
 class Reply:
@@ -78,7 +79,7 @@ class Reply:
         except BaseExceptionGroup as errors:
             if errors.subgroup(ClientGone) is not None:
                 self.client_gone()
-                raise asyncio.CancelledError from None
+                raise ClientGone from None
             self.cancel()  # the engine failed a choice: the others' rows go too
             failed = errors.subgroup(ApiError)
             raise failed.exceptions[0] if failed is not None else errors from None
