@@ -288,3 +288,44 @@ def test_constraints_that_allow_no_token_end_that_sequence_alone(tiny, draft, te
         assert beside.result.tokens == want
     for s in stuck:  # a step that found no token still counts: it accepted no draft token
         assert min(s.result.accepted, default=0) >= 0 and len(s.result.accepted) == s.result.verify_steps
+
+
+@pytest.mark.parametrize("draft", ["plain", "eagle3-tree", "mtp-chain", "lookup"])
+def test_extreme_accepted_values_sample_and_leave_the_batch_alone(tiny, draft):
+    """A repetition penalty near 0 divided seen tokens' logits past float32 (inf, then NaN in softmax) and a top_p
+    below float32's smallest (read as 0) dropped every token: torch.multinomial failed the step of every request
+    in the batch (a 500 for each). Both sample now, from the one likeliest token where the law collapses."""
+    target, _ = tiny
+    kind, tree, lookup = DRAFTS[draft]
+    head = None if kind is None else make_head(kind, target)
+    free = SamplingParams(max_new_tokens=12, temperature=1.0)
+    extreme = [SamplingParams(max_new_tokens=12, temperature=1.0, repetition_penalty=1e-38),
+               SamplingParams(max_new_tokens=12, temperature=1.0, top_p=1e-300),
+               SamplingParams(max_new_tokens=12, temperature=0.5, repetition_penalty=1e-38, top_p=1e-46)]
+    alone = Engine(target, head, tree, max_len=64, max_batch=1, lookup=lookup).generate(
+        PROMPTS[0], free, frozenset({2}), torch.Generator().manual_seed(1))
+    eng = Engine(target, head, tree, max_len=64, max_batch=4, lookup=lookup)
+    seqs = [Sequence(PROMPTS[2], p, frozenset({2}), generator=torch.Generator().manual_seed(0)) for p in extreme]
+    beside = Sequence(PROMPTS[0], free, frozenset({2}), generator=torch.Generator().manual_seed(1))
+    eng.admit([*seqs, beside])
+    while eng.running:
+        eng.step()
+    for s in seqs:
+        assert s.result.error is None and len(s.result.tokens) == 12, (s.result.finish, s.result.error)
+    assert beside.result.tokens == alone.tokens
+    # top_p that small is the argmax of what is left: the same tokens as greedy decoding
+    greedy = Engine(target, max_len=64, max_batch=1).generate(PROMPTS[2], SamplingParams(max_new_tokens=12),
+                                                              frozenset({2}))
+    assert seqs[1].result.tokens == greedy.tokens
+
+
+def test_target_probs_stay_a_distribution_at_the_limits():
+    from toolkit.infer.sampling import target_probs
+
+    logits = torch.tensor([[3.0e38, float("inf"), 1.0, float("-inf")], [2.0, 1.0, 0.5, 0.1]])
+    for p in (SamplingParams(temperature=1e-4), SamplingParams(temperature=1.0, top_p=1e-300),
+              SamplingParams(temperature=2.0, top_k=2, min_p=0.5)):
+        probs = target_probs(logits, p)
+        assert torch.isfinite(probs).all() and torch.allclose(probs.sum(-1), torch.ones(2)), (p, probs)
+        assert probs[0, 3] == 0
+    assert target_probs(logits, SamplingParams(temperature=1.0, top_p=1e-300))[1].tolist() == [1.0, 0, 0, 0]

@@ -83,7 +83,10 @@ def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     logits = logits.float()
     if p.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / p.temperature
+    # a repetition penalty near 0 (accepted: any r > 0) divides a seen token's logit past float32's range; +inf
+    # makes softmax NaN and torch.multinomial would fail the whole batch's step. 1e30 / the smallest sampled
+    # temperature (GREEDY_BELOW) still fits; -inf (a masked token) stays
+    logits = logits.clamp(max=1e30) / p.temperature
     if p.min_p > 0:  # p(x) >= min_p * p(top), in logits: logit >= top logit + log(min_p)
         top = logits.max(-1, keepdim=True).values
         logits = logits.masked_fill(logits < top + math.log(p.min_p), float("-inf"))
@@ -96,6 +99,7 @@ def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum - sorted_logits.softmax(-1) >= p.top_p  # keep the smallest prefix reaching top_p
+        drop[..., 0] = False  # and always the likeliest: a top_p below float32's smallest (1e-46) read as 0
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits.softmax(-1)
 
