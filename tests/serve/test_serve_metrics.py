@@ -70,6 +70,54 @@ def test_a_request_cancelled_while_queued_counts_as_finished_once(tiny_target):
     assert metrics.registry.get_sample_value("vllm:num_requests_waiting", VL) == 0
 
 
+def test_a_request_refused_for_a_full_queue_queues_none_of_its_choices_and_counts_nothing(tiny_target):
+    """n choices go into the queue together or not at all: with room for one of two, the first was queued, then
+    cancelled by the 429, and counted as a finished, aborted request."""
+    from toolkit.serve.api_error import ApiError
+
+    tok = load_tokenizer(model=str(tiny_target))
+    metrics = ServerMetrics()
+    batcher = Batcher(Engine(load_target(tiny_target), max_len=128, max_batch=1), metrics, max_queue=1, log_every=0)
+    prompt = tok("Hello").input_ids
+
+    async def scenario():
+        with pytest.raises(ApiError) as err:
+            batcher.submit_all([Sequence(prompt, SamplingParams(max_new_tokens=5)) for _ in range(2)])
+        return err.value
+
+    err = asyncio.run(scenario())  # the engine thread is not started: nothing leaves the queue meanwhile
+    assert err.status == 429 and not batcher.waiting
+    assert finished(metrics) == {"stop": 0, "length": 0, "abort": 0, "e2e": 0}
+
+
+def test_requests_an_engine_step_failed_count_as_finished(tiny_target, monkeypatch):
+    tok = load_tokenizer(model=str(tiny_target))
+    metrics = ServerMetrics()
+    engine = Engine(load_target(tiny_target), max_len=128, max_batch=2)
+    batcher = Batcher(engine, metrics, log_every=0)
+
+    def broken(speculate=True):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(engine, "step", broken)
+
+    async def scenario():
+        reqs = batcher.submit_all([Sequence(tok("Hello").input_ids, SamplingParams(max_new_tokens=5))
+                                   for _ in range(2)])
+        for req in reqs:
+            while not (update := await req.updates.get()).done:
+                pass
+            assert "internal error" in update.error
+        await asyncio.sleep(0.1)
+
+    batcher.start()
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.stop()
+    assert finished(metrics) == {"stop": 0, "length": 0, "abort": 2, "e2e": 2}
+
+
 def test_drafting_stops_at_the_batch_size_threshold_as_vllms(tiny_target, monkeypatch):
     """vLLM drops drafting once running_queue_size >= disable_by_batch_size; the batcher waited for one more."""
     tok = load_tokenizer(model=str(tiny_target))

@@ -224,14 +224,7 @@ def build_app(served: Served) -> FastAPI:
         """`seqs` queued, and the reply that reads them: `seqs` the choices' sequences, n per prompt; `prompts`: the
         prompts' texts (echo sends them); `tools`: how the replies are read for tool calls (ToolCallReader's
         arguments), `keep`: special ids their text shows."""
-        reqs: list = []  # one engine sequence per choice (n of them), queued together
-        try:
-            for seq in seqs:
-                reqs.append(batcher.submit(seq))
-        except ApiError:  # over the queue limit part way: the choices queued already go too
-            for req in reqs:
-                batcher.cancel(req)
-            raise
+        reqs = batcher.submit_all(seqs)  # one engine sequence per choice (n of them), queued together or not at all
         echo = getattr(body, "echo", False)
         # vLLM fills a completion's prompt_logprobs with echo's figures too; chat carries them once, at the top
         prompt_top = None if chat else body.prompt_logprobs if body.prompt_logprobs is not None else (

@@ -116,20 +116,27 @@ class Batcher:
 
     def submit(self, seq: Sequence) -> Request:
         """Queue a sequence (called on the event loop); over the queue limit: a 429."""
-        try:
-            self.engine.check(seq.prompt, seq.params)
-        except ValueError as e:
-            raise ApiError(400, str(e), None, "context_length_exceeded") from None
-        req = Request(seq, asyncio.get_running_loop())
+        return self.submit_all([seq])[0]
+
+    def submit_all(self, seqs: list[Sequence]) -> list[Request]:
+        """Queue a request's sequences (its n choices) together or none of them: over the queue limit, a 429 that
+        leaves nothing queued (a choice queued and then cancelled counted as a finished, aborted request)."""
+        for seq in seqs:
+            try:
+                self.engine.check(seq.prompt, seq.params)
+            except ValueError as e:
+                raise ApiError(400, str(e), None, "context_length_exceeded") from None
+        loop = asyncio.get_running_loop()
+        reqs = [Request(seq, loop) for seq in seqs]
         with self.wake:
-            if len(self.waiting) >= self.max_queue:
+            if len(self.waiting) + len(reqs) > self.max_queue:
                 raise ApiError(429, f"server busy: {len(self.waiting)} requests already wait for a batch slot "
                                     f"(--max-queue {self.max_queue}); retry later", None, "queue_full",
                                "rate_limit_error")
-            self.waiting.append(req)
+            self.waiting.extend(reqs)
             self.metrics.waiting.set(len(self.waiting))
             self.wake.notify()
-        return req
+        return reqs
 
     def flush(self) -> None:
         """Empty the prefix cache at the next step boundary, on the engine thread (SGLang's /flush_cache); the
@@ -177,6 +184,7 @@ class Batcher:
                 log.error("engine step failed; failing %d requests\n%s", len(failed), message)
                 for req in failed:
                     req.publish(Update([], True, "internal error in the engine step; see the server log"))
+                    self.metrics.finished("abort", time.perf_counter() - req.arrived)  # ended all the same
                 self.active, self.engine.running = [], []
             self.metrics.running.set(len(self.engine.running))
             self.metrics.kv_usage.set(sum(s.prefix for s in self.engine.running)
