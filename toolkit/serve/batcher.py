@@ -29,7 +29,8 @@ class Update:
     tokens: list[int]         # generated since the previous update
     done: bool = False        # the engine is through with the sequence: its counts are final, no update follows
     error: str | None = None  # the engine step failed, or the request could not go on (then nothing else counts)
-    status: int = 500         # the error's: 400 where the request's own constraints left no token to generate
+    status: int = 500         # the error's: 400 where the request's own constraints left no token to generate,
+                              # 503 where the server stopped before the request was through (abort_all)
     logprobs: list = field(default_factory=list)  # the new tokens' TokenLogprobs, when the request asked for them
 
 
@@ -99,6 +100,8 @@ class Batcher:
         self.total_steps = 0
         self.totals = {"seq_steps": 0, "accepted": 0, "tokens": 0, "busy": 0.0}  # since the start
         self.flushing = False  # the prefix cache is to be emptied at the next step boundary (flush())
+        self.draining = False  # the server stops: new requests get 503s (drain())
+        self.aborting: str | None = None  # every request is to end with this 503 at the next step boundary
         self.step_times: dict[int, deque] = {}  # running sequences -> the last 1,000 engine steps' seconds
 
     def start(self) -> None:
@@ -129,6 +132,9 @@ class Batcher:
         loop = asyncio.get_running_loop()
         reqs = [Request(seq, loop) for seq in seqs]
         with self.wake:
+            if self.draining:
+                raise ApiError(503, "the server is shutting down; send the request to another replica", None,
+                               "server_shutting_down", "server_error")
             if len(self.waiting) + len(reqs) > self.max_queue:
                 raise ApiError(429, f"server busy: {len(self.waiting)} requests already wait for a batch slot "
                                     f"(--max-queue {self.max_queue}); retry later", None, "queue_full",
@@ -145,6 +151,18 @@ class Batcher:
             self.flushing = True
             self.wake.notify()
 
+    def drain(self) -> None:
+        """The server stops: requests that arrive from now on are refused with a 503; those in flight go on."""
+        with self.wake:
+            self.draining = True
+
+    def abort_all(self, message: str) -> None:
+        """End every queued and running request at the next step boundary with a 503 saying `message` (the server
+        stopped before they were through: vLLM's --shutdown-timeout passed), so that each client reads why."""
+        with self.wake:
+            self.aborting = message
+            self.wake.notify()
+
     def cancel(self, req: Request, reason: str = "abort") -> None:
         """The client went away (or the reply showed a stop string the engine missed: reason "stop"): the sequence
         leaves at the next step boundary, its row is reused, and it counts as finished with the first reason."""
@@ -156,10 +174,20 @@ class Batcher:
     def _run(self) -> None:
         while True:
             with self.wake:
-                while not (self.stopping or self.waiting or self.active or self.flushing):
+                while not (self.stopping or self.waiting or self.active or self.flushing or self.aborting):
                     self.wake.wait()
                 if self.stopping:
                     return
+                if self.aborting is not None:
+                    for req in [*self.waiting, *self.active]:
+                        if req in self.active:
+                            self.engine.release(req.seq)
+                        self.metrics.finished("abort", time.perf_counter() - req.arrived)
+                        req.publish(Update([], True, self.aborting, 503))
+                    self.waiting.clear()
+                    self.active, self.aborting = [], None
+                    self.metrics.waiting.set(0)
+                    self.metrics.running.set(len(self.engine.running))
                 if self.flushing:
                     if self.engine.prefix_cache is not None:
                         self.engine.prefix_cache.clear()

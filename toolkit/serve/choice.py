@@ -76,6 +76,8 @@ class Choice:
         if update.error is not None:
             if update.status < 500:
                 raise ApiError(update.status, update.error, None, "no_token_allowed")
+            if update.status == 503:  # the server stopped before the request was through
+                raise ApiError(503, update.error, None, "server_shutting_down", "server_error")
             raise ApiError(500, update.error, None, "engine_error", "server_error")
         self.generated.extend(update.tokens)
         self.logprobs.extend(update.logprobs)

@@ -35,6 +35,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate chain (with --ssl-keyfile)")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot; beyond: HTTP 429")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger request bodies get HTTP 413")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0, metavar="SECONDS",
+                   help="on SIGTERM / Ctrl-C, refuse new requests (503) and give those in flight this long to "
+                        "finish; any still running then end with a 503 error (streams: an error event), as vLLM's "
+                        "flag (0 = end them at once)")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -62,6 +66,8 @@ def main(args: argparse.Namespace) -> int:
     for name in ("max_queue", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0 <= args.shutdown_timeout < float("inf"):
+        raise ValueError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535 (0 = any free one), got {args.port}")
     args.api_key = args.api_key or ([os.environ["TOOLKIT_API_KEY"]] if os.environ.get("TOOLKIT_API_KEY") else None)
@@ -114,12 +120,32 @@ def serve(args: argparse.Namespace, tree, branch, sock: socket.socket) -> int:
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal: both end here as a clean stop
     signal.signal(signal.SIGTERM, interrupt)
     try:
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, ssl_keyfile=args.ssl_keyfile,
-                                ssl_certfile=args.ssl_certfile)
-        uvicorn.Server(config).run(sockets=[sock])
+        # uvicorn waits for the connections a little past --shutdown-timeout: the 503s of the requests still running
+        # then must reach their clients (a step in flight ends first), or uvicorn cancels them without a word
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout + 30,
+                                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+        draining(uvicorn.Server, batcher, args.shutdown_timeout)(config).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
         batcher.stop()
     print("toolkit serve: stopped", file=sys.stderr)
     return 0
+
+
+def draining(server_class, batcher, timeout: float):
+    """uvicorn's Server, whose shutdown first tells the batcher: new requests are refused (503), and those still in
+    flight `timeout` s later end with a 503 that says why (vLLM's --shutdown-timeout), so no client is cut off
+    without an answer (uvicorn's own timeout cancelled them: a plain-text 500, or a stream cut mid-event)."""
+    import asyncio
+
+    class Draining(server_class):
+        async def shutdown(self, sockets=None):
+            batcher.drain()
+            asyncio.get_running_loop().call_later(
+                timeout, batcher.abort_all, f"the server is shutting down: the request was still running "
+                                            f"--shutdown-timeout {timeout:g} s after the signal")
+            await super().shutdown(sockets)
+
+    return Draining
+
