@@ -131,8 +131,34 @@ def test_a_budget_that_is_no_number_or_a_file_as_out_is_refused_before_anything_
     assert not (tmp_path / "q").exists() and (tmp_path / "FILE").read_text() == "x"
 
 
+def test_a_stage_interrupted_interrupts_the_run_and_its_commands_paste_as_they_ran(monkeypatch, capsys):
+    """A stage's Ctrl-C (130) / SIGTERM (143) was reported as a failed stage with exit 2; a path with a space was
+    printed unquoted."""
+    import toolkit.cli
+    from toolkit.cli import Terminated
+    from toolkit.quickstart import _run
+
+    for rc, kind in ((130, KeyboardInterrupt), (143, Terminated)):
+        monkeypatch.setattr(toolkit.cli, "main", lambda argv, rc=rc: rc)
+        with pytest.raises(kind):
+            _run(["train", "--output-dir", "my run/train"])
+    assert "$ toolkit train --output-dir 'my run/train'" in capsys.readouterr().out
+    monkeypatch.setattr(toolkit.cli, "main", lambda argv: 2)
+    with pytest.raises(RuntimeError, match="`toolkit train` failed"):
+        _run(["train"])
+
+
+def test_only_whole_lines_count_as_answers(tmp_path):
+    from toolkit.quickstart import whole_lines
+
+    path = tmp_path / "regen.jsonl"
+    assert whole_lines(path) == 0
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a": ')  # killed mid-write
+    assert whole_lines(path) == 2
+
+
 def test_quickstart_runs_the_whole_pipeline_and_resumes(tmp_path, smollm2_dir):
-    out = tmp_path / "qs"
+    out = tmp_path / "q s"  # a space: every stage's paths, and the commands printed, quoted
     # --speed 1 and fp32 fix the plan (31 prompts, ~20 steps) so the head is the same on a slow or fast CI box
     cmd = [sys.executable, "-m", "toolkit.cli", "quickstart", "--out", str(out), "--minutes", "3", "--device", "cpu",
            "--speed", "1", "--mixed-precision", "no"]
@@ -154,6 +180,16 @@ def test_quickstart_runs_the_whole_pipeline_and_resumes(tmp_path, smollm2_dir):
     assert "mixed_precision=no" in done.stdout and "optimizer steps\nat batch 4 in fp32" in report
     assert f"toolkit serve --draft {out / 'draft'}" in done.stdout
 
+    assert f"$ toolkit build-token-map --data '{out / 'regen.jsonl'}'" in done.stdout
+
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("skipped") == 7 and "$ toolkit" not in again.stdout
+    # a kill between the token map's files (coverage.json is its last) redoes that stage, numbered as the first run
+    (out / "maps" / "coverage.json").unlink()
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "stage 4: token map" in again.stdout and again.stdout.count("$ toolkit") == 1
+    # another budget would reuse outputs sized for this one and report the new plan: refused
+    other = subprocess.run([c if c != "3" else "4" for c in cmd], capture_output=True, text=True)  # --minutes 4
+    assert other.returncode == 2 and "holds a run planned for 3 minutes" in other.stderr, other.stderr[-2000:]

@@ -11,7 +11,9 @@ the GPU with larger sizes.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import shlex
 import shutil
 import time
 from dataclasses import asdict
@@ -57,8 +59,12 @@ LOOKUP_SWEEP = "3,1,4,10"
 def _run(argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
     from toolkit.cli import main
 
-    print(f"\n$ toolkit {' '.join(argv)}", flush=True)
+    from toolkit.cli import Terminated
+
+    print(f"\n$ toolkit {shlex.join(argv)}", flush=True)  # quoted: it pastes as it ran, spaces in paths too
     rc = main(argv)
+    if rc in (130, 143):  # the stage was interrupted (Ctrl-C, SIGTERM) and cleaned up after itself: so is this run
+        raise Terminated() if rc == 143 else KeyboardInterrupt()
     if rc not in ok:
         raise RuntimeError(f"`toolkit {argv[0]}` failed (exit {rc}); fix the cause and rerun: finished stages "
                            "are kept")
@@ -66,6 +72,30 @@ def _run(argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
 
 def _jsonl(path: Path, rows: list[dict]) -> None:
     write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def whole_lines(path: Path) -> int:
+    """Lines of a JSONL file that were written whole: a kill mid-write leaves a torn last line (no newline), which
+    regenerate's resume repairs, so it does not count as an answer."""
+    if not path.is_file():
+        return 0
+    with path.open("rb") as f:
+        return sum(line.endswith(b"\n") for line in f)
+
+
+def refuse_another_plan(out: Path, state: dict, plan: Plan, minutes: float) -> None:
+    """A rerun resumes the run in --out only under the plan it was sized by: its finished stages (how many prompts
+    were answered, the draft vocabulary, ...) fit that plan, and the report would otherwise state the new one."""
+    before = state.get("plan")
+    if before is None or not (out / "prompts.jsonl").is_file():
+        return
+    now = asdict(plan)
+    changed = [k for k in now if k in before and before[k] != now[k]]
+    if state.get("minutes") != minutes or changed:
+        raise ValueError(f"--out {out} holds a run planned for {state.get('minutes'):g} minutes (speed "
+                         f"{before.get('speed')}); this one plans {minutes:g} minutes (speed {plan.speed})"
+                         + (f", other {', '.join(changed)}" if changed else "") + ": rerun with the first run's "
+                         "--minutes and --speed to resume it, or give another --out")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -86,13 +116,15 @@ def main(args: argparse.Namespace) -> int:
     state = json.loads(state_file.read_text()) if state_file.is_file() else {"stages": {}}
     speed = pick_speed(args.speed, args.minutes, state, gpu)
     plan = Plan.for_budget(args.minutes, gpu, speed, *pick_precision(args.mixed_precision, args.minutes, state, gpu))
+    refuse_another_plan(out, state, plan, args.minutes)
     state.update(plan=asdict(plan), minutes=args.minutes, device=device)
     dev = ["--device", device]
     t_all = time.perf_counter()
+    numbers = itertools.count(1)  # a stage's place in the pipeline, the same on a rerun that skips some
 
     def stage(name: str, output: Path, run, done: bool | None = None) -> None:
         """Run a stage unless its output exists (done overrides the check)."""
-        n = len(state["stages"]) + 1
+        n = next(numbers)
         if output.exists() if done is None else done:
             print(f"[quickstart] {name}: done already ({output}), skipped", flush=True)
             state["stages"].setdefault(name, {"seconds": 0.0, "skipped": True})  # keep a timing run earlier
@@ -108,13 +140,15 @@ def main(args: argparse.Namespace) -> int:
         _jsonl(out / "prompts.jsonl", topic_prompts(plan.prompts)),
         _jsonl(out / "eval_prompts.jsonl", topic_prompts(plan.eval_prompts, start=plan.prompts))))
     regen = out / "regen.jsonl"
-    answered = regen.is_file() and sum(1 for _ in regen.open()) >= plan.prompts
+    answered = whole_lines(regen) >= plan.prompts
     stage("regenerate", regen, done=answered, run=lambda: _run(
         ["regenerate", "--data", str(out / "prompts.jsonl"), "--out", str(regen), "--max-new-tokens",
          str(plan.max_new_tokens), "--batch-size", "32", "--max-len", "1024", "--threads", str(plan.threads), *dev,
          "--dtype", plan.answer_dtype], ok=(0, 1)))  # 1: a few conversations got no answer; the rest go on
     vocab_map = out / "maps" / f"vocab_map_{plan.draft_vocab}.safetensors"
-    stage("token map", vocab_map, lambda: _run(
+    # coverage.json is build-token-map's last file: a kill before it left maps without it, then taken as done
+    stage("token map", out / "maps" / "coverage.json", done=vocab_map.is_file() and (out / "maps" / "coverage.json")
+          .is_file(), run=lambda: _run(
         ["build-token-map", "--data", str(regen), "--sizes", str(plan.draft_vocab), "--out", str(out / "maps"),
          "--assistant-only"]))
     stage("prepare data", out / "prepared" / "toolkit_prepare.json", lambda: _run(
@@ -140,7 +174,8 @@ def main(args: argparse.Namespace) -> int:
         tmp.rename(out / "draft")  # DIR/draft: the head to serve
 
     stage("train", out / "draft" / "model.safetensors", train)
-    stage("bench", out / "bench.json", lambda: _run(
+    stage("bench", out / "bench.json", done=(out / "bench.json").is_file() and (out / "bench.png").is_file(),
+          run=lambda: _run(
         ["bench", "--draft", str(out / "draft"), "--prompts", str(out / "eval_prompts.jsonl"),
          "--max-new-tokens", str(plan.max_new_tokens), "--num-steps", "5", "--baseline", "--compare-hf",
          # the head again with a prompt-lookup branch grafted on (the CPU configuration of RESULTS.md)

@@ -76,8 +76,8 @@ occurred before, verified in the same forward) tau is **{g['tau']:.2f}**; the br
 
 Target: the embedded SmolLM2-135M-Instruct on {state['device']}; budget {state['minutes']:g} minutes, sizes
 planned for {speed}.
-Every stage ran the `toolkit` command printed in the log; rerunning `toolkit quickstart --out {out}` skips
-finished stages.
+Every stage ran the `toolkit` command it printed on the console; rerunning `toolkit quickstart --out {out}`
+skips finished stages.
 
 | stage | time |
 |---|---|

@@ -250,8 +250,8 @@ def main(args: argparse.Namespace) -> int:
         records = answer_records(prompts, spec_answers, results, model_id)
         write_text(args.answers, "".join(json.dumps(r) + "\n" for r in records))
     out = Path(args.out)
+    write_png(out.with_suffix(".png"), report["speculative"])  # first: the JSON, written last, says the run is whole
     write_text(out, json.dumps(report, indent=2) + "\n")
-    write_png(out.with_suffix(".png"), report["speculative"])
     print_summary(report, branch is not None)
     print(f"wrote {out} and {out.with_suffix('.png')}" + (f", answers in {args.answers}" if args.answers else ""))
     return 0
