@@ -2,6 +2,7 @@
 the logits and aux hidden states match (fp32, <= 1e-4), or the config is refused with an error naming the key.
 RoPE in both spellings (5.x rope_parameters, 4.x rope_scaling + rope_theta) and at positions past
 original_max_position_embeddings; biases, head_dim, tied embeddings, sliding windows, sharded / bf16 files."""
+import copy
 import json
 
 import pytest
@@ -297,3 +298,46 @@ def test_a_multimodal_mistral3_checkpoint_loads_its_text_model(names, tmp_path):
     ids = torch.tensor([[5, 17, 33, 8, 61, 7, 22]])
     with torch.no_grad():
         assert torch.equal(load_target(tmp_path / "mm")(ids)[0], load_target(tmp_path / "text")(ids)[0])
+
+
+MOE_TINY = dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=4, max_position_embeddings=256, moe_intermediate_size=32, num_experts_per_tok=2)
+
+
+@pytest.mark.parametrize("cls, sizes, absent", [
+    ("MixtralConfig", dict(num_local_experts=4), ["rope_theta", "rope_parameters"]),
+    ("DeepseekV3Config", dict(n_routed_experts=16, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+                              qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4),
+     ["n_group", "topk_group", "routed_scaling_factor", "n_shared_experts", "first_k_dense_replace"]),
+    ("Glm4MoeConfig", dict(n_routed_experts=8), ["n_shared_experts", "first_k_dense_replace"]),
+    ("Phi3Config", dict(rope_parameters={**LONGROPE, "rope_theta": 1e4}), ["original_max_position_embeddings"])])
+def test_absent_routing_and_rope_keys_take_the_config_class_defaults(cls, sizes, absent):
+    """The engine's own defaults (theta 1e4, one routing group, no scaling, no shared expert, no dense layers) loaded
+    such configs without a word and computed other logits; Phi-3's class attribute overrides the rope dict's."""
+    import transformers
+
+    cfg = {**{k: v for k, v in MOE_TINY.items() if cls != "Phi3Config" or "moe" not in k and "experts" not in k},
+           **sizes, "model_type": getattr(transformers, cls).model_type}
+    if cls == "DeepseekV3Config":
+        cfg.update(n_routed_experts=16, num_experts_per_tok=2)
+    cfg = {k: v for k, v in cfg.items() if k not in absent}
+    ref = getattr(transformers, cls)(**copy.deepcopy(cfg))  # fills in what is absent (its rope dict in place)
+    ours = ModelConfig.from_hf(cfg)
+    rope = ref.rope_parameters
+    assert ours.rope_theta == rope["rope_theta"]
+    if ours.moe is not None and cls != "MixtralConfig":
+        m = ours.moe
+        assert (m.n_group, m.topk_group, m.routed_scaling_factor) == (
+            getattr(ref, "n_group", 1), getattr(ref, "topk_group", 1), ref.routed_scaling_factor)
+        assert m.shared_size == ref.moe_intermediate_size * ref.n_shared_experts
+        assert m.dense_layers == tuple(range(ref.first_k_dense_replace))
+    if cls == "Phi3Config":
+        assert ours.rope_scaling["original_max_position_embeddings"] == rope["original_max_position_embeddings"] \
+            == 4096
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
+def test_null_key_value_heads_are_one_per_query_head(kind):
+    """transformers reads num_key_value_heads null as num_attention_heads; the family default (Qwen2's 32) was taken
+    and the config refused as 4 heads not a multiple of 32."""
+    assert ModelConfig.from_hf({**TINY, "model_type": kind, "num_key_value_heads": None}).num_kv_heads == 4

@@ -74,3 +74,16 @@ def test_the_compiled_cpu_step_refuses_a_cache_longer_than_the_window(windowed):
     folder, _, _ = windowed
     with pytest.raises(ValueError, match=f"slides a window of {W} over a longer one"):
         Engine(load_target(folder), max_len=64, compile=True)
+
+
+def test_a_forward_without_a_cache_at_later_positions_masks_by_token_as_transformers(windowed):
+    """Without a cache token t sits in slot t whatever its position: the window compared positions (100..) with
+    slots (0..) and masked every key out of the sliding layers (and the causal mask let tokens see ahead)."""
+    folder, model, _ = windowed
+    target = load_target(folder)
+    ids = torch.tensor([PROMPTS[0] * 2, PROMPTS[0][::-1] * 2])                 # [2, 24]: three windows
+    positions = torch.arange(100, 124).expand(2, 24)
+    with torch.no_grad():
+        want = model(ids, position_ids=positions).logits
+        got, _ = target(ids, positions)
+    assert (got - want).abs().max() < 1e-4

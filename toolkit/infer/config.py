@@ -145,7 +145,9 @@ class ModelConfig:
             model_type=kind, vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
             intermediate_size=cfg.get("intermediate_size_mlp", 16384) if kind == "llama4_text" else
             cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"], num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or family.kv_heads or heads,
+            # null: one per query head (transformers' rule); absent: the config class's default
+            num_kv_heads=heads if "num_key_value_heads" in cfg and cfg["num_key_value_heads"] is None
+            else cfg.get("num_key_value_heads") or family.kv_heads or heads,
             head_dim=head_dim, rotary_dim=None if rotary_dim == head_dim else rotary_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", family.rms_norm_eps), rope_theta=theta, rope_scaling=rope_params,
             max_position_embeddings=max_positions,

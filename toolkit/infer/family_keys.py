@@ -8,8 +8,15 @@ from toolkit.infer.gemma_config import GEMMA_KINDS, gemma_sliding_window
 
 # The config classes' defaults for keys the Llama families always write but these may leave out: save_pretrained
 # writes only non-default values, and Gemma 3's multimodal checkpoints hold a text_config of a few keys (gemma-3-4b-it:
-# no vocab_size, heads or rope_theta)
+# no vocab_size, heads or rope_theta); a default of the engine's own (rope theta 1e4, one routing group, no scaling)
+# where the class has another loaded such a config without a word and computed other logits
 SIZES = {
+    "mixtral": dict(rope_theta=1e6),  # MixtralConfig.default_theta
+    "deepseek_v3": dict(n_group=8, topk_group=4, routed_scaling_factor=2.5, n_shared_experts=1,
+                        first_k_dense_replace=3),
+    "glm4_moe": dict(n_shared_experts=1, first_k_dense_replace=1),
+    # Phi3Config's class attribute: it overrides any original_max_position_embeddings inside rope_scaling
+    "phi3": dict(original_max_position_embeddings=4096),
     "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
                    num_attention_heads=8),
     "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,

@@ -162,8 +162,11 @@ class Transformer(Fp32Readout):
         # no mask at all: T > 1 tokens without a cache or written in order from slot 0 (a prefill): SDPA's
         # causal kernel; or one sequence's one token, which sees every slot up to its own (plain decoding)
         unmasked = mask is None and ((T > 1 and (cache is None or in_order)) or (B == 1 and T == 1))
+        # the masks go by slot, RoPE by position: without a cache token t is in slot t whatever its position (as
+        # transformers masks by cache_position and rotates by position_ids), so the window and chunks count tokens
+        at = positions if cache is not None else torch.arange(T, device=input_ids.device).expand(B, T)
         if mask is None:  # causal by position over the slots that hold them (slot == position here)
-            mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= positions[:, :, None]
+            mask = torch.arange(kv_len, device=input_ids.device)[None, None, :] <= at[:, :, None]
         h = self.embed_tokens(input_ids)                                   # [B, T, H]
         if c.gemma is not None:
             h = embed_scale(c, h)
@@ -183,9 +186,9 @@ class Transformer(Fp32Readout):
         near = bias
         if c.sliding_window is not None and kv_len > c.sliding_window:  # (no extra op for a full-attention step)
             slot = torch.arange(kv_len, device=input_ids.device)[None, None, :]
-            near = attention_masks(mask & (positions[:, :, None] - slot < c.sliding_window), h.dtype, self.kernels)
+            near = attention_masks(mask & (at[:, :, None] - slot < c.sliding_window), h.dtype, self.kernels)
         elif c.llama4 is not None and c.llama4.chunk is not None and kv_len > c.llama4.chunk:  # Llama 4's chunks
-            near = attention_masks(mask & same_chunk(positions, tensor_slots, kv_len, c.llama4.chunk), h.dtype,
+            near = attention_masks(mask & same_chunk(at, tensor_slots, kv_len, c.llama4.chunk), h.dtype,
                                    self.kernels)
         if cache is not None and self.kernels == "torch":
             slots = cache.slot_range(slots)  # one sequence's contiguous host slots -> int start (a plain copy)
