@@ -50,6 +50,9 @@ def test_overrides_are_typed_and_flags_win(tmp_path):
     (["lr=[1"], "lr='[1': not a YAML value"),
     (["extra={a: [1"], "extra='{a: [1': not a YAML value"),
     (["output_dir="], "output_dir='': empty; expected str"),
+    # `hidden_states=$UNSET` trained online without a word (loading the target); null still says none on purpose
+    (["hidden_states="], "hidden_states='': empty; give a value, or null for none"),
+    (["token_map= "], "token_map=' ': empty; give a value, or null for none"),
     (["model=[1,2]"], "model='[1,2]': expected str, got a list"),
     (["aux_layers=[a,b,c]"], "a list of integers"),
     (["max_grad_norm=-1"], "max_grad_norm -1.0: must be a finite number > 0"),

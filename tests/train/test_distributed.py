@@ -17,7 +17,8 @@ from toolkit.train.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHES = {
-    "ddp": (["--config_file", "recipes/accelerate/cpu_2ranks.yaml"], {"ACCELERATE_USE_CPU": "1"}),
+    # without ACCELERATE_USE_CPU=1 accelerate set up no DDP on a machine without CUDA: each rank trained its own copy
+    "ddp": (["--config_file", "recipes/accelerate/cpu_2ranks.yaml"], {}),
     # the README's command; their mixed_precision: bf16 made accelerate refuse to start beside a DeepSpeed JSON
     "zero2": (["--config_file", "recipes/accelerate/zero2.yaml", "--num_processes", "2"], {"DS_ACCELERATOR": "cpu"}),
     "zero3": (["--config_file", "recipes/accelerate/zero3.yaml", "--num_processes", "2"], {"DS_ACCELERATOR": "cpu"}),

@@ -152,6 +152,17 @@ def test_offline_training_refuses_shards_dumped_from_other_data(tiny_target, pre
                                                            "other tokens there" in err), err
 
 
+def test_shards_dumped_shorter_than_training_are_refused_for_their_length(tiny_target, prepared, tmp_path, capsys):
+    """The rows of a shorter dump are shorter than the data's: that was reported as shards of another dataset."""
+    shards = tmp_path / "hidden"
+    assert main(["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out", str(shards),
+                 "--max-len", "24", "--shard-size", "12"]) == 0
+    capsys.readouterr()
+    assert train(tiny_target, prepared, tmp_path / "off", "max_steps=1", f"hidden_states={shards}") == 2
+    err = capsys.readouterr().err
+    assert "were dumped with max_len 24, training has max_len 96" in err, err
+
+
 def test_a_dump_into_shards_of_another_setup_names_what_differs(tiny_target, prepared, tmp_path, capsys,
                                                                 monkeypatch):
     shards = tmp_path / "hidden"

@@ -134,13 +134,14 @@ class HiddenStateShards:
         if not self.covers(len(rows)):
             raise ValueError(f"hidden_states {name} does not cover the {len(rows)} training rows of {data_name}; "
                              "dump them for this dataset")
-        if why := self.differs_from(data, rows):
-            raise ValueError(f"hidden_states {name} were not dumped from {data_name}: {why}; dump them for this "
-                             "dataset")
-        if self.index.get("max_len", self.max_len) < self.max_len:  # longer dumps are cut to max_len
+        if self.index.get("max_len", self.max_len) < self.max_len:  # longer dumps are cut to max_len (first: a
+            # shorter dump's rows are shorter than the data's, which would read as another dataset)
             raise ValueError(f"hidden_states {name} were dumped with max_len {self.index['max_len']}, training has "
                              f"max_len {self.max_len}: rows would be shorter than online; dump with at least the "
                              "training max_len")
+        if why := self.differs_from(data, rows):
+            raise ValueError(f"hidden_states {name} were not dumped from {data_name}: {why}; dump them for this "
+                             "dataset")
         if not same_target(self.index["target_fingerprint"], target):
             raise ValueError(f"hidden_states {name} were dumped from another target ({self.index['target']})")
 

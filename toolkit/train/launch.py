@@ -76,9 +76,18 @@ def make_accelerator(cfg):
 
         requested = gpu_training_precision(requested, launched, has_bf16())
     precision = {} if requested == "auto" else {"mixed_precision": requested}
+    # ranks on a machine without CUDA: accelerate makes them DDP over gloo only when told it runs on the CPU
+    # (ACCELERATE_USE_CPU=1); launched otherwise (multi_gpu.yaml, or cpu_2ranks.yaml without the variable) it set up no
+    # DDP at all and each rank trained its own copy on half the tokens. DeepSpeed's CPU ranks set themselves up.
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes")
+    on_cpu = {"cpu": True} if distributed and not torch.cuda.is_available() and not deepspeed else {}
     acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, log_with=log_with, kwargs_handlers=handlers,
                       project_config=ProjectConfiguration(cfg.output_dir, logging_dir=f"{cfg.output_dir}/runs"),
-                      **precision)  # tensorboard writes under output_dir/runs/<project>
+                      **precision, **on_cpu)  # tensorboard writes under output_dir/runs/<project>
+    if distributed and acc.num_processes == 1 or distributed and acc.distributed_type.value == "NO":
+        raise ValueError(f"{os.environ['WORLD_SIZE']} ranks were launched, but accelerate set up no distributed "
+                         "training (each rank would train its own copy); on CPU ranks launch with "
+                         "ACCELERATE_USE_CPU=1 (recipes/accelerate/cpu_2ranks.yaml's header)")
     if acc.state.deepspeed_plugin is not None:  # fill the DeepSpeed config's "auto" values from the recipe
         ds = acc.state.deepspeed_plugin.deepspeed_config
         ds["train_micro_batch_size_per_gpu"] = cfg.batch_size

@@ -13,6 +13,9 @@ from toolkit.train.config import TrainConfig
 def coerce(name: str, kind, text: str):
     """Parse an override's text as YAML, then check it against the field's annotated type."""
     base = str(kind)
+    if isinstance(text, str) and not text.strip():  # `hidden_states=$UNSET`: none said by accident, not on purpose
+        raise ValueError(f"{name}={text!r}: empty; give a value, or null for none" if "None" in base else
+                         f"{name}={text!r}: empty; expected {base}")
     try:
         value = yaml.safe_load(text) if isinstance(text, str) else text
     except yaml.YAMLError as e:  # `lr=[1`, `extra={a: [1`
