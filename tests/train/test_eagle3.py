@@ -281,6 +281,16 @@ def test_bad_dump_options_are_named_before_loading(tmp_path, capsys, extra, mess
     assert not (tmp_path / "shards").exists() and (tmp_path / "FILE").read_text() == "x"
 
 
+def test_dump_aux_layers_out_of_range_name_the_range_the_next_check_accepts(tiny_target, prepared, tmp_path, capsys):
+    """The message gave 0..L-1, and L-1 was then refused as the last layer (SGLang and vLLM never reach it)."""
+    layers = json.loads((tiny_target / "config.json").read_text())["num_hidden_layers"]
+    args = ["dump-hidden-states", "--model", str(tiny_target), "--data", str(prepared), "--out", str(tmp_path / "h")]
+    assert main([*args, "--aux-layers", f"1,2,{layers}"]) == 2
+    assert f"give 3 increasing layer ids in 0..{layers - 2}" in capsys.readouterr().err
+    assert main([*args, "--aux-layers", f"1,2,{layers - 1}"]) == 2
+    assert f"ids must be <= {layers - 2}" in capsys.readouterr().err
+
+
 def test_a_resume_keeps_the_runs_data_batch_optimizer_and_process_count(tiny_target, prepared, tmp_path, capsys):
     """The optimizer's saved state would restore the old lr over a new one, and another batch shape or number of
     processes would skip the wrong rows and resume the schedule elsewhere on its curve: refused, each named."""

@@ -86,7 +86,8 @@ def main(args: argparse.Namespace) -> int:
     target.config.check_sequence(max(data.lengths))
     aux_layers = asked or target.config.default_aux_layers()
     if len(aux_layers) != 3 or not all(0 <= i < target.config.num_layers for i in aux_layers):
-        raise ValueError(f"--aux-layers {aux_layers}: give 3 layer ids in 0..{target.config.num_layers - 1}")
+        raise ValueError(f"--aux-layers {aux_layers}: give 3 increasing layer ids in 0..{target.config.num_layers - 2} "
+                         "(SGLang and vLLM capture the input of layer id + 1)")
     for note in aux_layer_problems(aux_layers, target.config.num_layers):
         if args.aux_layers:  # a head trained on these could not be served by SGLang / vLLM as it was trained
             raise ValueError(f"--aux-layers: {note}")
