@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sampling", "sample_draft", "lookup",
@@ -18,7 +19,7 @@ SAME = ("draft", "head", "token_map", "draft_vocab_size", "target", "tree", "sam
 # what a JSON from before the field existed ran with (dtype: not recorded then)
 DEFAULTS = {"sample_draft": False, "lookup": None, "dtype": None, "fp32_lm_head": False, "chat_template_kwargs": {}}
 RUNS = ("speculative", "baseline", "hf_generate", "prompt_lookup", "endpoint")
-ENDPOINT = ("url", "kind", "model")  # --compare-endpoint's server: one server for every shard
+ENDPOINT = ("kind", "model")  # --compare-endpoint's server: one kind serving one model (replicas may differ in url)
 
 
 def weighted(parts: list[dict], key: str) -> float:
@@ -81,8 +82,11 @@ def merge_run(parts: list[dict], where: list[str]) -> dict:
         if key in parts[0]:
             if any(p.get(key) != parts[0][key] for p in parts):
                 raise ValueError(f"--compare-endpoint {key}s {[p.get(key) for p in parts]} of {where} differ: merge "
-                                 "shards answered by one server only")
+                                 "shards answered by one kind of server serving one model only")
             out[key] = parts[0][key]
+    if "url" in parts[0]:  # one server, or replicas of it (the shards run side by side)
+        urls = list(dict.fromkeys(p["url"] for p in parts))
+        out["url"] = urls[0] if len(urls) == 1 else urls
     return out
 
 
@@ -122,6 +126,12 @@ def merge(reports: list[dict], where: list[str], partial: bool = False) -> dict:
     out = {k: first.get(k, DEFAULTS.get(k)) for k in SAME}
     out.update({"shards": shards, "merged_from": where, "prompts": sum(r["prompts"] for r in reports),
                 "probe_agreement": sum(r["probe_agreement"] for r in reports) / len(reports)})
+    old_endpoint = [w for r, w in zip(reports, where) if "endpoint" in r
+                    and any(not isinstance(v, dict) for v in r["endpoint"].get("per_turn", {}).values())]
+    if old_endpoint:  # per_turn {turn: tau}, no counts: the server's run cannot be joined exactly; the rest can
+        print(f"merge_bench: the --compare-endpoint runs of {old_endpoint} predate per-turn counts: the merged report "
+              "leaves the endpoint out", file=sys.stderr)
+        reports = [{k: v for k, v in r.items() if "endpoint" not in k} for r in reports]
     for run in RUNS:
         have = [run in r for r in reports]
         if any(have) and not all(have):

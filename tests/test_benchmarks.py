@@ -170,11 +170,25 @@ def test_merged_shards_carry_the_endpoint_comparison(tmp_path):
         {t: (v["tau"], v["tokens"]) for t, v in want.items()})
     assert m["tau_vs_endpoint"] == pytest.approx(summarize(spec)["tau"] / whole["tau"])
     assert m["greedy_identical_to_endpoint"] is False and m["greedy_answers_differing_from_endpoint"] == 1
+    # shards run side by side against replicas of one server: joined, both urls kept
     r = json.loads(files[1].read_text())
-    r["endpoint"]["url"] = "http://127.0.0.1:8000"
+    r["endpoint"]["url"] = "http://127.0.0.1:30001"
     files[1].write_text(json.dumps(r))
     done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode != 0 and "answered by one server" in done.stderr
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(out.read_text())["endpoint"]["url"] == ["http://127.0.0.1:30000", "http://127.0.0.1:30001"]
+    # another model behind the endpoint: refused
+    r["endpoint"]["model"] = "other"
+    files[1].write_text(json.dumps(r))
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode != 0 and "serving one model only" in done.stderr
+    # a shard from before per-turn counts ({turn: tau}): the rest is merged, the endpoint left out with a word
+    r["endpoint"]["model"], r["endpoint"]["per_turn"] = "m", {"1": 1.5}
+    files[1].write_text(json.dumps(r))
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0 and "predate per-turn counts" in done.stderr, done.stderr[-2000:]
+    m = json.loads(out.read_text())
+    assert "endpoint" not in m and "tau_vs_endpoint" not in m and m["speculative"]["requests"] == len(spec)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -79,6 +79,11 @@ def test_bf16_is_taken_only_where_its_gemm_is_clearly_faster_and_plans_more_step
     assert pick_precision("auto", 20, resumed, gpu=False) == ("bf16", "bf16")  # its finished stages fit that plan
     assert pick_precision("auto", 20, {"minutes": 20, "plan": {"precision": "bf16"}}, gpu=False) == ("bf16", "bf16")
     assert pick_precision("no", 20, resumed, gpu=False) == ("no", "no")
+    # resumed with the bf16 it was told: the run's answer precision, not a new timing now on the other side of the gain
+    # (its prompts would change, and the resume be refused as another plan)
+    forced_run = {"minutes": 20, "plan": {"precision": "bf16", "answer_precision": "no"}}
+    rates["bfloat16"] = 220.0
+    assert pick_precision("bf16", 20, forced_run, gpu=False) == ("bf16", "no")
     # a GPU: auto is the trainer's rule there (bf16 from sm_80, fp16 before); the engine answers in its default
     for capability, half in (((9, 0), "bf16"), ((7, 5), "fp16")):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)

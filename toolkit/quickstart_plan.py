@@ -113,7 +113,9 @@ def pick_precision(precision: str, minutes: float, state: dict, gpu: bool) -> tu
     if precision == "no":
         return "no", "no"
     plan = state.get("plan", {})
-    if precision == "auto" and state.get("minutes") == minutes and "precision" in plan:
+    # resumed (the same budget, and auto or the precision it chose): its choices, not a new GEMM timing that may fall
+    # on the other side of BF16_MIN_GAIN on a noisy machine and plan another run
+    if state.get("minutes") == minutes and "precision" in plan and precision in ("auto", plan["precision"]):
         return plan["precision"], plan.get("answer_precision", plan["precision"])
     fp32 = state.get("gflops") or measure_gflops(threads=2)
     bf16 = measure_gflops(threads=2, dtype="bfloat16")

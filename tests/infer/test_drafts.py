@@ -237,6 +237,27 @@ def test_a_saved_head_spells_rope_both_ways(tmp_path, target, theta, scaling):
         assert (got.rope_theta, got.rope_scaling) == (want.rope_theta, want.rope_scaling)
 
 
+@pytest.mark.parametrize("kind", ["llama", "phi3"])
+def test_a_saved_heads_rope_dict_holds_the_original_length_its_target_ran_with(tmp_path, kind):
+    """transformers takes a top-level original_max_position_embeddings over the rope dict's (Phi-3's class default
+    4096 too): the draft's dict copied the dict's own, and the head was served with another scale than trained."""
+    from toolkit.infer.drafts import save_eagle3
+    from toolkit.infer.family_keys import text_config
+
+    rope = {"rope_theta": 1e4, "rope_type": "longrope" if kind == "phi3" else "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            **({"short_factor": [1.0] * 8, "long_factor": [2.0] * 8} if kind == "phi3" else {})}
+    hf = {"vocab_size": 300, "max_position_embeddings": 32768, "model_type": kind, "rope_parameters": rope,
+          **({} if kind == "phi3" else {"original_max_position_embeddings": 4096})}
+    save_eagle3(random_head(TARGET, list(range(0, 300, 3))), tmp_path, text_config(hf), "tiny", "0" * 16)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    ran = ModelConfig.from_hf({**hf, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 8,
+                               "num_attention_heads": 4})
+    assert ran.rope_scaling["original_max_position_embeddings"] == 4096
+    assert cfg["rope_parameters"]["original_max_position_embeddings"] == 4096
+    assert cfg["rope_scaling"]["original_max_position_embeddings"] == 4096
+
+
 def test_a_damaged_or_misdescribed_draft_folder_is_named_in_one_line(tmp_path):
     from toolkit.infer.draft_folder import draft_target, recorded_target
 

@@ -193,6 +193,10 @@ def rope_keys(target_hf_config: dict) -> dict:
     scaling = dict(t.get("rope_parameters") or t.get("rope_scaling") or {})
     theta = float(scaling.pop("rope_theta", t.get("rope_theta", 10000.0)))
     kind = scaling.pop("rope_type", scaling.pop("type", "default"))
+    if kind in ("llama3", "yarn", "longrope") and t.get("original_max_position_embeddings") is not None:
+        # the top-level value wins over the dict's in transformers (rope.resolve; Phi-3's class default 4096 among
+        # them): the draft's dict says the one its target was run with, which is the one it trained with
+        scaling["original_max_position_embeddings"] = t["original_max_position_embeddings"]
     keys = {"rope_theta": theta, "rope_parameters": {"rope_theta": theta, "rope_type": kind, **scaling}}
     if kind != "default":
         keys["rope_scaling"] = {"rope_type": kind, **scaling}

@@ -29,7 +29,7 @@ def event_stream(events) -> StreamingResponse:
 
 class ClientGone(Exception):
     """A non-streamed request's client went away: its choices are cancelled, and the app answers 499 (nginx's
-    "client closed request") to no one, so that the access log says so and no error is logged."""
+    "client closed request") to no one, so that /metrics counts it under that code and no error is logged."""
 
 
 class Reply:
