@@ -155,3 +155,21 @@ def test_warm_up_compiles_every_step_a_chain_with_a_lookup_branch_takes(qwen3):
     assert res.tokens == plain
     assert res.from_lookup > 0  # rounds with branch nodes past the head's 4: the many-token graph ran
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
+
+
+def test_no_step_compiles_after_warm_up_when_a_width_equals_the_kv_heads(tmp_path):
+    """A 4-KV-head target (Qwen2.5-7B, TinyLlama) with 1..4-token steps: dynamo gave the token count and the cache's
+    head count one symbol, pinned it at the warm-up's width, and compiled again at the next width mid-request."""
+    from toolkit.infer.lookup import LookupConfig
+
+    tiny_hf("llama", tmp_path, num_hidden_layers=2, num_key_value_heads=4)
+    target = load_target(tmp_path)
+    prompt, params = [3, 17, 5, 9, 3, 17, 5, 9, 3, 17, 5, 9, 3, 17, 5], SamplingParams(max_new_tokens=40)
+    plain = Engine(target, max_len=96).generate(prompt, params).tokens
+    engine = Engine(target, max_len=96, compile=True, lookup=LookupConfig(3))
+    engine.warm_up()
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    res = engine.generate(prompt, params)
+    assert res.tokens == plain and len(set(res.checked)) > 1  # steps of several widths ran
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == before
+

@@ -70,10 +70,21 @@ def test_a_second_turn_over_a_cached_prefix_longer_than_the_window(windowed):
     assert [r.tokens for r in got] == again and all(r.cached_tokens > W for r in got)
 
 
-def test_the_compiled_cpu_step_refuses_a_cache_longer_than_the_window(windowed):
+def test_the_compiled_cpu_step_refuses_sequences_longer_than_the_window(windowed):
+    """The check compared the cache's slots (max_len + the draft and lookup nodes) with the window: max_len equal to
+    the window was refused, asking for what was given."""
+    from toolkit.infer.compiled_decode import cpp_compiler
+    from toolkit.infer.lookup import LookupConfig
+
     folder, _, _ = windowed
-    with pytest.raises(ValueError, match=f"slides a window of {W} over a longer one"):
-        Engine(load_target(folder), max_len=64, compile=True)
+    target = load_target(folder)
+    with pytest.raises(ValueError, match=f"slides a window of {W} over a longer one .* serve --max-seq-len {W}"):
+        Engine(target, max_len=64, compile=True)
+    if cpp_compiler() is None:
+        return
+    p = SamplingParams(max_new_tokens=4)
+    want = Engine(target, max_len=W, lookup=LookupConfig(2)).generate(PROMPTS[1], p).tokens
+    assert Engine(target, max_len=W, compile=True, lookup=LookupConfig(2)).generate(PROMPTS[1], p).tokens == want
 
 
 def test_a_forward_without_a_cache_at_later_positions_masks_by_token_as_transformers(windowed):

@@ -73,20 +73,30 @@ class CompiledDecode:
     """decode_step under torch.compile, bound to row 0 of a cache: one sequence's plain decode step and its
     verify step (a chain or a tree of T tokens in contiguous slots)."""
 
-    def __init__(self, target: Transformer, cache: KVCache, aux_layers=(), autotune: bool = True):
+    def __init__(self, target: Transformer, cache: KVCache, aux_layers=(), autotune: bool = True,
+                 max_len: int | None = None):
+        """max_len: the longest sequence the engine admits (default: the cache's length); the slots past it hold
+        a last round's draft nodes, whose outputs past max_len are never read."""
         c = target.config
         refuse_unlike_llama(c, "the compiled decode step (--compile)")
         if c.mla is not None or c.moe is not None:
             raise ValueError("the compiled decode step covers dense Llama-family targets (not MLA / MoE)")
-        if c.sliding_window is not None and cache.max_len > c.sliding_window:
-            raise ValueError(f"the compiled decode step attends over the whole cache, and this target slides a "
-                             f"window of {c.sliding_window} over a longer one ({cache.max_len} slots): run without "
-                             "--compile, or with --max-len <= the window")
+        longest = cache.max_len if max_len is None else max_len
+        if c.sliding_window is not None and longest > c.sliding_window:
+            raise ValueError(f"the compiled decode step attends over the whole sequence, and this target slides a "
+                             f"window of {c.sliding_window} over a longer one ({longest} tokens): run without "
+                             "--compile, or with sequences no longer than the window (bench --max-len, serve "
+                             f"--max-seq-len {c.sliding_window})")
         if not cpp_compiler():
             raise ValueError("compile=True (--compile) needs a C++ compiler for torch.compile's CPU code: none "
                              "found (set CXX, or install g++ / clang++); run without --compile instead")
         self.keys = [cache.k[i, :1] for i in range(c.num_layers)]      # views: writes land in the cache
         self.values = [cache.v[i, :1] for i in range(c.num_layers)]
+        # the cache's sizes are constants: left dynamic, a step as wide as the KV heads made dynamo give both one
+        # symbol, the heads' view pinned it, and the next width compiled again mid-request (guards sit on the
+        # views' base, so it is marked too)
+        for x in (cache.k, cache.v, *self.keys, *self.values):
+            torch._dynamo.mark_static(x)
         aux = tuple(aux_layers)
 
         # Two compiled functions (two code objects, so two dynamo caches): one for 1..FEW tokens (plain decoding,

@@ -49,7 +49,7 @@ class Runner:
 
             if self.device.type != "cpu":
                 raise ValueError("compile=True is the CPU decode path; on a GPU the engine replays CUDA graphs")
-            self.compiled = CompiledDecode(target, self.cache, self.aux_layers)
+            self.compiled = CompiledDecode(target, self.cache, self.aux_layers, max_len=max_len)
 
     def widest(self) -> int:
         """The most nodes one verify step holds: the head's tree (or the root alone) plus a full lookup branch."""
