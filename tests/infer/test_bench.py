@@ -345,6 +345,19 @@ def test_prompt_ids_are_the_records_question_ids_or_places_in_the_file_across_sh
     assert [p["id"] for p in read_prompts(str(path), 2, (0, 2))] == [0, 81]
 
 
+def test_prompts_sharing_a_question_id_are_warned_of(tmp_path, capsys):
+    from toolkit.infer.prompts import read_prompts
+
+    path = tmp_path / "p.jsonl"
+    rows = ((1, "a"), (1, "b"), (2, "c"))
+    path.write_text("".join(json.dumps({"question_id": q, "turns": [t]}) + "\n" for q, t in rows))
+    assert [p["id"] for p in read_prompts(str(path), None)] == [1, 1, 2]
+    assert "question_id 1 and 0 other(s) name more than one prompt" in capsys.readouterr().err
+    path.write_text("".join(json.dumps({"question_id": q, "turns": ["a"]}) + "\n" for q in (1, 2)))
+    read_prompts(str(path), None)
+    assert capsys.readouterr().err == ""
+
+
 def test_a_prompts_category_is_a_name_or_refused(tmp_path):
     """per_category groups by the name: a null category read as "None" (and --answers wrote null), a list as
     "['l']"."""
