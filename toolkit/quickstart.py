@@ -57,9 +57,7 @@ LOOKUP_SWEEP = "3,1,4,10"
 
 
 def _run(argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
-    from toolkit.cli import main
-
-    from toolkit.cli import Terminated
+    from toolkit.cli import Terminated, main
 
     print(f"\n$ toolkit {shlex.join(argv)}", flush=True)  # quoted: it pastes as it ran, spaces in paths too
     rc = main(argv)

@@ -110,6 +110,14 @@ class Endpoint:
             raise ValueError(f"--compare-endpoint: {path} answered {r.status_code}: {r.text[:300]}")
         return r.json()
 
+    def _counters(self) -> tuple[float, float, dict[int, float]]:
+        """vllm_counters, its time added to counter_seconds (the bench's, not the server's)."""
+        start = time.perf_counter()
+        try:
+            return vllm_counters(self.client, self.root)
+        finally:
+            self.counter_seconds += time.perf_counter() - start
+
     def generate(self, ids: list[int], max_new_tokens: int | None = None) -> Result:
         """One turn's generated ids and the server's accepted lengths. Its seconds stay 0: the server's split is
         not known, so a run's time is all `other`; the counters read around a vLLM request are not in it
@@ -129,16 +137,12 @@ class Endpoint:
             tokens = out["output_ids"]
             accepted = sglang_accepted(out["meta_info"], len(tokens))
         else:
-            start = time.perf_counter()
-            before = vllm_counters(self.client, self.root)
-            self.counter_seconds += time.perf_counter() - start
+            before = self._counters()
             body = {"model": self.model, "prompt": ids, "max_tokens": p.max_new_tokens, "temperature": p.temperature,
                     "top_p": p.top_p, "top_k": p.top_k or -1, "min_p": 0.0, "repetition_penalty": 1.0,
                     "stop_token_ids": self.stops, "seed": seed, "return_token_ids": True}
             tokens = self._post("/v1/completions", body)["choices"][0]["token_ids"]
-            start = time.perf_counter()
-            after = vllm_counters(self.client, self.root)
-            self.counter_seconds += time.perf_counter() - start
+            after = self._counters()
             drafts, at = int(after[0] - before[0]), {k: int(v - before[2].get(k, 0)) for k, v in after[2].items()}
             accepted = vllm_accepted(drafts, at, len(tokens))
         return Result(tokens=list(tokens), verify_steps=len(accepted), accepted=accepted)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 from toolkit.data.harmony import reply_text
@@ -63,10 +64,7 @@ def read_prompts(path: str, limit: int | None, shard: tuple[int, int] = (0, 1),
     if not out:
         raise ValueError(f"--prompts {path}: no prompts read" + (f" in shard {shard[0]}/{shard[1]}"
                                                                  if shard[1] > 1 else ""))
-    seen: dict = {}
-    for item in out:
-        seen[item["id"]] = seen.get(item["id"], 0) + 1
-    if repeated := [i for i, n in seen.items() if n > 1]:  # FastChat's judge pairs answers by question_id
+    if repeated := [i for i, n in Counter(p["id"] for p in out).items() if n > 1]:  # FastChat's judge pairs answers by question_id
         print(f"WARNING: --prompts {path}: question_id {repeated[0]!r} and {len(repeated) - 1} other(s) name more "
               "than one prompt: --answers records sharing an id cannot be told apart by a judge", file=sys.stderr)
     return out

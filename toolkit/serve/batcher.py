@@ -179,9 +179,9 @@ class Batcher:
                 if self.stopping:
                     return
                 if self.aborting is not None:
+                    for req in self.active:
+                        self.engine.release(req.seq)
                     for req in [*self.waiting, *self.active]:
-                        if req in self.active:
-                            self.engine.release(req.seq)
                         self.metrics.finished("abort", time.perf_counter() - req.arrived)
                         req.publish(Update([], True, self.aborting, 503))
                     self.waiting.clear()
